@@ -1,0 +1,95 @@
+"""One configuration object for every job and command.
+
+Precedence (later wins): built-in defaults < TOML file (``--config`` or ``./cep.toml``) <
+environment variables ``CEP_<FIELD>`` < explicit CLI flags. The same keys are used by
+`docker-compose.yml` (as environment variables) and documented in README.md.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from cep.errors import ConfigError
+
+ENV_PREFIX = "CEP_"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    spark_master: str = "local[2]"
+    checkpoint_dir: str = ".run/checkpoints"
+    shuffle_partitions: int = 4
+    # Stateful operator groups by hash(key) % shards (FACTS.md: per-group cost dominates).
+    shards: int = 64
+    # Kafka topics the job uses besides per-rule alert topics.
+    dead_letter_topic: str = "cep.dead-letter"
+    late_topic: str = "cep.late-events"
+    # Extra Kafka client settings (SASL/TLS ...) passed through as `kafka.<key>` options.
+    kafka_options: tuple[tuple[str, str], ...] = ()
+
+    def with_overrides(self, values: Mapping[str, Any]) -> Settings:
+        """A copy with the given fields replaced; unknown keys and bad types are errors."""
+        known = {f.name: f for f in fields(self)}
+        changes: dict[str, Any] = {}
+        for key, raw in values.items():
+            if raw is None:
+                continue
+            if key not in known:
+                raise ConfigError(f"unknown setting {key!r}; known: {', '.join(sorted(known))}")
+            changes[key] = _coerce(key, raw, getattr(self, key))
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _coerce(key: str, raw: Any, current: Any) -> Any:
+    if isinstance(current, bool):
+        if isinstance(raw, bool):
+            return raw
+        return str(raw).lower() in {"1", "true", "yes", "on"}
+    if isinstance(current, int):
+        try:
+            return int(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"setting {key!r} must be an integer, got {raw!r}") from None
+    if isinstance(current, tuple):
+        items = raw.items() if isinstance(raw, Mapping) else (
+            part.split("=", 1) for part in str(raw).split(",") if part
+        )
+        return tuple((str(k), str(v)) for k, v in items)
+    return str(raw)
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Defaults < TOML file < CEP_* environment < overrides (CLI flags)."""
+    settings = Settings()
+    path = Path(config_file) if config_file else Path("cep.toml")
+    if config_file and not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    if path.is_file():
+        with path.open("rb") as fh:
+            try:
+                data = tomllib.load(fh)
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"{path}: {exc}") from None
+        settings = settings.with_overrides(data)
+    env = os.environ if env is None else env
+    from_env = {
+        f.name: env[ENV_PREFIX + f.name.upper()]
+        for f in fields(Settings)
+        if ENV_PREFIX + f.name.upper() in env
+    }
+    settings = settings.with_overrides(from_env)
+    return settings.with_overrides(overrides or {})

@@ -1,0 +1,1 @@
+"""The thin Spark adapter: the only package under cep/ that imports pyspark."""

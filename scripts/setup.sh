@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One-time (idempotent) setup on a fresh machine: OS packages, Python venv with the package, JVM jars.
+#   scripts/setup.sh          everything the demo needs (venv + package)
+#   scripts/setup.sh --all    plus Debian services/tools (redis-server, kcat, graphviz) and Maven jars
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+all=0; [[ "${1:-}" == "--all" ]] && all=1
+PY=${PYTHON:-python3}
+
+need_java() {
+  command -v java >/dev/null || { echo "setup: java (JDK 17) is required by Spark and Kafka" >&2; exit 1; }
+}
+
+if (( all )); then
+  missing=()
+  command -v redis-server >/dev/null || missing+=(redis-server)
+  command -v kcat >/dev/null || missing+=(kcat)
+  command -v dot >/dev/null || missing+=(graphviz)
+  command -v mvn >/dev/null || missing+=(maven)
+  if (( ${#missing[@]} )); then
+    echo "setup: installing Debian packages: ${missing[*]}" >&2
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+    $SUDO apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}" >&2
+  fi
+fi
+
+need_java
+stamp=.venv/.installed
+if [[ ! -x .venv/bin/python ]]; then
+  echo "setup: creating .venv" >&2
+  "$PY" -m venv .venv
+fi
+if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
+  echo "setup: installing the package and dev tools into .venv (first run downloads PySpark, ~5 min)" >&2
+  .venv/bin/pip install -q --upgrade pip >&2
+  .venv/bin/pip install -q -e '.[dev]' >&2
+  touch "$stamp"
+fi
+if (( all )); then
+  bash scripts/fetch-jars.sh
+fi

@@ -1,0 +1,91 @@
+"""Session fixtures: a real Kafka broker, a real Redis server, one Spark session.
+
+Services start lazily, the first time a test asks for them, and stop at the end of the session.
+A service that cannot start fails the tests that need it with the reason; nothing skips.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.services import Kafka, Redis, free_port
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+from cep.config import Settings
+
+
+@pytest.fixture(scope="session")
+def kafka_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kafka]:
+    port = int(os.environ.get("CEP_TEST_KAFKA_PORT") or free_port())
+    kafka = Kafka(port, free_port(), tmp_path_factory.mktemp("kafka"))
+    kafka.start()
+    yield kafka
+    kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_service: Kafka) -> str:
+    return kafka_service.bootstrap
+
+
+@pytest.fixture(scope="session")
+def redis_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis]:
+    port = int(os.environ.get("CEP_TEST_REDIS_PORT") or free_port())
+    redis = Redis(port, tmp_path_factory.mktemp("redis"))
+    redis.start()
+    yield redis
+    redis.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_service: Redis) -> str:
+    return redis_service.url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[Any]:
+    import redis
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest) -> str:
+    """A topic name unique to this test."""
+    name = request.node.name.replace("[", "-").replace("]", "").replace("/", "-")
+    return f"t-{name[:60]}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return Settings(
+        spark_master="local[2]",
+        shuffle_partitions=2,
+        shards=8,
+        checkpoint_dir=str(tmp_path_factory.mktemp("checkpoints")),
+    )
+
+
+@pytest.fixture(scope="session")
+def spark(settings: Settings) -> Iterator[SparkSession]:
+    """One local-mode session for the whole run (with the Kafka connector on spark.jars)."""
+    from jobs.session import get_spark
+
+    session = get_spark(settings, "cep-tests", kafka=True)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return tmp_path
