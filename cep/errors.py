@@ -53,7 +53,8 @@ class SourceError(CepError):
 
     def render(self) -> str:
         """``path:line:col: error: message``, the source line, a caret, and the hint."""
-        head = f"{self.span}: {self.kind}: {self.message}" if self.span else f"{self.kind}: {self.message}"
+        where = f"{self.span}: " if self.span else ""
+        head = f"{where}{self.kind}: {self.message}"
         parts = [head]
         if self.span is not None and self.source is not None:
             lines = self.source.splitlines()

@@ -121,9 +121,10 @@ class TransactionalKafkaSink:
             for rec in records:
                 if not rec.kafka_topic:
                     continue
-                self.producer.produce(rec.kafka_topic, key=rec.key.encode(),
-                                      value=rec.payload_json().encode(),
-                                      headers=[("cep-id", rec.id.encode())], on_delivery=on_delivery)
+                self.producer.produce(
+                    rec.kafka_topic, key=rec.key.encode(), value=rec.payload_json().encode(),
+                    headers=[("cep-id", rec.id.encode())], on_delivery=on_delivery,
+                )
                 stats.written += 1
                 self.producer.poll(0)
             marker = json.dumps({"query": self.query_name, "batch_id": batch_id})

@@ -1,0 +1,35 @@
+# Every target CI runs is here. `make demo` and `make test` are the README's two set-up commands.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+export PYSPARK_PYTHON := $(abspath $(PY))
+
+.PHONY: setup setup-all demo test test-fast lint bench bench-quick chaos clean
+
+setup:            ## venv + the package (enough for the demo)
+	bash scripts/setup.sh
+
+setup-all:        ## + redis-server, kcat, graphviz (apt) and the Kafka/Spark jars (mvn)
+	bash scripts/setup.sh --all
+
+demo: setup       ## replay the bundled sample streams through the bundled rules on Spark local mode
+	$(VENV)/bin/cep demo
+
+test: setup-all   ## the whole suite, with a real Kafka broker, Redis server and Spark
+	$(PY) -m pytest -q
+
+test-fast: setup  ## tests that need no services or Spark
+	$(PY) -m pytest -q -m "not services and not spark"
+
+lint: setup
+	$(VENV)/bin/ruff check cep percolator jobs tests bench
+	$(VENV)/bin/mypy
+
+bench: setup-all
+	$(PY) -m bench.run
+
+bench-quick: setup-all
+	$(PY) -m bench.run --quick
+
+clean:
+	rm -rf .run out spark-warehouse metastore_db derby.log
