@@ -1,8 +1,8 @@
 """The `cep` command line.
 
 Each area of the project registers its own subcommands through a module with a
-``register(subparsers)`` function; heavy imports (Spark, Kafka) happen inside the command handlers so
-that `cep check` starts fast and never needs the JVM.
+``register(subparsers)`` function; heavy imports (Spark, Kafka) happen inside the command
+handlers so that `cep check` starts fast and never needs the JVM.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from cep.errors import CepError
 # `func=handler` on its parsers; a handler takes the parsed args and returns an exit code.
 COMMAND_MODULES: tuple[str, ...] = (
     "jobs.cli",
+    "percolator.cli",
 )
 
 

@@ -1,0 +1,275 @@
+"""The event-time engine: per (rule, key) buffering, ordering, deadlines, state release.
+
+No Spark here. The same `Engine` runs embedded (`run_embedded`, over an iterator of events) and
+inside the Spark operator (`cep.spark.operator`), each with its own `KeyStore`. See
+docs/spark-runtime.md for the design and the watermark arithmetic.
+
+Per call with a watermark W (per stream: max event time - allowed lateness):
+1. new events go to their key's buffer; events older than W are returned as late;
+2. buffered events with ts <= W leave in (ts, seq) order through the rule's matcher, with the
+   matcher's deadlines that fall before each event fired first;
+3. deadlines <= W fire; 4. a key with nothing buffered and no partial match is deleted.
+The order of events into the matcher does not depend on how the stream was cut into batches.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# The end of input: 9999-12-31T23:59:59Z in ms. Far beyond any real event, yet a valid Spark
+# timestamp, so the replay job can send it through Spark as an end-of-input marker.
+EOF_TS = 253_402_300_799_000
+NEG_INF = -(2**62)
+
+
+class Matcher(Protocol):
+    """One rule's matcher core, as the engine drives it (see cep.runtime.matcher)."""
+
+    def initial(self) -> Any: ...
+    def on_event(self, state: Any, event: Mapping[str, Any], ts: int, seq: Any,
+                 key: str) -> tuple[Any, list[Any]]: ...
+    def on_time(self, state: Any, now: int, key: str) -> tuple[Any, list[Any]]: ...
+    def next_deadline(self, state: Any) -> int | None: ...
+    def is_empty(self, state: Any) -> bool: ...
+    def on_end(self, state: Any, key: str) -> tuple[Any, list[Any]]:
+        """End of input: emit what is complete (e.g. a greedy tail), drop the rest."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RuleRuntime:
+    """What the engine needs of a compiled rule."""
+
+    rule_id: str
+    stream: str
+    key_field: str
+    lateness_ms: int
+    matcher: Matcher
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    stream: str
+    ts: int
+    seq: Any  # a totally ordered tie-break: source position
+    data: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class LateEvent:
+    rule_id: str
+    key: str
+    event: Event
+    watermark: int
+
+
+@dataclass
+class Output:
+    matches: list[Any] = field(default_factory=list)
+    late: list[LateEvent] = field(default_factory=list)
+    keys_touched: int = 0
+    keys_released: int = 0
+
+    def extend(self, other: Output) -> None:
+        self.matches.extend(other.matches)
+        self.late.extend(other.late)
+        self.keys_touched += other.keys_touched
+        self.keys_released += other.keys_released
+
+
+# A key's state: (buffer, matcher_state). The buffer is a sorted list of (ts, seq, data).
+KeyState = tuple[list[tuple[int, Any, Mapping[str, Any]]], Any]
+StateKey = tuple[str, str]  # (rule_id, key)
+
+
+class KeyStore(Protocol):
+    def get(self, sk: StateKey) -> KeyState | None: ...
+    def put(self, sk: StateKey, state: KeyState) -> None: ...
+    def delete(self, sk: StateKey) -> None: ...
+    def load_wake(self) -> dict[StateKey, int]: ...
+    def save_wake(self, wake: dict[StateKey, int]) -> None: ...
+
+
+class MemoryKeyStore:
+    """In-process KeyStore for the embedded mode and tests."""
+
+    def __init__(self) -> None:
+        self.states: dict[StateKey, KeyState] = {}
+        self.wake: dict[StateKey, int] = {}
+
+    def get(self, sk: StateKey) -> KeyState | None:
+        return self.states.get(sk)
+
+    def put(self, sk: StateKey, state: KeyState) -> None:
+        self.states[sk] = state
+
+    def delete(self, sk: StateKey) -> None:
+        self.states.pop(sk, None)
+
+    def load_wake(self) -> dict[StateKey, int]:
+        return self.wake
+
+    def save_wake(self, wake: dict[StateKey, int]) -> None:
+        self.wake = wake
+
+
+class Engine:
+    def __init__(self, rules: Sequence[RuleRuntime]) -> None:
+        self._eof = False
+        self.rules = {r.rule_id: r for r in rules}
+        self.by_stream: dict[str, list[RuleRuntime]] = {}
+        for r in rules:
+            self.by_stream.setdefault(r.stream, []).append(r)
+
+    # -- the two entry points -------------------------------------------------------------
+    def ingest(self, store: KeyStore, events: Iterable[Event], max_ts: Mapping[str, int] | int,
+               *, end_of_input: int | None = None) -> Output:
+        """Add events and advance every key whose wake time the watermark has passed.
+
+        `max_ts` is the highest event time seen so far (per stream, or one for all); each
+        rule's watermark is that minus its stream's allowed lateness.
+
+        `end_of_input`, when given, is the last event time of a finished input: every rule's
+        watermark becomes that time (lateness no longer matters: nothing else will come),
+        every key with state is advanced, and deadlines after it do not fire.
+        """
+        if end_of_input is not None:
+            max_ts = end_of_input
+            self._eof = True
+        else:
+            self._eof = False
+        out = Output()
+        wake = store.load_wake()
+        pending: dict[StateKey, list[tuple[int, Any, Mapping[str, Any]]]] = {}
+        for ev in events:
+            for rule in self.by_stream.get(ev.stream, ()):
+                key = ev.data.get(rule.key_field)
+                if key is None:
+                    continue
+                wm = self._watermark(rule, max_ts)
+                sk = (rule.rule_id, str(key))
+                if ev.ts < wm:
+                    out.late.append(LateEvent(rule.rule_id, sk[1], ev, wm))
+                    continue
+                pending.setdefault(sk, []).append((ev.ts, ev.seq, ev.data))
+        due = set(pending)
+        for sk, threshold in wake.items():
+            if self._eof or threshold <= self._top(self.rules[sk[0]], max_ts):
+                due.add(sk)
+        for sk in sorted(due):
+            self._advance(store, wake, sk, pending.get(sk, ()), max_ts, out)
+        store.save_wake(wake)
+        return out
+
+    def advance(self, store: KeyStore, max_ts: Mapping[str, int] | int,
+                *, end_of_input: int | None = None) -> Output:
+        """Time passed with no new events (a timer fired, or the end of input)."""
+        return self.ingest(store, (), max_ts, end_of_input=end_of_input)
+
+    def next_wake(self, store: KeyStore) -> int | None:
+        """The smallest max-event-time at which some key of this store has work to do."""
+        wake = store.load_wake()
+        return min(wake.values()) if wake else None
+
+    # -- internals --------------------------------------------------------------------------
+    @staticmethod
+    def _top(rule: RuleRuntime, max_ts: Mapping[str, int] | int) -> int:
+        return max_ts if isinstance(max_ts, int) else max_ts.get(rule.stream, NEG_INF)
+
+    def _watermark(self, rule: RuleRuntime, max_ts: Mapping[str, int] | int) -> int:
+        top = self._top(rule, max_ts)
+        if self._eof:
+            return top
+        return top - rule.lateness_ms
+
+    def _advance(self, store: KeyStore, wake: dict[StateKey, int], sk: StateKey,
+                 new: Iterable[tuple[int, Any, Mapping[str, Any]]],
+                 max_ts: Mapping[str, int] | int, out: Output) -> None:
+        rule = self.rules[sk[0]]
+        matcher = rule.matcher
+        key = sk[1]
+        wm = self._watermark(rule, max_ts)
+        loaded = store.get(sk)
+        buffer, mstate = loaded if loaded is not None else ([], matcher.initial())
+        for item in new:
+            bisect.insort(buffer, item, key=_order)
+        # Release buffered events the watermark has passed, in (ts, seq) order.
+        n = bisect.bisect_right(buffer, wm, key=_ts) if buffer else 0
+        for ts, seq, data in buffer[:n]:
+            deadline = matcher.next_deadline(mstate)
+            if deadline is not None and deadline < ts:
+                mstate, fired = matcher.on_time(mstate, ts - 1, key)
+                out.matches.extend(fired)
+            mstate, found = matcher.on_event(mstate, data, ts, seq, key)
+            out.matches.extend(found)
+        del buffer[:n]
+        deadline = matcher.next_deadline(mstate)
+        if deadline is not None and deadline <= wm:
+            mstate, fired = matcher.on_time(mstate, wm, key)
+            out.matches.extend(fired)
+        if self._eof:
+            mstate, final = matcher.on_end(mstate, key)
+            out.matches.extend(final)
+        out.keys_touched += 1
+        if not buffer and matcher.is_empty(mstate):
+            store.delete(sk)
+            wake.pop(sk, None)
+            out.keys_released += 1
+            return
+        store.put(sk, (buffer, mstate))
+        # The key is due when its rule's watermark reaches the first buffered event or the
+        # matcher's next deadline; stored as the max event time at which that happens.
+        nxt = [t for t in (buffer[0][0] if buffer else None, matcher.next_deadline(mstate))
+               if t is not None]
+        if nxt:
+            wake[sk] = min(nxt) + rule.lateness_ms
+        else:
+            wake.pop(sk, None)
+
+
+def _order(item: tuple[int, Any, Mapping[str, Any]]) -> tuple[int, Any]:
+    return item[0], item[1]
+
+
+def _ts(item: tuple[int, Any, Mapping[str, Any]] | int) -> int:
+    return item if isinstance(item, int) else item[0]
+
+
+def run_embedded(engine: Engine, events: Iterable[Event], *, batch_size: int = 1,
+                 store: KeyStore | None = None, late: list[LateEvent] | None = None,
+                 ) -> Iterator[Any]:
+    """Run the engine in-process over an event iterator, then flush at end of input.
+
+    As in Spark, one watermark follows the highest event time seen (over all streams), and a
+    batch is processed with the watermark from before it. At the end of input the watermark
+    moves to the last event time seen (`Engine.ingest`'s `end_of_input`). Late events are
+    appended to `late` when given.
+    """
+    store = store if store is not None else MemoryKeyStore()
+    max_ts = NEG_INF
+    chunk: list[Event] = []
+
+    def step() -> Iterator[Any]:
+        nonlocal max_ts
+        out = engine.ingest(store, chunk, max_ts)
+        if late is not None:
+            late.extend(out.late)
+        max_ts = max(max_ts, max(ev.ts for ev in chunk))
+        yield from out.matches
+
+    for ev in events:
+        chunk.append(ev)
+        if len(chunk) >= batch_size:
+            yield from step()
+            chunk = []
+    if chunk:
+        yield from step()
+    if max_ts != NEG_INF:
+        yield from engine.advance(store, max_ts, end_of_input=max_ts).matches
+
+
+__all__ = ["EOF_TS", "Engine", "Event", "KeyStore", "LateEvent", "MemoryKeyStore", "Output",
+           "RuleRuntime", "run_embedded"]

@@ -1,0 +1,138 @@
+"""The stateful operator: `transformWithStateInPandas` over shards of the partition key.
+
+Thin by design: it turns pandas rows into `Event`s, gives the engine a `KeyStore` backed by the
+shard's MapState, converts between Spark's watermark and the engine's max event time
+(docs/spark-runtime.md), keeps one timer per shard, and turns the engine's output into rows.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pandas as pd
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+from cep.runtime.engine import EOF_TS, Engine, Event, KeyState, Output, StateKey
+
+OUTPUT_SCHEMA = "kind string, rule_id string, key string, id string, payload string"
+_KEY_SCHEMA = StructType([StructField("rule", StringType()), StructField("key", StringType())])
+_BLOB_SCHEMA = StructType([StructField("v", BinaryType())])
+_NO_WATERMARK = 0  # Spark reports 0 before the first watermark exists
+
+# Rows the operator emits: alerts, timeouts, late events, and a per-call stats row.
+EngineFactory = Callable[[], Engine]
+RowsFromOutput = Callable[[Output], list[tuple[str, str, str, str, str]]]
+
+
+class MapStateKeyStore:
+    def __init__(self, states: Any, wake: Any) -> None:
+        self._states = states
+        self._wake = wake
+        self.writes = 0
+
+    def get(self, sk: StateKey) -> KeyState | None:
+        if not self._states.containsKey(sk):
+            return None
+        state: KeyState = pickle.loads(self._states.getValue(sk)[0])  # noqa: S301 - our own state
+        return state
+
+    def put(self, sk: StateKey, state: KeyState) -> None:
+        self._states.updateValue(sk, (pickle.dumps(state, protocol=5),))
+        self.writes += 1
+
+    def delete(self, sk: StateKey) -> None:
+        self._states.removeKey(sk)
+
+    def load_wake(self) -> dict[StateKey, int]:
+        if not self._wake.exists():
+            return {}
+        wake: dict[StateKey, int] = pickle.loads(self._wake.get()[0])  # noqa: S301
+        return wake
+
+    def save_wake(self, wake: dict[StateKey, int]) -> None:
+        if wake:
+            self._wake.update((pickle.dumps(wake, protocol=5),))
+        elif self._wake.exists():
+            self._wake.clear()
+
+
+class CepProcessor(StatefulProcessor):
+    """Runs the engine for one shard. `engine_factory` is called once per worker process."""
+
+    def __init__(self, engine_factory: EngineFactory, to_rows: RowsFromOutput,
+                 watermark_delay_ms: int, end_of_input: int | None = None) -> None:
+        self.engine_factory = engine_factory
+        self.to_rows = to_rows
+        self.delay = watermark_delay_ms
+        # Replay only: the input's last event time, used once the end-of-input marker
+        # (an event at EOF_TS) has moved the watermark to the end of time.
+        self.end_of_input = end_of_input
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.engine = _cached_engine(self.engine_factory)
+        self.store = MapStateKeyStore(
+            handle.getMapState("keys", _KEY_SCHEMA, _BLOB_SCHEMA),
+            handle.getValueState("wake", _BLOB_SCHEMA),
+        )
+
+    def _max_ts(self, timer_values: Any) -> int:
+        wm = int(timer_values.getCurrentWatermarkInMs())
+        return -(2**62) if wm <= _NO_WATERMARK else wm + self.delay
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
+                        timerValues: Any) -> Iterator[pd.DataFrame]:
+        events: list[Event] = []
+        for pdf in rows:
+            for stream, ts, seq, data in zip(pdf["stream"], pdf["ts"], pdf["seq"], pdf["data"],
+                                             strict=True):
+                events.append(Event(stream, int(ts), int(seq), json.loads(data)))
+        out = self._run(events, timerValues)
+        self._reset_timer()
+        yield self._frame(out)
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any,
+                           expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
+        out = self._run([], timerValues)
+        self._reset_timer()
+        yield self._frame(out)
+
+    def _run(self, events: list[Event], timer_values: Any) -> Output:
+        max_ts = self._max_ts(timer_values)
+        if self.end_of_input is not None and max_ts >= EOF_TS:
+            return self.engine.ingest(self.store, events, max_ts, end_of_input=self.end_of_input)
+        return self.engine.ingest(self.store, events, max_ts)
+
+    def _reset_timer(self) -> None:
+        for t in list(self.handle.listTimers()):
+            self.handle.deleteTimer(t)
+        nxt = self.engine.next_wake(self.store)
+        if nxt is not None:
+            self.handle.registerTimer(max(1, nxt - self.delay))
+
+    def _frame(self, out: Output) -> pd.DataFrame:
+        rows = self.to_rows(out)
+        return pd.DataFrame(rows, columns=["kind", "rule_id", "key", "id", "payload"])
+
+    def close(self) -> None:
+        pass
+
+
+_ENGINES: dict[int, Engine] = {}
+
+
+def _cached_engine(factory: EngineFactory) -> Engine:
+    """Compile once per Python worker (workers are reused across tasks and batches)."""
+    ident = getattr(factory, "cache_key", id(factory))
+    engine = _ENGINES.get(ident)
+    if engine is None:
+        engine = factory()
+        _ENGINES[ident] = engine
+    return engine
+
+
+__all__ = ["OUTPUT_SCHEMA", "CepProcessor", "MapStateKeyStore"]
