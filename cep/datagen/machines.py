@@ -4,7 +4,8 @@ kind is "reading" (with a temperature) or "heartbeat". Background: a reading eve
 temperature 40-60 °C, a heartbeat every 30 s (offset by 15 s).
 Injected, each on its own machine:
 - rising_temperature: 4 readings, each hotter than the one before, the last above 90 °C
-  (rule: 4 consecutive readings strictly rising, the last > 90, within 5 min);
+  (rule: 4 readings, each hotter than the one before, from a warm one (> 60) to a critical one
+  (> 90), within 5 min; heartbeats may come between them);
 - missing_heartbeat: heartbeats stop for 10 minutes (rule: a heartbeat not followed by another
   within 2 minutes; the alert's last time is the silent heartbeat's).
 """

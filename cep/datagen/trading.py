@@ -3,8 +3,9 @@
 Background: a tick every 1-3 s per symbol; the price moves at most 0.05 % a tick; the spread
 (ask - bid) is 0.02 % of the price.
 Injected, each on its own symbol:
-- rise_then_drop: 4 ticks each rising 1 %, then a tick dropping 4 % (rule: 3+ consecutive rises
-  of more than 0.5 % each, then a drop of more than 3 % from the last rise, within 5 min);
+- rise_then_drop: 4 ticks each rising 1 %, then a tick dropping 4 % (rule: a base tick, then 3+
+  consecutive rises of more than 0.5 % each, then a drop of more than 3 % from the last rise,
+  within 5 min; the alert starts at the base tick);
 - spread_spike: one tick whose spread is 1 % of the price (rule: spread > 0.5 % of the bid).
 """
 
@@ -32,10 +33,11 @@ def trading(n_events: int = 10_000, n_keys: int = 50, seed: int = 2, inject: int
         t = T0 + rng.randrange(5 * SECOND)
         price = rng.uniform(10, 500)
         inject_at = per // 2 if sym in special else -1
+        last_tick = t
         for i in range(per):
             if i == inject_at:
                 if idx % 2 == 0:
-                    first = t
+                    first = last_tick
                     for _ in range(4):
                         price *= 1.01
                         tick(t, sym, price)
@@ -49,5 +51,6 @@ def trading(n_events: int = 10_000, n_keys: int = 50, seed: int = 2, inject: int
                 t += rng.randrange(1 * SECOND, 3 * SECOND)
             price *= 1 + rng.uniform(-0.0005, 0.0005)
             tick(t, sym, price)
+            last_tick = t
             t += rng.randrange(1 * SECOND, 3 * SECOND)
     return ds.finish()

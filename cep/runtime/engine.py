@@ -15,6 +15,8 @@ The order of events into the matcher does not depend on how the stream was cut i
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -48,6 +50,20 @@ class RuleRuntime:
     key_field: str
     lateness_ms: int
     matcher: Matcher
+    meta: Any = None  # what output formatting needs (the compiled rule)
+
+
+def content_seq(data: Mapping[str, Any]) -> int:
+    """A source-independent tie-break for events without a source position (files): a hash of
+    the event's canonical JSON. Equal events get equal values, which orders them the same way
+    in every mode; distinct events at the same time are ordered by content."""
+    raw = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big", signed=True)
+
+
+def events_from_dicts(stream: str, dicts: Iterable[Mapping[str, Any]], time_field: str = "ts",
+                      ) -> list[Event]:
+    return [Event(stream, int(d[time_field]), content_seq(d), d) for d in dicts]
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,5 +287,7 @@ def run_embedded(engine: Engine, events: Iterable[Event], *, batch_size: int = 1
         yield from engine.advance(store, max_ts, end_of_input=max_ts).matches
 
 
-__all__ = ["EOF_TS", "Engine", "Event", "KeyStore", "LateEvent", "MemoryKeyStore", "Output",
-           "RuleRuntime", "run_embedded"]
+__all__ = [
+    "EOF_TS", "Engine", "Event", "KeyStore", "LateEvent", "MemoryKeyStore", "Output",
+    "RuleRuntime", "content_seq", "events_from_dicts", "run_embedded",
+]

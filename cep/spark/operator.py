@@ -16,7 +16,8 @@ import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-from cep.runtime.engine import EOF_TS, Engine, Event, KeyState, Output, StateKey
+from cep.runtime.engine import EOF_TS, Engine, Event, KeyState, Output, StateKey, content_seq
+from cep.spark.pipeline import EOF_STREAM
 
 OUTPUT_SCHEMA = "kind string, rule_id string, key string, id string, payload string"
 _KEY_SCHEMA = StructType([StructField("rule", StringType()), StructField("key", StringType())])
@@ -25,7 +26,7 @@ _NO_WATERMARK = 0  # Spark reports 0 before the first watermark exists
 
 # Rows the operator emits: alerts, timeouts, late events, and a per-call stats row.
 EngineFactory = Callable[[], Engine]
-RowsFromOutput = Callable[[Output], list[tuple[str, str, str, str, str]]]
+RowsFromOutput = Callable[[Engine, Output], list[tuple[str, str, str, str, str]]]
 
 
 class MapStateKeyStore:
@@ -87,19 +88,27 @@ class CepProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: Any) -> Iterator[pd.DataFrame]:
         events: list[Event] = []
+        primary = 0
         for pdf in rows:
+            primary += int(pdf["primary"].sum())
             for stream, ts, seq, data in zip(pdf["stream"], pdf["ts"], pdf["seq"], pdf["data"],
                                              strict=True):
-                events.append(Event(stream, int(ts), int(seq), json.loads(data)))
+                if stream == EOF_STREAM:
+                    continue
+                fields = json.loads(data)
+                # Files have no source position: order ties by content, as the embedded mode.
+                pos = content_seq(fields) if pd.isna(seq) else int(seq)
+                events.append(Event(stream, int(ts), pos, fields))
         out = self._run(events, timerValues)
         self._reset_timer()
-        yield self._frame(out)
+        max_ts = max((e.ts for e in events), default=None)
+        yield self._frame(out, {"events": primary, "rows": len(events), "max_ts": max_ts})
 
     def handleExpiredTimer(self, key: Any, timerValues: Any,
                            expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
         out = self._run([], timerValues)
         self._reset_timer()
-        yield self._frame(out)
+        yield self._frame(out, {"events": 0, "rows": 0, "max_ts": None})
 
     def _run(self, events: list[Event], timer_values: Any) -> Output:
         max_ts = self._max_ts(timer_values)
@@ -114,8 +123,12 @@ class CepProcessor(StatefulProcessor):
         if nxt is not None:
             self.handle.registerTimer(max(1, nxt - self.delay))
 
-    def _frame(self, out: Output) -> pd.DataFrame:
-        rows = self.to_rows(out)
+    def _frame(self, out: Output, stats: dict[str, Any]) -> pd.DataFrame:
+        rows = self.to_rows(self.engine, out)
+        stats.update(late=len(out.late), keys_touched=out.keys_touched,
+                     keys_released=out.keys_released, state_writes=self.store.writes)
+        self.store.writes = 0
+        rows.append(("stats", "", "", "", json.dumps(stats)))
         return pd.DataFrame(rows, columns=["kind", "rule_id", "key", "id", "payload"])
 
     def close(self) -> None:

@@ -1,0 +1,75 @@
+"""Alert records: the documented JSON every sink writes (docs/alerts.md).
+
+An alert id is a hash of rule id, rule version, key, kind and the (ts, seq) of every matched
+event: the same input yields the same ids on a re-run, which makes delivery idempotent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from cep.runtime.engine import Engine, Output
+from cep.runtime.matcher import Dropped, Match, Timeout
+
+Row = tuple[str, str, str, str, str]  # kind, rule_id, key, id, payload (JSON)
+
+
+def alert_id(rule_id: str, version: int, key: str, kind: str,
+             positions: list[tuple[int, Any]]) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([rule_id, version, key, kind, positions], default=str).encode())
+    return h.hexdigest()[:32]
+
+
+def alert_record(engine: Engine, result: Match | Timeout) -> dict[str, Any]:
+    rule = engine.rules[result.rule_id].meta
+    kind = "timeout" if isinstance(result, Timeout) else "match"
+    key = "" if result.key is None else str(result.key)
+    positions = [(e.ts, e.seq) for e in result.events]
+    record: dict[str, Any] = {
+        "alert_id": alert_id(result.rule_id, result.version, key, kind, positions),
+        "kind": kind,
+        "alert": result.alert,
+        "rule_id": result.rule_id,
+        "rule_version": result.version,
+        "severity": getattr(rule, "severity", None),
+        "key": key,
+        "first_ts": result.first_ts,
+        "last_ts": result.last_ts,
+        "detected_at": result.deadline_ts if isinstance(result, Timeout) else result.last_ts,
+        "measures": _jsonable(result.measures),
+        "events": [{"var": e.var, "ts": e.ts, "seq": e.seq, "event": dict(e.event)}
+                   for e in result.events],
+    }
+    return record
+
+
+def output_rows(engine: Engine, out: Output) -> list[Row]:
+    rows: list[Row] = []
+    for res in out.matches:
+        if isinstance(res, Match | Timeout):
+            rec = alert_record(engine, res)
+            rows.append((rec["kind"], res.rule_id, rec["key"], rec["alert_id"],
+                         json.dumps(rec, sort_keys=True, default=str)))
+        elif isinstance(res, Dropped):
+            info = {"rule_id": res.rule_id, "key": str(res.key), "count": res.count,
+                    "ts": res.ts}
+            rows.append(("dropped", res.rule_id, str(res.key), "", json.dumps(info)))
+    for late in out.late:
+        info = {"rule_id": late.rule_id, "key": late.key, "stream": late.event.stream,
+                "ts": late.event.ts, "seq": late.event.seq, "watermark": late.watermark,
+                "event": dict(late.event.data)}
+        rows.append(("late", late.rule_id, late.key, "", json.dumps(info, default=str)))
+    return rows
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and value != value:  # NaN
+        return None
+    return value
