@@ -1,0 +1,210 @@
+"""`cep search …`: manage saved searches and test queries.
+
+    cep search add 'bedrooms:3 AND price:<400000' --owner alice --kafka-topic alerts
+    cep search ls [--owner alice]        cep search show ID       cep search rm ID
+    cep search test 'city:amsterdam~1' --event '{"city": "Amstredam"}'
+    cep search key OWNER                 (prints a new API key; only its hash is stored)
+    cep search serve [--host --port]     (the HTTP API)
+
+`test` explains why the event matches or not and exits like grep: 0 match, 1 no match, 2 query
+error. The other commands use Redis and Kafka from the configuration (`cep --config`, CEP_*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from cep.errors import CepError, ConfigError, QueryError
+from percolator.analysis import Schema
+from percolator.model import Target
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("search", help="saved searches (the percolator): add, ls, show, rm, test")
+    ss = p.add_subparsers(dest="search_command", metavar="ACTION")
+    ss.required = True
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--schema", help="schema file (JSON or YAML) declaring field types")
+
+    a = ss.add_parser("add", help="save a search")
+    a.add_argument("query")
+    a.add_argument("--owner", required=True)
+    a.add_argument("--id", dest="search_id")
+    a.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE")
+    a.add_argument("--kafka-topic", action="append", default=[])
+    a.add_argument("--redis-channel", action="append", default=[])
+    common(a)
+    a.set_defaults(func=_add)
+
+    ls = ss.add_parser("ls", help="list saved searches")
+    ls.add_argument("--owner")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_ls)
+
+    sh = ss.add_parser("show", help="show one saved search")
+    sh.add_argument("search_id")
+    sh.add_argument("--owner")
+    sh.set_defaults(func=_show)
+
+    rm = ss.add_parser("rm", help="remove a saved search")
+    rm.add_argument("search_id")
+    rm.add_argument("--owner", help="only remove it if it belongs to this owner")
+    rm.set_defaults(func=_rm)
+
+    t = ss.add_parser("test", help="does an event match a query, and why (exit 0/1/2)")
+    t.add_argument("query")
+    t.add_argument("--event", required=True, help="the event as JSON, or @file.json")
+    t.add_argument("--json", action="store_true", help="print the explanation as JSON")
+    t.add_argument("--quiet", "-q", action="store_true", help="print nothing, exit code only")
+    common(t)
+    t.set_defaults(func=_test)
+
+    k = ss.add_parser("key", help="create an API key for an owner")
+    k.add_argument("owner")
+    k.set_defaults(func=_key)
+
+    sv = ss.add_parser("serve", help="run the HTTP API")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8080)
+    common(sv)
+    sv.set_defaults(func=_serve)
+
+
+def _schema(args: argparse.Namespace) -> Schema:
+    path = getattr(args, "schema", None)
+    return Schema.load(path) if path else Schema()
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from cep.config import load_settings
+
+    return load_settings(getattr(args, "config", None))
+
+
+def _redis(args: argparse.Namespace) -> Any:
+    import redis
+
+    return redis.Redis.from_url(_settings(args).redis_url)
+
+
+def _registry(args: argparse.Namespace) -> Any:
+    from percolator.changelog import KafkaChangelog
+    from percolator.registry import SearchRegistry
+    from percolator.store import RedisSearchStore
+
+    settings = _settings(args)
+    store = RedisSearchStore.from_url(settings.redis_url)
+    log = KafkaChangelog(settings.kafka_bootstrap, options=dict(settings.kafka_options))
+    return SearchRegistry(store, log, _schema(args))
+
+
+def _print_search(data: dict[str, Any]) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+def _add(args: argparse.Namespace) -> int:
+    meta: dict[str, str] = {}
+    for item in args.meta:
+        if "=" not in item:
+            raise ConfigError(f"--meta takes KEY=VALUE, not {item!r}")
+        k, v = item.split("=", 1)
+        meta[k] = v
+    targets = [Target("kafka", t) for t in args.kafka_topic]
+    targets += [Target("redis", c) for c in args.redis_channel]
+    search = _registry(args).add(args.owner, args.query, search_id=args.search_id,
+                                 metadata=meta, targets=targets)
+    print(search.id)
+    return 0
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from percolator.store import RedisSearchStore
+
+    searches = RedisSearchStore(_redis(args)).list(args.owner)
+    if args.json:
+        print(json.dumps([s.to_dict() for s in searches], indent=2, ensure_ascii=False))
+        return 0
+    for s in searches:
+        print(f"{s.id}\t{s.owner}\tv{s.version}\t{s.query}")
+    return 0
+
+
+def _find(args: argparse.Namespace) -> Any:
+    from percolator.store import RedisSearchStore
+
+    search = RedisSearchStore(_redis(args)).get(args.search_id)
+    if search is None or (args.owner and search.owner != args.owner):
+        print(f"no search {args.search_id!r}", file=sys.stderr)
+        return None
+    return search
+
+
+def _show(args: argparse.Namespace) -> int:
+    search = _find(args)
+    if search is None:
+        return 1
+    _print_search(search.to_dict())
+    return 0
+
+
+def _rm(args: argparse.Namespace) -> int:
+    search = _find(args)
+    if search is None:
+        return 1
+    _registry(args).remove(search.owner, search.id)
+    print(f"removed {search.id}")
+    return 0
+
+
+def _test(args: argparse.Namespace) -> int:
+    from percolator.explain import explain
+
+    raw = args.event
+    try:
+        if raw.startswith("@"):
+            with open(raw[1:], encoding="utf-8") as fh:
+                raw = fh.read()
+        event = json.loads(raw)
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"error: --event is not valid JSON: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(event, dict):
+        print("error: --event must be a JSON object", file=sys.stderr)
+        return 2
+    try:
+        result = explain(args.query, event, _schema(args))
+    except QueryError as exc:
+        if not args.quiet:
+            print(exc.render(), file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    elif not args.quiet:
+        print(result.render())
+    return 0 if result.matched else 1
+
+
+def _key(args: argparse.Namespace) -> int:
+    from percolator.store import RedisApiKeys
+
+    print(RedisApiKeys(_redis(args)).create(args.owner))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:  # pragma: no cover - runs a server
+    import uvicorn
+
+    from percolator.api import create_app
+    from percolator.store import RedisApiKeys
+
+    try:
+        app = create_app(_registry(args), RedisApiKeys(_redis(args)))
+    except CepError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=args.host, port=args.port)
+    return 0

@@ -1,0 +1,258 @@
+"""The percolator: saved searches compiled once, indexed, and matched against events.
+
+    perc = Percolator.from_searches(searches, schema=schema)
+    perc.apply(change)                       # changelog entries, between batches
+    notes = perc.match_batch(events)         # list[Notification]
+    perc.last_stats                          # BatchStats: candidates vs matched
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from percolator import ast
+from percolator.analysis import AnalysedEvent, Schema
+from percolator.compile import LeafTable, PAnd, PLeaf, PNode, PNot, plan
+from percolator.index import QueryIndex, Weigher, anchor_of, default_cost
+from percolator.match import Matcher, all_of, any_of, negate
+from percolator.model import Change, SavedSearch, Target
+from percolator.syntax import parse
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledQuery:
+    text: str
+    query: ast.Query
+    plan: PNode
+    fn: Matcher
+    positive: tuple[PLeaf, ...]  # leaves under an even number of NOTs: reported when true
+
+    def matches(self, ev: AnalysedEvent) -> bool:
+        return self.fn(ev)
+
+    def matched(self, ev: AnalysedEvent) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(labels, fields) of the positive clauses that are true for `ev`."""
+        labels: dict[str, None] = {}
+        fields: dict[str, None] = {}
+        for leaf in self.positive:
+            if leaf.fn(ev):
+                labels[leaf.label] = None
+                for f in leaf.fields:
+                    if f != "*":
+                        fields[f] = None
+        return tuple(labels), tuple(fields)
+
+    def matched_clauses(self, ev: AnalysedEvent) -> tuple[str, ...]:
+        return self.matched(ev)[0]
+
+
+def compile_query(text: str, schema: Schema | None = None, *, default_operator: str = "OR",
+                  table: LeafTable | None = None) -> CompiledQuery:
+    """Parse and compile `text`; raises QueryError (with position and hint)."""
+    query = parse(text, default_operator=default_operator)
+    p = plan(query, schema or Schema(), text, table)
+    return CompiledQuery(text, query, p, _closure(p), tuple(_positive(p, True)))
+
+
+def _closure(node: PNode) -> Matcher:
+    if isinstance(node, PLeaf):
+        return node.fn
+    if isinstance(node, PNot):
+        return negate(_closure(node.child))
+    kids = [_closure(c) for c in node.children]
+    return all_of(kids) if isinstance(node, PAnd) else any_of(kids)
+
+
+def _positive(node: PNode, positive: bool) -> Iterable[PLeaf]:
+    if isinstance(node, PLeaf):
+        if positive:
+            yield node
+    elif isinstance(node, PNot):
+        yield from _positive(node.child, not positive)
+    else:
+        for c in node.children:
+            yield from _positive(c, positive)
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    search_id: str
+    owner: str
+    event: Mapping[str, Any]
+    matched: tuple[str, ...]          # clause labels (source text), like ES named queries
+    fields: tuple[str, ...]           # fields of the matched clauses
+    targets: tuple[Target, ...]
+    metadata: Mapping[str, Any]
+    position: Any = None              # the event's source position (or index in the batch)
+    search_version: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "search_id": self.search_id, "owner": self.owner, "event": dict(self.event),
+            "matched": list(self.matched), "fields": list(self.fields),
+            "targets": [t.to_dict() for t in self.targets], "metadata": dict(self.metadata),
+            "position": self.position, "search_version": self.search_version,
+        }
+
+
+@dataclass
+class BatchStats:
+    events: int = 0
+    queries: int = 0           # stored queries when the batch ran
+    always_run: int = 0        # of which unanchorable, run for every event
+    candidates: int = 0        # queries verified, summed over events
+    matched: int = 0           # notifications
+    seconds: float = 0.0
+
+    @property
+    def verified_fraction(self) -> float:
+        """Mean fraction of stored queries verified per event."""
+        total = self.events * self.queries
+        return self.candidates / total if total else 0.0
+
+    def add(self, other: BatchStats) -> None:
+        self.events += other.events
+        self.queries = other.queries
+        self.always_run = other.always_run
+        self.candidates += other.candidates
+        self.matched += other.matched
+        self.seconds += other.seconds
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"events": self.events, "queries": self.queries, "always_run": self.always_run,
+                "candidates": self.candidates, "matched": self.matched,
+                "verified_fraction": self.verified_fraction, "seconds": self.seconds}
+
+
+@dataclass(slots=True)
+class _Entry:
+    search: SavedSearch
+    compiled: CompiledQuery
+    slot: int
+
+
+@dataclass
+class Percolator:
+    schema: Schema = field(default_factory=Schema)
+    default_operator: str = "OR"
+    cost: Weigher = default_cost
+
+    def __post_init__(self) -> None:
+        self._table = LeafTable()
+        self._index = QueryIndex()
+        self._by_id: dict[str, _Entry] = {}
+        self._by_slot: dict[int, _Entry] = {}
+        self._fns: dict[int, Matcher] = {}
+        self._next_slot = 0
+        self.last_stats = BatchStats()
+        self.total_stats = BatchStats()
+
+    @classmethod
+    def from_searches(cls, searches: Iterable[SavedSearch], schema: Schema | None = None,
+                      **kwargs: Any) -> Percolator:
+        perc = cls(schema or Schema(), **kwargs)
+        for s in searches:
+            perc.add(s)
+        return perc
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, search_id: object) -> bool:
+        return search_id in self._by_id
+
+    @property
+    def always_run(self) -> int:
+        return len(self._index.always)
+
+    def get(self, search_id: str) -> SavedSearch | None:
+        entry = self._by_id.get(search_id)
+        return entry.search if entry else None
+
+    def add(self, search: SavedSearch) -> None:
+        """Add or replace a search. Raises QueryError if its query does not compile (the index
+        is unchanged then)."""
+        compiled = compile_query(search.query, self.schema,
+                                 default_operator=self.default_operator, table=self._table)
+        self.remove(search.id)
+        slot = self._next_slot  # slots are never reused: range trees filter removed ones
+        self._next_slot += 1
+        entry = _Entry(search, compiled, slot)
+        self._by_id[search.id] = entry
+        self._by_slot[slot] = entry
+        self._fns[slot] = compiled.fn
+        self._index.add(slot, anchor_of(compiled.plan, self.cost))
+
+    def remove(self, search_id: str) -> bool:
+        entry = self._by_id.pop(search_id, None)
+        if entry is None:
+            return False
+        del self._by_slot[entry.slot]
+        del self._fns[entry.slot]
+        self._index.remove(entry.slot)
+        return True
+
+    def apply(self, change: Change) -> None:
+        """Apply one changelog entry (upsert or delete). An upsert whose query no longer
+        compiles (e.g. after a schema change) removes the old version and re-raises."""
+        if change.search is None:
+            self.remove(change.search_id)
+            return
+        try:
+            self.add(change.search)
+        except Exception:
+            self.remove(change.search_id)
+            raise
+
+    def anchor(self, search_id: str) -> tuple[Any, ...] | None:
+        """The presearcher keys of a stored search (None: always run)."""
+        entry = self._by_id[search_id]
+        return anchor_of(entry.compiled.plan, self.cost)
+
+    def analyse(self, event: Mapping[str, Any]) -> AnalysedEvent:
+        return AnalysedEvent(event, self.schema)
+
+    def candidates(self, event: Mapping[str, Any] | AnalysedEvent) -> list[str]:
+        ev = event if isinstance(event, AnalysedEvent) else self.analyse(event)
+        return sorted(self._by_slot[s].search.id for s in self._index.candidates(ev))
+
+    def match(self, event: Mapping[str, Any], position: Any = None) -> list[Notification]:
+        return self.match_batch([event], [position])
+
+    def match_batch(self, events: Sequence[Mapping[str, Any]],
+                    positions: Sequence[Any] | None = None) -> list[Notification]:
+        """Notifications for every (event, matching search) pair, in event order then search
+        id order. `positions` (e.g. Kafka partition/offset) default to indexes in the batch."""
+        started = time.perf_counter()
+        stats = BatchStats(events=len(events), queries=len(self._by_id),
+                           always_run=len(self._index.always))
+        out: list[Notification] = []
+        by_slot, fns, schema = self._by_slot, self._fns, self.schema
+        candidates = self._index.candidates
+        for i, event in enumerate(events):
+            ev = AnalysedEvent(event, schema)
+            slots = candidates(ev)
+            stats.candidates += len(slots)
+            hits = [by_slot[s] for s in slots if fns[s](ev)]
+            if not hits:
+                continue
+            hits.sort(key=lambda e: e.search.id)
+            pos = positions[i] if positions is not None else i
+            for entry in hits:
+                s = entry.search
+                labels, fields = entry.compiled.matched(ev)
+                out.append(Notification(s.id, s.owner, event, labels, fields, s.targets,
+                                        s.metadata, pos, s.version))
+        stats.matched = len(out)
+        stats.seconds = time.perf_counter() - started
+        self.last_stats = stats
+        self.total_stats.add(stats)
+        return out
+
+    def scan(self, event: Mapping[str, Any]) -> list[str]:
+        """Ids of matching searches by running every query (no index): the test oracle."""
+        ev = AnalysedEvent(event, self.schema)
+        return sorted(e.search.id for e in self._by_id.values() if e.compiled.fn(ev))

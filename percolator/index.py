@@ -1,0 +1,188 @@
+"""The presearcher: which stored queries could match an event, without running them.
+
+Each query is reduced to a disjunction of keys (`anchor_of`): a leaf's keys (see
+`percolator.compile`), a conjunction's cheapest child (the "rarest term per conjunction", as
+Lucene Monitor), a disjunction's union. A query whose keys cannot be found (a pure negation,
+`*:*`) goes to the always-run list. An event produces its keys (`QueryIndex.candidates`) by
+dictionary lookups per term, per prefix length in use, per deletion variant, and by stabbing
+the range trees; only the union of the hit postings, plus the always-run list, is verified.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from percolator.analysis import AnalysedEvent, canonical_number
+from percolator.compile import Key, PLeaf, PNode, PNot, POr
+from percolator.ranges import RangeIndex
+from percolator.terms import deletion_variants
+
+Weigher = Callable[[Key], float]
+
+
+def default_cost(key: Key) -> float:
+    """Estimated chance an event produces `key` (lower is rarer). Longer terms are assumed
+    rarer; a presence key is the weakest anchor. Pass your own (e.g. from observed term
+    frequencies) to `Percolator(cost=...)`."""
+    kind = key[0]
+    if kind == "t":
+        return 1.0 + 4.0 / (len(key[2]) + 1)
+    if kind == "n":
+        return 1.5
+    if kind == "f":
+        return 0.15
+    if kind == "p":
+        return 2.0 + 8.0 / (len(key[2]) + 1)
+    if kind == "r":
+        return 6.0
+    if kind == "b":
+        return 25.0
+    return 40.0  # "e": field present
+
+
+def anchor_of(node: PNode, cost: Weigher = default_cost) -> tuple[Key, ...] | None:
+    """Keys one of which every event matching `node` produces; None if there are none."""
+    if isinstance(node, PLeaf):
+        return node.anchor
+    if isinstance(node, PNot):
+        return None
+    if isinstance(node, POr):
+        keys: dict[Key, None] = {}
+        for child in node.children:
+            a = anchor_of(child, cost)
+            if a is None:
+                return None
+            keys.update(dict.fromkeys(a))
+        return tuple(keys)
+    best: tuple[Key, ...] | None = None
+    best_cost = float("inf")
+    for child in node.children:
+        a = anchor_of(child, cost)
+        if a is None:
+            continue
+        c = sum(cost(k) for k in a)
+        if c < best_cost:
+            best, best_cost = a, c
+    return best
+
+
+class QueryIndex:
+    """Posting lists from presearcher keys to query slots (ints), plus the always-run set.
+
+    Postings are grouped per (key kind, field) so that an event's keys for a field are matched
+    against the stored ones with one set intersection (in C) instead of a lookup per key.
+    """
+
+    def __init__(self) -> None:
+        self.postings: dict[tuple[str, str], dict[Any, set[int]]] = {}
+        self.always: set[int] = set()
+        self.ranges: dict[tuple[str, str], RangeIndex] = {}
+        self._keys: dict[int, tuple[Key, ...] | None] = {}
+        self._prefix_lengths: dict[str, Counter[int]] = {}
+        self._fuzzy: dict[str, Counter[tuple[int, int]]] = {}  # field → (k, variant length)
+        self._fuzzy_spec: dict[str, tuple[int, int, int]] = {}  # field → (max k, min, max len)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, slot: int, keys: tuple[Key, ...] | None) -> None:
+        self._keys[slot] = keys
+        if keys is None:
+            self.always.add(slot)
+            return
+        for key in keys:
+            self._index(slot, key, +1)
+
+    def remove(self, slot: int) -> None:
+        keys = self._keys.pop(slot, ())
+        if keys is None:
+            self.always.discard(slot)
+            return
+        for key in keys:
+            self._index(slot, key, -1)
+
+    def _index(self, slot: int, key: Key, delta: int) -> None:
+        kind, field = key[0], key[1]
+        if kind == "r":
+            rkey = (field, key[2])
+            if delta > 0:
+                self.ranges.setdefault(rkey, RangeIndex(key[2])).add(slot, *key[3:])
+            elif rkey in self.ranges:
+                self.ranges[rkey].remove(slot)
+                if not len(self.ranges[rkey]):
+                    del self.ranges[rkey]
+            return
+        value: Any = key[2] if len(key) > 2 else None
+        group = self.postings.setdefault((kind, field), {})
+        if delta > 0:
+            group.setdefault(value, set()).add(slot)
+        else:
+            posting = group.get(value)
+            if posting is not None:
+                posting.discard(slot)
+                if not posting:
+                    del group[value]
+            if not group:
+                del self.postings[(kind, field)]
+        if kind == "p":
+            lengths = self._prefix_lengths.setdefault(field, Counter())
+            lengths[len(value)] += delta
+            if lengths[len(value)] <= 0:
+                del lengths[len(value)]
+                if not lengths:
+                    del self._prefix_lengths[field]
+        elif kind == "f":
+            spec = self._fuzzy.setdefault(field, Counter())
+            key_k = (key[3], len(value))
+            spec[key_k] += delta
+            if spec[key_k] <= 0:
+                del spec[key_k]
+            if spec:
+                self._fuzzy_spec[field] = (max(kk for kk, _ in spec),
+                                           min(n for _, n in spec), max(n for _, n in spec))
+            else:
+                del self._fuzzy[field]
+                self._fuzzy_spec.pop(field, None)
+
+    def fields(self) -> set[str]:
+        return {f for _, f in self.postings} | {f for f, _ in self.ranges}
+
+    def candidates(self, ev: AnalysedEvent) -> set[int]:
+        """Slots of every query the event could match (always-run ones included)."""
+        out = set(self.always)
+        for (kind, field), group in self.postings.items():
+            found: Iterable[Any]
+            if kind == "t":
+                found = group.keys() & ev.terms(field)
+            elif kind == "n":
+                found = group.keys() & {canonical_number(x) for x in ev.numbers(field)}
+            elif kind == "b":
+                found = group.keys() & {"true" if b else "false" for b in ev.bools(field)}
+            elif kind == "e":
+                found = (None,) if ev.present(field) else ()
+            elif kind == "p":
+                lengths = self._prefix_lengths[field]
+                found = group.keys() & {t[:n] for t in ev.terms(field) for n in lengths
+                                        if len(t) >= n}
+            else:  # "f"
+                kmax, lo, hi = self._fuzzy_spec[field]
+                variants: set[str] = set()
+                for t in ev.terms(field):
+                    if lo <= len(t) <= hi + kmax:
+                        variants |= deletion_variants(t, kmax)
+                found = group.keys() & variants
+            for value in found:
+                out |= group[value]
+        for (field, rkind), rindex in self.ranges.items():
+            if rkind == "num":
+                for x in ev.numbers(field):
+                    rindex.stab(x, out)
+            elif rkind == "date":
+                for d in ev.dates(field):
+                    rindex.stab(d, out)
+            else:
+                for t in ev.terms(field):
+                    rindex.stab(t, out)
+        return out

@@ -1,0 +1,186 @@
+"""Matcher closures. Each factory is called once, when a query is registered, and returns a
+function of an `AnalysedEvent`; nothing here is re-parsed or re-interpreted per event."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rapidfuzz import process
+from rapidfuzz.distance import OSA
+
+from percolator.analysis import AnalysedEvent
+from percolator.terms import SCORERS, compile_regex
+
+Matcher = Callable[[AnalysedEvent], bool]
+
+
+def never(ev: AnalysedEvent) -> bool:
+    return False
+
+
+def always(ev: AnalysedEvent) -> bool:
+    return True
+
+
+def term_in(field: str, term: str) -> Matcher:
+    def match(ev: AnalysedEvent) -> bool:
+        return term in ev.terms(field)
+    return match
+
+
+def number_eq(field: str, value: float) -> Matcher:
+    def match(ev: AnalysedEvent) -> bool:
+        return value in ev.numbers(field)
+    return match
+
+
+def bool_eq(field: str, value: bool) -> Matcher:
+    def match(ev: AnalysedEvent) -> bool:
+        return value in ev.bools(field)
+    return match
+
+
+def any_of(matchers: Sequence[Matcher]) -> Matcher:
+    ms = tuple(matchers)
+    if not ms:
+        return never
+    if len(ms) == 1:
+        return ms[0]
+
+    def match(ev: AnalysedEvent) -> bool:
+        return any(m(ev) for m in ms)
+    return match
+
+
+def all_of(matchers: Sequence[Matcher]) -> Matcher:
+    ms = tuple(matchers)
+    if len(ms) == 1:
+        return ms[0]
+    if len(ms) == 2:
+        a, b = ms
+
+        def match2(ev: AnalysedEvent) -> bool:
+            return a(ev) and b(ev)
+        return match2
+
+    def match(ev: AnalysedEvent) -> bool:
+        return all(m(ev) for m in ms)
+    return match
+
+
+def negate(m: Matcher) -> Matcher:
+    def match(ev: AnalysedEvent) -> bool:
+        return not m(ev)
+    return match
+
+
+def memoised(leaf_id: int, m: Matcher) -> Matcher:
+    """Share one leaf's result between every query that contains it, for one event."""
+    def match(ev: AnalysedEvent) -> bool:
+        memo = ev.memo
+        r = memo.get(leaf_id)
+        if r is None:
+            r = memo[leaf_id] = m(ev)
+        return r
+    return match
+
+
+def phrase(field: str, tokens: Sequence[str], slop: int) -> Matcher:
+    """Tokens at positions whose offsets (position - index in phrase) spread at most `slop`,
+    with distinct positions: Lucene's sloppy phrase, where a swap of two terms costs 2."""
+    toks = tuple(tokens)
+    first = toks[0]
+
+    def match(ev: AnalysedEvent) -> bool:
+        terms = ev.terms(field)
+        if any(t not in terms for t in toks):
+            return False
+        for value in ev.token_lists(field):
+            if slop == 0:
+                n = len(toks)
+                for i, t in enumerate(value):
+                    if t == first and tuple(value[i:i + n]) == toks:
+                        return True
+            elif _sloppy(value, toks, slop):
+                return True
+        return False
+    return match
+
+
+def _sloppy(value: Sequence[str], toks: Sequence[str], slop: int) -> bool:
+    positions: list[list[int]] = []
+    for t in toks:
+        ps = [i for i, v in enumerate(value) if v == t]
+        if not ps:
+            return False
+        positions.append(ps)
+
+    def search(k: int, lo: int, hi: int, used: frozenset[int]) -> bool:
+        if k == len(toks):
+            return True
+        for p in positions[k]:
+            if p in used:
+                continue
+            off = p - k
+            nlo, nhi = min(lo, off), max(hi, off)
+            if nhi - nlo <= slop and search(k + 1, nlo, nhi, used | {p}):
+                return True
+        return False
+
+    return any(search(1, p, p, frozenset({p})) for p in positions[0])
+
+
+def prefix(field: str, text: str) -> Matcher:
+    def match(ev: AnalysedEvent) -> bool:
+        return any(t.startswith(text) for t in ev.terms(field))
+    return match
+
+
+def regex(field: str, pattern: str) -> Matcher:
+    rx = compile_regex(pattern)
+
+    def match(ev: AnalysedEvent) -> bool:
+        return any(rx.fullmatch(t) is not None for t in ev.terms(field))
+    return match
+
+
+def fuzzy(field: str, term: str, distance: int) -> Matcher:
+    def match(ev: AnalysedEvent) -> bool:
+        terms = ev.terms(field)
+        if term in terms:
+            return True
+        return process.extractOne(term, terms, scorer=OSA.distance,
+                                  score_cutoff=distance) is not None
+    return match
+
+
+def in_range(lo: Any, hi: Any, include_lo: bool, include_hi: bool) -> Callable[[Any], bool]:
+    def ok(x: Any) -> bool:
+        if lo is not None and (x < lo or (x == lo and not include_lo)):
+            return False
+        return not (hi is not None and (x > hi or (x == hi and not include_hi)))
+    return ok
+
+
+def range_of(values: Callable[[AnalysedEvent, str], Sequence[Any]], field: str,
+             lo: Any, hi: Any, include_lo: bool, include_hi: bool) -> Matcher:
+    ok = in_range(lo, hi, include_lo, include_hi)
+
+    def match(ev: AnalysedEvent) -> bool:
+        return any(ok(x) for x in values(ev, field))
+    return match
+
+
+def exists(field: str) -> Matcher:
+    def match(ev: AnalysedEvent) -> bool:
+        return ev.present(field)
+    return match
+
+
+def similar(field: str, text: str, scorer: str, threshold: float) -> Matcher:
+    fn = SCORERS[scorer]
+
+    def match(ev: AnalysedEvent) -> bool:
+        return any(fn(text, v, score_cutoff=threshold) >= threshold for v in ev.texts(field))
+    return match

@@ -1,0 +1,152 @@
+"""Term-level primitives shared by the matchers and the presearcher.
+
+- user regexes compile on google-re2 (linear time; no look-around/back-references), anchored to
+  the whole term as Lucene does;
+- wildcard patterns translate to RE2;
+- fuzzy terms use the optimal-string-alignment distance (Damerau-Levenshtein where an adjacent
+  transposition counts as one edit; Lucene's default `transpositions=true`), and the index keys a
+  fuzzy term by its deletion variants (SymSpell): two strings within k OSA edits always share a
+  string reachable from each by at most k deletions (a substitution or a transposition is one
+  deletion on each side, an insertion one deletion on the other side).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import lru_cache
+from itertools import combinations
+from typing import Any
+
+import re2
+from rapidfuzz import fuzz
+from rapidfuzz.distance import OSA
+
+_OPTIONS = re2.Options()
+_OPTIONS.log_errors = False
+# A user pattern may not build a program larger than this (bytes); RE2 rejects bigger ones.
+_OPTIONS.max_mem = 8 << 20
+
+
+def compile_regex(pattern: str) -> Any:
+    """A compiled RE2 pattern; raises ValueError with RE2's message if it is not valid."""
+    try:
+        return re2.compile(pattern, options=_OPTIONS)
+    except re2.error as exc:
+        msg = exc.args[0] if exc.args else str(exc)
+        if isinstance(msg, bytes):
+            msg = msg.decode("utf-8", "replace")
+        raise ValueError(str(msg)) from None
+
+
+def regex_matcher(pattern: str) -> Callable[[str], bool]:
+    rx = compile_regex(pattern)
+
+    def match(term: str) -> bool:
+        return rx.fullmatch(term) is not None
+
+    return match
+
+
+def wildcard_to_regex(pattern: str) -> str:
+    """Our canonical wildcard pattern (see `ast.Wildcard`) as an RE2 pattern (whole term)."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(re2.escape(pattern[i + 1]))
+            i += 2
+            continue
+        if c == "*":
+            out.append("(?s:.*)")
+        elif c == "?":
+            out.append("(?s:.)")
+        else:
+            out.append(re2.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def wildcard_literal_prefix(pattern: str) -> str:
+    """The literal text before the first wildcard of a canonical wildcard pattern."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(pattern[i + 1])
+            i += 2
+            continue
+        if c in "*?":
+            break
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def map_wildcard_literals(pattern: str, fn: Callable[[str], str]) -> str:
+    """Apply `fn` (e.g. normalisation) to the literal runs of a wildcard pattern."""
+    out: list[str] = []
+    run: list[str] = []
+
+    def flush() -> None:
+        if run:
+            text = fn("".join(run))
+            out.append("".join("\\" + ch if ch in "*?\\" else ch for ch in text))
+            run.clear()
+
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            run.append(pattern[i + 1])
+            i += 2
+            continue
+        if c in "*?":
+            flush()
+            out.append(c)
+        else:
+            run.append(c)
+        i += 1
+    flush()
+    return "".join(out)
+
+
+def within_distance(a: str, b: str, k: int) -> bool:
+    """OSA (restricted Damerau-Levenshtein) distance of a and b is at most k."""
+    if abs(len(a) - len(b)) > k:
+        return False
+    return bool(OSA.distance(a, b, score_cutoff=k) <= k)
+
+
+@lru_cache(maxsize=65_536)
+def deletion_variants(term: str, k: int) -> frozenset[str]:
+    """Every string obtained from `term` by deleting at most `k` characters (term included)."""
+    n = len(term)
+    out = {term}
+    for d in range(1, min(k, n) + 1):
+        for idx in combinations(range(n), d):
+            drop = set(idx)
+            out.add("".join(ch for i, ch in enumerate(term) if i not in drop))
+    return frozenset(out)
+
+
+SCORERS: dict[str, Callable[..., float]] = {
+    "wratio": fuzz.WRatio,
+    "ratio": fuzz.ratio,
+    "qratio": fuzz.QRatio,
+    "partial": fuzz.partial_ratio,
+    "token_sort": fuzz.token_sort_ratio,
+    "token_set": fuzz.token_set_ratio,
+}
+
+
+def similarity(scorer: str, query: str, values: Iterable[str], threshold: float) -> float:
+    """Best score of `query` against `values` (0 when none reaches `threshold`)."""
+    fn = SCORERS[scorer]
+    best = 0.0
+    for v in values:
+        s = float(fn(query, v, score_cutoff=threshold))
+        if s > best:
+            best = s
+    return best
