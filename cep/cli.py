@@ -19,6 +19,7 @@ from cep.errors import CepError
 COMMAND_MODULES: tuple[str, ...] = (
     "jobs.cli",
     "percolator.cli",
+    "cep.cli_rules",
 )
 
 

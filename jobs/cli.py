@@ -38,6 +38,38 @@ def register(sub: Any) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_replay)
 
+    p = sub.add_parser("run", help="the live job: Kafka in, alerts to Kafka and Redis",
+                       description="Run every rule of a rules directory over Kafka topics, "
+                       "continuously. Rules may be added, changed, disabled and removed while it "
+                       "runs. Metrics: CHECKPOINT/metrics.json and metrics.prom.")
+    p.add_argument("--rules", default="rules", help="rules directory (default: rules/)")
+    p.add_argument("--bootstrap", dest="kafka_bootstrap", help="Kafka bootstrap servers")
+    p.add_argument("--redis", dest="redis_url", help="Redis URL")
+    p.add_argument("--checkpoint", dest="checkpoint_dir", help="checkpoint directory")
+    p.add_argument("--topic", action="append", default=[], metavar="STREAM=TOPIC",
+                   help="the topic a stream is read from (default: the stream's name)")
+    p.add_argument("--trigger", type=float, default=1.0, help="seconds between micro-batches")
+    p.add_argument("--max-offsets-per-trigger", type=int)
+    p.add_argument("--starting-offsets", default="earliest")
+    p.add_argument("--once", action="store_true",
+                   help="process what is in the topics now, then stop")
+    p.add_argument("--max-seconds", type=float, help="stop after this long")
+    p.add_argument("--shards", type=int)
+    p.add_argument("--master", dest="spark_master")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("tail", help="print live alerts from a Kafka topic or Redis")
+    p.add_argument("topic", nargs="?", help="alert topic, e.g. alerts.card_testing")
+    p.add_argument("--bootstrap", dest="kafka_bootstrap")
+    p.add_argument("--redis", metavar="CHANNEL", help="subscribe to a Redis pub/sub channel "
+                   "(e.g. cep:alerts:card_testing) instead of Kafka")
+    p.add_argument("--redis-url")
+    p.add_argument("--from-beginning", action="store_true")
+    p.add_argument("--max", type=int, help="stop after N alerts")
+    p.add_argument("--timeout", type=float, help="stop after N seconds without an alert")
+    p.add_argument("--json", action="store_true", help="print raw JSON")
+    p.set_defaults(func=_tail)
+
 
 def _demo(args: argparse.Namespace) -> int:
     from jobs.demo import run_demo
@@ -62,3 +94,28 @@ def _replay(args: argparse.Namespace) -> int:
     print(summary.table())
     print(f"alerts written to {args.out}")
     return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    import logging
+
+    from jobs.live import LiveJob, LiveOptions
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = _settings(args, kafka_bootstrap=args.kafka_bootstrap, redis_url=args.redis_url,
+                         checkpoint_dir=args.checkpoint_dir, shards=args.shards,
+                         spark_master=args.spark_master)
+    topics = dict(t.split("=", 1) for t in args.topic)
+    opts = LiveOptions(rules=args.rules, checkpoint=settings.checkpoint_dir, topics=topics,
+                       trigger_seconds=args.trigger, once=args.once,
+                       max_offsets_per_trigger=args.max_offsets_per_trigger,
+                       starting_offsets=args.starting_offsets)
+    return LiveJob(settings, opts).run(max_seconds=args.max_seconds)
+
+
+def _tail(args: argparse.Namespace) -> int:
+    from jobs.tail import tail
+
+    settings = _settings(args, kafka_bootstrap=args.kafka_bootstrap, redis_url=args.redis_url)
+    return tail(settings, args.topic, redis_channel=args.redis, from_beginning=args.from_beginning,
+                max_alerts=args.max, timeout=args.timeout, raw=args.json)

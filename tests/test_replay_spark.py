@@ -16,7 +16,7 @@ from cep.runtime.embedded import alerts_for, canonical_lines
 from jobs.replay import InputSpec, run_replay
 
 pytestmark = pytest.mark.spark
-RULES = Path(__file__).parent / "runtime" / "rules"
+RULES = Path(__file__).resolve().parent.parent / "rules"  # the bundled rules
 
 
 def _expected(ds):

@@ -4,8 +4,8 @@ kind is "reading" (with a temperature) or "heartbeat". Background: a reading eve
 temperature 40-60 °C, a heartbeat every 30 s (offset by 15 s).
 Injected, each on its own machine:
 - rising_temperature: 4 readings, each hotter than the one before, the last above 90 °C
-  (rule: 4 readings, each hotter than the one before, from a warm one (> 60) to a critical one
-  (> 90), within 5 min; heartbeats may come between them);
+  (rule: 4 readings, each hotter than the one before with no cooler reading between, from a warm
+  one (> 60) to a critical one (> 90), within 10 min; heartbeats may come between them);
 - missing_heartbeat: heartbeats stop for 10 minutes (rule: a heartbeat not followed by another
   within 2 minutes; the alert's last time is the silent heartbeat's).
 """
@@ -19,7 +19,7 @@ from cep.datagen.base import MINUTE, SECOND, T0, Dataset, Expected
 
 def machines(n_events: int = 10_000, n_keys: int = 50, seed: int = 3, inject: int = 3) -> Dataset:
     rng = random.Random(seed)
-    ds = Dataset("machines", [])
+    ds = Dataset("machine_events", [])
     per = max(20, n_events // (2 * n_keys))  # readings per machine; as many heartbeats
     names = [f"machine-{i:04d}" for i in range(n_keys)]
     special = names[: 2 * inject]

@@ -6,7 +6,9 @@ Injected, each on its own symbol:
 - rise_then_drop: 4 ticks each rising 1 %, then a tick dropping 4 % (rule: a base tick, then 3+
   consecutive rises of more than 0.5 % each, then a drop of more than 3 % from the last rise,
   within 5 min; the alert starts at the base tick);
-- spread_spike: one tick whose spread is 1 % of the price (rule: spread > 0.5 % of the bid).
+- spread_spike: one tick whose spread is 1 % of the price (rule: 5+ calm ticks, spread under
+  0.2 %, then a tick whose spread is over 3x their average, within 1 min; the alert starts at
+  the earliest calm tick within that minute).
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ def trading(n_events: int = 10_000, n_keys: int = 50, seed: int = 2, inject: int
                     ds.expected.append(Expected("rise_then_drop", sym, first, t))
                 else:
                     tick(t, sym, price, spread_frac=0.01)
-                    ds.expected.append(Expected("spread_spike", sym, t, t))
+                    calm_from = min(e["ts"] for e in ds.events
+                                    if e["symbol"] == sym and e["ts"] >= t - 60 * SECOND)
+                    ds.expected.append(Expected("spread_spike", sym, calm_from, t))
                 t += rng.randrange(1 * SECOND, 3 * SECOND)
             price *= 1 + rng.uniform(-0.0005, 0.0005)
             tick(t, sym, price)

@@ -34,6 +34,7 @@ def alert_record(engine: Engine, result: Match | Timeout) -> dict[str, Any]:
         "alert": result.alert,
         "rule_id": result.rule_id,
         "rule_version": result.version,
+        "rule_hash": engine.rules[result.rule_id].version,
         "severity": getattr(rule, "severity", None),
         "key": key,
         "first_ts": result.first_ts,
@@ -58,10 +59,11 @@ def output_rows(engine: Engine, out: Output) -> list[Row]:
                     "ts": res.ts}
             rows.append(("dropped", res.rule_id, str(res.key), "", json.dumps(info)))
     for late in out.late:
-        info = {"rule_id": late.rule_id, "key": late.key, "stream": late.event.stream,
+        info = {"rule_ids": list(late.rule_ids), "key": late.key, "stream": late.event.stream,
                 "ts": late.event.ts, "seq": late.event.seq, "watermark": late.watermark,
                 "event": dict(late.event.data)}
-        rows.append(("late", late.rule_id, late.key, "", json.dumps(info, default=str)))
+        rows.append(("late", ",".join(late.rule_ids), late.key, "",
+                     json.dumps(info, default=str)))
     return rows
 
 

@@ -51,6 +51,8 @@ class RuleRuntime:
     lateness_ms: int
     matcher: Matcher
     meta: Any = None  # what output formatting needs (the compiled rule)
+    # Identifies the compiled rule's content: state built by another version is discarded.
+    version: str = ""
 
 
 def content_seq(data: Mapping[str, Any]) -> int:
@@ -76,7 +78,10 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class LateEvent:
-    rule_id: str
+    """An event older than the watermark of the rules that read it: reported once per event
+    (per key field), naming every rule it was late for."""
+
+    rule_ids: tuple[str, ...]
     key: str
     event: Event
     watermark: int
@@ -88,16 +93,13 @@ class Output:
     late: list[LateEvent] = field(default_factory=list)
     keys_touched: int = 0
     keys_released: int = 0
-
-    def extend(self, other: Output) -> None:
-        self.matches.extend(other.matches)
-        self.late.extend(other.late)
-        self.keys_touched += other.keys_touched
-        self.keys_released += other.keys_released
+    # Keys whose state belonged to a rule that was removed or changed since it was written.
+    keys_reset: int = 0
 
 
-# A key's state: (buffer, matcher_state). The buffer is a sorted list of (ts, seq, data).
-KeyState = tuple[list[tuple[int, Any, Mapping[str, Any]]], Any]
+# A key's state: (buffer, matcher_state, rule_version). The buffer is a sorted list of
+# (ts, seq, data) not yet passed by the watermark.
+KeyState = tuple[list[tuple[int, Any, Mapping[str, Any]]], Any, str]
 StateKey = tuple[str, str]  # (rule_id, key)
 
 
@@ -145,8 +147,12 @@ class Engine:
                *, end_of_input: int | None = None) -> Output:
         """Add events and advance every key whose wake time the watermark has passed.
 
-        `max_ts` is the highest event time seen so far (per stream, or one for all); each
-        rule's watermark is that minus its stream's allowed lateness.
+        `max_ts` is the highest event time seen so far: one for all streams (as Spark keeps one
+        watermark per query, and as `run_embedded` does), or a mapping per stream; each rule's
+        watermark is that minus its stream's allowed lateness. With one for all, a stream that
+        lags the others by more than its lateness has its events reported late: interleave
+        streams by event time (as `cep.runtime.embedded.alerts_for` does), or give lagging
+        streams a larger LATENESS.
 
         `end_of_input`, when given, is the last event time of a finished input: every rule's
         watermark becomes that time (lateness no longer matters: nothing else will come),
@@ -161,6 +167,9 @@ class Engine:
         wake = store.load_wake()
         pending: dict[StateKey, list[tuple[int, Any, Mapping[str, Any]]]] = {}
         for ev in events:
+            late_for: list[str] = []
+            late_wm = 0
+            late_key = ""
             for rule in self.by_stream.get(ev.stream, ()):
                 key = ev.data.get(rule.key_field)
                 if key is None:
@@ -168,12 +177,20 @@ class Engine:
                 wm = self._watermark(rule, max_ts)
                 sk = (rule.rule_id, str(key))
                 if ev.ts < wm:
-                    out.late.append(LateEvent(rule.rule_id, sk[1], ev, wm))
+                    late_for.append(rule.rule_id)
+                    late_wm, late_key = wm, sk[1]
                     continue
                 pending.setdefault(sk, []).append((ev.ts, ev.seq, ev.data))
+            if late_for:
+                out.late.append(LateEvent(tuple(late_for), late_key, ev, late_wm))
         due = set(pending)
-        for sk, threshold in wake.items():
-            if self._eof or threshold <= self._top(self.rules[sk[0]], max_ts):
+        for sk, threshold in list(wake.items()):
+            rule = self.rules.get(sk[0])
+            if rule is None:  # the rule was removed while the job ran: drop its state
+                store.delete(sk)
+                del wake[sk]
+                out.keys_reset += 1
+            elif self._eof or threshold <= self._top(rule, max_ts):
                 due.add(sk)
         for sk in sorted(due):
             self._advance(store, wake, sk, pending.get(sk, ()), max_ts, out)
@@ -209,7 +226,15 @@ class Engine:
         key = sk[1]
         wm = self._watermark(rule, max_ts)
         loaded = store.get(sk)
-        buffer, mstate = loaded if loaded is not None else ([], matcher.initial())
+        if loaded is None:
+            buffer, mstate = [], matcher.initial()
+        elif loaded[2] != rule.version:
+            # Written by another version of the rule: its partial matches refer to another NFA.
+            # Buffered events have not been matched yet; they go to the new version.
+            buffer, mstate = loaded[0], matcher.initial()
+            out.keys_reset += 1
+        else:
+            buffer, mstate = loaded[0], loaded[1]
         for item in new:
             bisect.insort(buffer, item, key=_order)
         # Release buffered events the watermark has passed, in (ts, seq) order.
@@ -235,7 +260,7 @@ class Engine:
             wake.pop(sk, None)
             out.keys_released += 1
             return
-        store.put(sk, (buffer, mstate))
+        store.put(sk, (buffer, mstate, rule.version))
         # The key is due when its rule's watermark reaches the first buffered event or the
         # matcher's next deadline; stored as the max event time at which that happens.
         nxt = [t for t in (buffer[0][0] if buffer else None, matcher.next_deadline(mstate))

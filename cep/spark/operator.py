@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import pickle
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
@@ -25,7 +25,8 @@ _BLOB_SCHEMA = StructType([StructField("v", BinaryType())])
 _NO_WATERMARK = 0  # Spark reports 0 before the first watermark exists
 
 # Rows the operator emits: alerts, timeouts, late events, and a per-call stats row.
-EngineFactory = Callable[[], Engine]
+class EngineFactory(Protocol):
+    def load(self) -> tuple[int, Callable[[], Engine]]: ...
 RowsFromOutput = Callable[[Engine, Output], list[tuple[str, str, str, str, str]]]
 
 
@@ -139,12 +140,14 @@ _ENGINES: dict[int, Engine] = {}
 
 
 def _cached_engine(factory: EngineFactory) -> Engine:
-    """Compile once per Python worker (workers are reused across tasks and batches)."""
-    ident = getattr(factory, "cache_key", id(factory))
-    engine = _ENGINES.get(ident)
+    """Compile once per Python worker and rules version (workers are reused across tasks)."""
+    key, build = factory.load()
+    engine = _ENGINES.get(key)
     if engine is None:
-        engine = factory()
-        _ENGINES[ident] = engine
+        if len(_ENGINES) > 8:
+            _ENGINES.clear()
+        engine = build()
+        _ENGINES[key] = engine
     return engine
 
 

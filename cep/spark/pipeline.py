@@ -39,7 +39,7 @@ class StreamPlan:
 class Plan:
     streams: tuple[StreamPlan, ...]
     shards: int
-    late_capture_ms: int = 3_600_000
+    late_capture_ms: int = 0
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -53,7 +53,7 @@ class Plan:
         raise KeyError(name)
 
 
-def plan_for(ruleset: RuleSet, shards: int, late_capture_ms: int = 3_600_000) -> Plan:
+def plan_for(ruleset: RuleSet, shards: int, late_capture_ms: int = 0) -> Plan:
     specs: dict[str, StreamSpec] = {}
     keys: dict[str, list[str]] = {}
     for rule in ruleset.rules:

@@ -1,0 +1,266 @@
+"""The rule-file syntax tree: what the grammar builds, before any checking.
+
+Every node is a frozen, slotted dataclass holding tuples (never lists) and a `span` that is
+excluded from equality, so two trees parsed from differently formatted texts compare equal.
+Passes in `cep.compile` read these nodes and build new objects; nothing mutates a tree.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from cep.errors import Span
+
+NOSPAN = Span("<none>", 0, 0)
+
+
+def _span() -> Span:
+    return field(default=NOSPAN, compare=False, repr=False)  # type: ignore[no-any-return]
+
+
+class Conn(enum.IntEnum):
+    """How a pattern step is entered from the previously matched event."""
+
+    STRICT = 0  # juxtaposition: the very next event (MATCH_RECOGNIZE, Flink `next`)
+    RELAXED = 1  # `->`: the first later event that satisfies the step (Flink `followedBy`)
+    ANY = 2  # `->>`: any later event that satisfies the step (Flink `followedByAny`)
+
+    @property
+    def symbol(self) -> str:
+        return ("", "->", "->>")[self]
+
+
+# ---------------------------------------------------------------------------------- expressions
+
+
+@dataclass(frozen=True, slots=True)
+class Literal:
+    value: object  # int, float, str, bool or None
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Name:
+    """`field`, `` `odd field` ``, `VAR.field`, or `VAR` alone (only inside COUNT)."""
+
+    parts: tuple[str, ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Star:
+    """`*` or `VAR.*` inside COUNT."""
+
+    var: str | None
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    func: str  # upper-cased
+    args: tuple[Expr, ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Unary:
+    op: str  # "-" or "NOT"
+    operand: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Binary:
+    op: str  # + - * / % = != < <= > >= AND OR
+    left: Expr
+    right: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class IsNull:
+    operand: Expr
+    negated: bool
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class InList:
+    operand: Expr
+    items: tuple[Expr, ...]
+    negated: bool
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Between:
+    operand: Expr
+    low: Expr
+    high: Expr
+    negated: bool
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class StrPredicate:
+    op: str  # CONTAINS, STARTS WITH, ENDS WITH, MATCHES
+    operand: Expr
+    arg: Expr
+    negated: bool
+    span: Span = _span()
+
+
+Expr = Literal | Name | Star | Call | Unary | Binary | IsNull | InList | Between | StrPredicate
+
+# ------------------------------------------------------------------------------------- patterns
+
+
+@dataclass(frozen=True, slots=True)
+class Quantifier:
+    min: int
+    max: int | None  # None: unbounded
+    greedy: bool = True
+    span: Span = _span()
+
+    def __str__(self) -> str:
+        if (self.min, self.max) == (0, 1):
+            text = "?"
+        elif (self.min, self.max) == (0, None):
+            text = "*"
+        elif (self.min, self.max) == (1, None):
+            text = "+"
+        elif self.min == self.max:
+            text = f"{{{self.min}}}"
+        elif self.max is None:
+            text = f"{{{self.min},}}"
+        else:
+            text = f"{{{self.min},{self.max}}}" if self.min else f"{{,{self.max}}}"
+        return text if self.greedy else text + "?"
+
+
+@dataclass(frozen=True, slots=True)
+class PVar:
+    name: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class PNot:
+    """`NOT X` inside a pattern: "not next" after juxtaposition, "not followed by" after `->`."""
+
+    name: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class PItem:
+    """One element of a sequence with the connector written before it (None: none written)."""
+
+    conn: Conn | None
+    element: PVar | PNot | PAlt
+    quant: Quantifier | None
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class PSeq:
+    items: tuple[PItem, ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class PAlt:
+    """Alternation of sequences; a parenthesised group is a PAlt (often with one branch)."""
+
+    branches: tuple[PSeq, ...]
+    span: Span = _span()
+
+
+# ------------------------------------------------------------------------------------ rule file
+
+
+@dataclass(frozen=True, slots=True)
+class Duration:
+    ms: int
+    text: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class FieldDecl:
+    name: str
+    type: str  # STRING INT FLOAT BOOL (upper-case canonical)
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDecl:
+    name: str
+    fields: tuple[FieldDecl, ...] | None
+    time_field: str
+    lateness: Duration | None
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Define:
+    var: str
+    condition: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    expr: Expr
+    name: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    kind: str  # PAST LAST ROW | TO NEXT ROW | TO FIRST | TO LAST | ALL MATCHES
+    var: str | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    kind: str  # KAFKA | REDIS
+    target: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    alert: str
+    destinations: tuple[Destination, ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Clause:
+    """One clause of a rule, as written. `value` depends on `name`; order is the source order.
+
+    Clauses may come in any order; `cep.compile.assemble` reports duplicates and missing ones.
+    """
+
+    name: str  # VERSION, DESCRIPTION, TAGS, SEVERITY, ENABLED, FROM, PARTITION BY, PATTERN, ...
+    value: object
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class RuleDecl:
+    id: str
+    title: str | None
+    clauses: tuple[Clause, ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class RuleFile:
+    path: str
+    streams: tuple[StreamDecl, ...]
+    rules: tuple[RuleDecl, ...]
+    span: Span = _span()

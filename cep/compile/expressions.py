@@ -1,0 +1,294 @@
+"""Condition and measure expressions: syntax tree → typed, resolved `cep.expr` tree.
+
+Resolution decides, once, what every name means: a field of the current event, a field of the
+last (or first) event matched to a variable, `PREV`, or a running aggregate. Types are checked
+against the stream's declared schema when there is one (`NUM`, `STR`, `BOOL`; `ANY` when the
+schema does not say); a mismatch is an error pointing at the operator or operand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import re2
+
+from cep import ast
+from cep import expr as X
+from cep.compile.diagnostics import Diagnostics, did_you_mean
+
+NUM, STR, BOOL, NULL, ANY = "number", "string", "boolean", "null", "any"
+SCHEMA_TYPES = {
+    "INT": NUM,
+    "INTEGER": NUM,
+    "LONG": NUM,
+    "BIGINT": NUM,
+    "FLOAT": NUM,
+    "DOUBLE": NUM,
+    "DECIMAL": NUM,
+    "NUMBER": NUM,
+    "STRING": STR,
+    "TEXT": STR,
+    "VARCHAR": STR,
+    "BOOL": BOOL,
+    "BOOLEAN": BOOL,
+}
+AGGREGATES = ("SUM", "AVG", "COUNT", "MIN", "MAX")
+NAVIGATION = ("PREV", "FIRST", "LAST")
+
+
+class _Bad(Exception):
+    """Raised inside resolution after an error was reported, to abandon the expression."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    vars: Mapping[str, int]  # every pattern variable (positive and negated)
+    schema: Mapping[str, str] | None  # field -> NUM/STR/BOOL, None when undeclared
+    current: str | None  # variable whose DEFINE this is (None in MEASURES)
+    measure: bool = False
+
+
+def compatible(a: str, b: str) -> bool:
+    return a == b or ANY in (a, b) or NULL in (a, b)
+
+
+def resolve(node: ast.Expr, scope: Scope, diag: Diagnostics) -> tuple[X.Expr, str] | None:
+    """The compiled tree and its type, or None after reporting errors."""
+    try:
+        return _Resolver(scope, diag).expr(node)
+    except _Bad:
+        return None
+
+
+class _Resolver:
+    def __init__(self, scope: Scope, diag: Diagnostics) -> None:
+        self.scope, self.diag = scope, diag
+
+    def fail(self, message: str, node: ast.Expr, hint: str | None = None) -> _Bad:
+        self.diag.error(message, node.span, hint)
+        return _Bad()
+
+    def want(self, typ: str, expected: str, node: ast.Expr, what: str) -> None:
+        if not compatible(typ, expected):
+            raise self.fail(f"{what} needs a {expected}, got a {typ}", node)
+
+    # -- names ------------------------------------------------------------------------------
+
+    def field(self, name: str, node: ast.Expr) -> tuple[X.Expr, str]:
+        schema = self.scope.schema
+        if schema is None:
+            return X.Field(name), ANY
+        if name not in schema:
+            hint = did_you_mean(name, schema, "fields")
+            if name in self.scope.vars:
+                hint = f"{name} is a pattern variable; write {name}.<field>"
+            raise self.fail(f"unknown field {name!r}", node, hint)
+        return X.Field(name), schema[name]
+
+    def var_index(self, name: str, node: ast.Expr) -> int:
+        if name not in self.scope.vars:
+            raise self.fail(
+                f"unknown pattern variable {name!r}",
+                node,
+                did_you_mean(name, self.scope.vars, "variables"),
+            )
+        return self.scope.vars[name]
+
+    def name(self, node: ast.Name) -> tuple[X.Expr, str]:
+        if len(node.parts) == 1:
+            return self.field(node.parts[0], node)
+        var, fname = node.parts
+        index = self.var_index(var, node)
+        row, typ = self.field(fname, node)
+        if var == self.scope.current:
+            return row, typ  # the event being tested is the last event of its own variable
+        return X.VarRow(index, var, "LAST", row, False), typ
+
+    def row_of(self, node: ast.Expr, func: str) -> tuple[str | None, X.Expr, str]:
+        """The argument of FIRST/LAST/aggregates: an expression over one variable's fields."""
+        seen: set[str] = set()
+
+        def walk(n: ast.Expr) -> tuple[X.Expr, str]:
+            if isinstance(n, ast.Name):
+                if len(n.parts) == 2:
+                    self.var_index(n.parts[0], n)
+                    seen.add(n.parts[0])
+                return self.field(n.parts[-1], n)
+            if isinstance(n, ast.Call) and (n.func in AGGREGATES or n.func in NAVIGATION):
+                raise self.fail(f"{n.func} cannot be nested inside {func}", n)
+            return self.expr(n, walk)
+
+        row, typ = walk(node)
+        if len(seen) > 1:
+            raise self.fail(
+                f"{func} reads one variable; this reads {', '.join(sorted(seen))}", node
+            )
+        return (seen.pop() if seen else None), row, typ
+
+    # -- expressions ------------------------------------------------------------------------
+
+    def expr(self, node: ast.Expr, sub: object = None) -> tuple[X.Expr, str]:  # noqa: C901
+        rec = sub if callable(sub) else self.expr
+        if isinstance(node, ast.Literal):
+            v = node.value
+            typ = (
+                NULL
+                if v is None
+                else BOOL
+                if isinstance(v, bool)
+                else STR
+                if isinstance(v, str)
+                else NUM
+            )
+            return X.Const(v), typ
+        if isinstance(node, ast.Name):
+            return self.name(node) if rec == self.expr else rec(node)
+        if isinstance(node, ast.Star):
+            raise self.fail("'*' is only allowed in COUNT(*) or COUNT(A.*)", node)
+        if isinstance(node, ast.Call):
+            return self.call(node, rec)
+        if isinstance(node, ast.Unary):
+            operand, typ = rec(node.operand)
+            if node.op == "-":
+                self.want(typ, NUM, node.operand, "unary '-'")
+                if isinstance(operand, X.Const) and isinstance(operand.value, int | float):
+                    return X.Const(-operand.value), NUM
+                return X.Neg(operand), NUM
+            self.want(typ, BOOL, node.operand, "NOT")
+            return X.Not(operand), BOOL
+        if isinstance(node, ast.Binary):
+            left, lt = rec(node.left)
+            right, rt = rec(node.right)
+            if node.op in ("AND", "OR"):
+                self.want(lt, BOOL, node.left, node.op)
+                self.want(rt, BOOL, node.right, node.op)
+                return (X.And(left, right) if node.op == "AND" else X.Or(left, right)), BOOL
+            if node.op in X.ARITH:
+                self.want(lt, NUM, node.left, f"'{node.op}'")
+                self.want(rt, NUM, node.right, f"'{node.op}'")
+                return X.Arith(node.op, left, right), NUM
+            if not compatible(lt, rt):
+                raise self.fail(f"cannot compare a {lt} with a {rt}", node)
+            if node.op not in ("=", "!=") and BOOL in (lt, rt):
+                raise self.fail(f"'{node.op}' does not order booleans", node)
+            return X.Compare(node.op, left, right), BOOL
+        if isinstance(node, ast.IsNull):
+            operand, _ = rec(node.operand)
+            return X.IsNull(operand, node.negated), BOOL
+        if isinstance(node, ast.InList):
+            operand, typ = rec(node.operand)
+            items = []
+            for item in node.items:
+                value, it = rec(item)
+                if not compatible(typ, it):
+                    raise self.fail(f"IN list mixes a {typ} with a {it}", item)
+                items.append(value)
+            return X.InList(operand, tuple(items), node.negated), BOOL
+        if isinstance(node, ast.Between):
+            operand, typ = rec(node.operand)
+            low, lt = rec(node.low)
+            high, ht = rec(node.high)
+            for bound, bt in ((node.low, lt), (node.high, ht)):
+                if not compatible(typ, bt):
+                    raise self.fail(f"cannot compare a {typ} with a {bt}", bound)
+            between = X.And(X.Compare(">=", operand, low), X.Compare("<=", operand, high))
+            return (X.Not(between) if node.negated else between), BOOL
+        if isinstance(node, ast.StrPredicate):
+            operand, typ = rec(node.operand)
+            arg, at = rec(node.arg)
+            self.want(typ, STR, node.operand, node.op)
+            self.want(at, STR, node.arg, node.op)
+            regex = None
+            if node.op == "MATCHES":
+                if not isinstance(arg, X.Const) or not isinstance(arg.value, str):
+                    raise self.fail("MATCHES needs a literal regular expression", node.arg)
+                try:
+                    regex = re2.compile(arg.value)
+                except re2.error as exc:
+                    raise self.fail(
+                        f"invalid regular expression: {exc}",
+                        node.arg,
+                        "the syntax is RE2's (no backreferences or lookaround)",
+                    ) from None
+            return X.StrOp(node.op, operand, arg, node.negated, regex), BOOL
+        raise self.fail(f"unsupported expression {type(node).__name__}", node)
+
+    def call(self, node: ast.Call, rec: object) -> tuple[X.Expr, str]:  # noqa: C901
+        func, args = node.func, node.args
+        in_define = not self.scope.measure
+        if func == "COUNT":
+            if len(args) != 1:
+                raise self.fail("COUNT takes one argument: *, A, A.* or A.field", node)
+            (arg,) = args
+            if isinstance(arg, ast.Star) or (
+                isinstance(arg, ast.Name)
+                and len(arg.parts) == 1
+                and arg.parts[0] in self.scope.vars
+            ):
+                var = arg.var if isinstance(arg, ast.Star) else arg.parts[0]
+                index = self.var_index(var, arg) if var is not None else None
+                current = in_define and (var is None or var == self.scope.current)
+                return X.Agg("COUNT", index, var, None, current), NUM
+        if func in AGGREGATES:
+            if len(args) != 1:
+                raise self.fail(f"{func} takes one argument", node)
+            var, row, typ = self.row_of(args[0], func)
+            if func in ("SUM", "AVG"):
+                self.want(typ, NUM, args[0], func)
+            index = self.scope.vars[var] if var is not None else None
+            current = in_define and (var is None or var == self.scope.current)
+            return X.Agg(func, index, var, row, current), (
+                NUM if func != "MIN" and func != "MAX" else typ
+            )
+        if func in ("FIRST", "LAST"):
+            if len(args) != 1:
+                raise self.fail(f"{func} takes one argument, e.g. {func}(A.price)", node)
+            var, row, typ = self.row_of(args[0], func)
+            if var is None:
+                raise self.fail(f"{func} needs a variable, e.g. {func}(A.price)", args[0])
+            current = in_define and var == self.scope.current
+            if func == "LAST" and current:
+                return row, typ
+            return X.VarRow(self.scope.vars[var], var, func, row, current), typ
+        if func == "PREV":
+            if not 1 <= len(args) <= 2:
+                raise self.fail(
+                    "PREV takes a field and an optional count, e.g. PREV(price, 2)", node
+                )
+            var, row, typ = self.row_of(args[0], func)
+            if var is not None:
+                raise self.fail("PREV reads the previous matched event: write PREV(field)", args[0])
+            n = 1
+            if len(args) == 2:
+                count = args[1]
+                if not (
+                    isinstance(count, ast.Literal)
+                    and isinstance(count.value, int)
+                    and not isinstance(count.value, bool)
+                    and 1 <= count.value <= 1000
+                ):
+                    raise self.fail("PREV's count must be an integer from 1 to 1000", count)
+                n = count.value
+            return X.Prev(row, n, 1 if self.scope.measure else 0), typ
+        if func in X.FUNCS:
+            lo, hi, _ = X.FUNCS[func]
+            if not lo <= len(args) <= hi:
+                raise self.fail(
+                    f"{func} takes {lo if lo == hi else f'{lo} to {hi}'} argument(s)", node
+                )
+            resolved = [rec(a) for a in args]  # type: ignore[operator]
+            types = [t for _, t in resolved]
+            exprs = tuple(e for e, _ in resolved)
+            if func == "ABS":
+                self.want(types[0], NUM, args[0], func)
+                return X.Func(func, exprs), NUM
+            if func in ("LOWER", "UPPER", "LENGTH"):
+                self.want(types[0], STR, args[0], func)
+                return X.Func(func, exprs), (NUM if func == "LENGTH" else STR)
+            known = [t for t in types if t not in (ANY, NULL)]
+            if any(t != known[0] for t in known):
+                raise self.fail("COALESCE mixes types: " + ", ".join(types), node)
+            return X.Func(func, exprs), (known[0] if known else ANY)
+        choices = (*AGGREGATES, *NAVIGATION, *X.FUNCS)
+        raise self.fail(f"unknown function {func}", node, did_you_mean(func, choices, "functions"))

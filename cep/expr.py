@@ -1,0 +1,580 @@
+"""Compiled condition and measure expressions: immutable trees that bind into closures.
+
+A tree is built once by `cep.compile.expressions` from the syntax tree, with every name resolved:
+fields of the current event, fields of earlier matched events (`A.amount`), `PREV`, `FIRST`,
+`LAST` and running aggregates. `bind()` turns a tree into a closure `(event, caps) -> value`
+that the matcher calls; nothing is interpreted per event and nothing is ever `eval`ed.
+
+`caps` is the match so far: a tuple of `(var_index, row_index, event, ts, seq)` entries in
+match order, *not* including the event being tested. Values follow SQL's three-valued logic:
+`None` is NULL (unknown); a comparison with NULL is NULL; `AND`/`OR` are Kleene; a condition
+that is NULL does not hold. Missing fields are NULL; division by zero and comparisons between
+incompatible types are NULL (a stream must not stop on one odd event).
+
+Trees whose `is_local` is true read only the current event; `eval_columns` evaluates them over
+whole columns (numpy arrays) at once, which the engine uses to precompute per-batch masks.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import re2
+
+Caps = tuple[tuple[int, int, Any, int, Any], ...]
+Fn = Callable[[Mapping[str, Any], Caps], Any]
+
+ARITH: dict[str, Callable[[Any, Any], Any]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "%": operator.mod,
+}
+COMPARE: dict[str, Callable[[Any, Any], Any]] = {
+    "=": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
+def _lit(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return repr(value)
+
+
+class Expr:
+    """Base of compiled expressions. Subclasses are frozen dataclasses."""
+
+    __slots__ = ()
+
+    @property
+    def is_local(self) -> bool:
+        """True when the value depends only on the current event's fields."""
+        return all(child.is_local for child in self.children())
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
+    def fields(self) -> frozenset[str]:
+        """Current-event fields read by this expression (for vectorised evaluation)."""
+        out: frozenset[str] = frozenset()
+        for child in self.children():
+            out |= child.fields()
+        return out
+
+    def bind(self) -> Fn:
+        raise NotImplementedError
+
+    def eval_columns(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Where the (local) condition holds, over aligned columns: a boolean array."""
+        from cep.expr_columns import condition_mask
+
+        return condition_mask(self, columns)
+
+    def test(self, event: Mapping[str, Any], caps: Caps = ()) -> bool:
+        """Convenience: does this condition hold (True, not False or NULL)?"""
+        return self.bind()(event, caps) is True
+
+
+@dataclass(frozen=True, slots=True)
+class Const(Expr):
+    value: Any
+
+    def bind(self) -> Fn:
+        value = self.value
+        return lambda e, c: value
+
+    def __str__(self) -> str:
+        return _lit(self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Field(Expr):
+    """A field of the current event (in MEASURES: of the last matched event)."""
+
+    name: str
+
+    def fields(self) -> frozenset[str]:
+        return frozenset((self.name,))
+
+    def bind(self) -> Fn:
+        name = self.name
+        return lambda e, c: e.get(name)
+
+    def __str__(self) -> str:
+        return self.name if self.name.isidentifier() else f"`{self.name}`"
+
+
+def _row_fn(row: Expr) -> Callable[[Mapping[str, Any]], Any]:
+    fn = row.bind()
+    return lambda ev: fn(ev, ())
+
+
+@dataclass(frozen=True, slots=True)
+class VarRow(Expr):
+    """`LAST(A.x)` / `A.x` / `FIRST(A.x)`: `row` evaluated on the last/first event matched to A.
+
+    With `include_current` (inside A's own DEFINE) the event being tested counts as the last A.
+    """
+
+    var: int
+    var_name: str
+    which: str  # "LAST" | "FIRST"
+    row: Expr
+    include_current: bool
+
+    @property
+    def is_local(self) -> bool:
+        return False
+
+    def fields(self) -> frozenset[str]:
+        return frozenset()
+
+    def bind(self) -> Fn:
+        var, row = self.var, _row_fn(self.row)
+        if self.which == "LAST":
+            if self.include_current:
+                return lambda e, c: row(e)
+
+            def last(e: Mapping[str, Any], c: Caps) -> Any:
+                for i in range(len(c) - 1, -1, -1):
+                    if c[i][0] == var:
+                        return row(c[i][2])
+                return None
+
+            return last
+        current = self.include_current
+
+        def first(e: Mapping[str, Any], c: Caps) -> Any:
+            for entry in c:
+                if entry[0] == var:
+                    return row(entry[2])
+            return row(e) if current else None
+
+        return first
+
+    def __str__(self) -> str:
+        inner = str(self.row)
+        return (
+            f"{self.which}({self.var_name}.{inner})"
+            if self.which == "FIRST"
+            else f"{self.var_name}.{inner}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Prev(Expr):
+    """`PREV(x, n)`: `row` on the n-th matched event before the current one (NULL if none)."""
+
+    row: Expr
+    n: int
+    offset: int  # 0 in DEFINE (current event not in caps); 1 in MEASURES (it is)
+
+    @property
+    def is_local(self) -> bool:
+        return False
+
+    def fields(self) -> frozenset[str]:
+        return frozenset()
+
+    def bind(self) -> Fn:
+        row, back = _row_fn(self.row), self.n + self.offset
+
+        def prev(e: Mapping[str, Any], c: Caps) -> Any:
+            return row(c[-back][2]) if len(c) >= back else None
+
+        return prev
+
+    def __str__(self) -> str:
+        return f"PREV({self.row})" if self.n == 1 else f"PREV({self.row}, {self.n})"
+
+
+@dataclass(frozen=True, slots=True)
+class Agg(Expr):
+    """Running aggregate over the events matched to `var` (all events when var is None)."""
+
+    func: str  # SUM AVG COUNT MIN MAX
+    var: int | None
+    var_name: str | None
+    row: Expr | None  # None: COUNT(*) / COUNT(A)
+    include_current: bool
+
+    @property
+    def is_local(self) -> bool:
+        return False
+
+    def fields(self) -> frozenset[str]:
+        return frozenset()
+
+    def bind(self) -> Fn:
+        var, func, current = self.var, self.func, self.include_current
+        row = _row_fn(self.row) if self.row is not None else None
+
+        def values(e: Mapping[str, Any], c: Caps) -> list[Any]:
+            events = [x[2] for x in c if var is None or x[0] == var]
+            if current:
+                events.append(e)
+            if row is None:
+                return events
+            return [v for v in map(row, events) if v is not None]
+
+        def agg(e: Mapping[str, Any], c: Caps) -> Any:
+            vals = values(e, c)
+            if func == "COUNT":
+                return len(vals)
+            if not vals:
+                return None
+            try:
+                if func == "SUM":
+                    return sum(vals)
+                if func == "AVG":
+                    return sum(vals) / len(vals)
+                return min(vals) if func == "MIN" else max(vals)
+            except TypeError:
+                return None
+
+        return agg
+
+    def __str__(self) -> str:
+        if self.row is None:
+            return f"{self.func}({self.var_name}.*)" if self.var_name else f"{self.func}(*)"
+        inner = str(self.row)
+        return f"{self.func}({self.var_name}.{inner})" if self.var_name else f"{self.func}({inner})"
+
+
+@dataclass(frozen=True, slots=True)
+class Neg(Expr):
+    operand: Expr
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.operand,)
+
+    def bind(self) -> Fn:
+        f = self.operand.bind()
+
+        def neg(e: Mapping[str, Any], c: Caps) -> Any:
+            v = f(e, c)
+            try:
+                return None if v is None or isinstance(v, bool) else -v
+            except TypeError:
+                return None
+
+        return neg
+
+    def __str__(self) -> str:
+        return f"-{self.operand}"
+
+
+@dataclass(frozen=True, slots=True)
+class Arith(Expr):
+    op: str
+    left: Expr
+    right: Expr
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.left, self.right)
+
+    def bind(self) -> Fn:
+        fl, fr, op = self.left.bind(), self.right.bind(), ARITH[self.op]
+
+        def arith(e: Mapping[str, Any], c: Caps) -> Any:
+            a = fl(e, c)
+            if a is None:
+                return None
+            b = fr(e, c)
+            if b is None:
+                return None
+            try:
+                return op(a, b)
+            except (TypeError, ZeroDivisionError, OverflowError):
+                return None
+
+        return arith
+
+    def __str__(self) -> str:
+        return f"({self.left} {self.op} {self.right})"
+
+
+@dataclass(frozen=True, slots=True)
+class Compare(Expr):
+    op: str
+    left: Expr
+    right: Expr
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.left, self.right)
+
+    def bind(self) -> Fn:
+        op = COMPARE[self.op]
+        fl = self.left.bind()
+        if isinstance(self.right, Const) and self.right.value is not None:
+            const = self.right.value
+
+            def compare_const(e: Mapping[str, Any], c: Caps) -> Any:
+                a = fl(e, c)
+                if a is None:
+                    return None
+                try:
+                    return bool(op(a, const))
+                except TypeError:
+                    return None
+
+            return compare_const
+        fr = self.right.bind()
+
+        def compare(e: Mapping[str, Any], c: Caps) -> Any:
+            a = fl(e, c)
+            if a is None:
+                return None
+            b = fr(e, c)
+            if b is None:
+                return None
+            try:
+                return bool(op(a, b))
+            except TypeError:
+                return None
+
+        return compare
+
+    def __str__(self) -> str:
+        return f"{self.left} {self.op} {self.right}"
+
+
+@dataclass(frozen=True, slots=True)
+class And(Expr):
+    left: Expr
+    right: Expr
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.left, self.right)
+
+    def bind(self) -> Fn:
+        fl, fr = self.left.bind(), self.right.bind()
+
+        def and_(e: Mapping[str, Any], c: Caps) -> Any:
+            a = fl(e, c)
+            if a is False:
+                return False
+            b = fr(e, c)
+            if b is False:
+                return False
+            return True if (a is True and b is True) else None
+
+        return and_
+
+    def __str__(self) -> str:
+        return f"({self.left} AND {self.right})"
+
+
+@dataclass(frozen=True, slots=True)
+class Or(Expr):
+    left: Expr
+    right: Expr
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.left, self.right)
+
+    def bind(self) -> Fn:
+        fl, fr = self.left.bind(), self.right.bind()
+
+        def or_(e: Mapping[str, Any], c: Caps) -> Any:
+            a = fl(e, c)
+            if a is True:
+                return True
+            b = fr(e, c)
+            if b is True:
+                return True
+            return False if (a is False and b is False) else None
+
+        return or_
+
+    def __str__(self) -> str:
+        return f"({self.left} OR {self.right})"
+
+
+@dataclass(frozen=True, slots=True)
+class Not(Expr):
+    operand: Expr
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.operand,)
+
+    def bind(self) -> Fn:
+        f = self.operand.bind()
+
+        def not_(e: Mapping[str, Any], c: Caps) -> Any:
+            v = f(e, c)
+            return None if v is None else (v is not True)
+
+        return not_
+
+    def __str__(self) -> str:
+        return f"NOT {self.operand}"
+
+
+@dataclass(frozen=True, slots=True)
+class IsNull(Expr):
+    operand: Expr
+    negated: bool
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.operand,)
+
+    def bind(self) -> Fn:
+        f, negated = self.operand.bind(), self.negated
+        return lambda e, c: (f(e, c) is None) is not negated
+
+    def __str__(self) -> str:
+        return f"{self.operand} IS {'NOT ' if self.negated else ''}NULL"
+
+
+@dataclass(frozen=True, slots=True)
+class InList(Expr):
+    operand: Expr
+    items: tuple[Expr, ...]
+    negated: bool
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.operand, *self.items)
+
+    def bind(self) -> Fn:
+        f, negated = self.operand.bind(), self.negated
+        if all(isinstance(i, Const) and i.value is not None for i in self.items):
+            values = [i.value for i in self.items if isinstance(i, Const)]
+            try:
+                lookup: Any = frozenset(values)
+            except TypeError:
+                lookup = values
+
+            def in_const(e: Mapping[str, Any], c: Caps) -> Any:
+                v = f(e, c)
+                if v is None:
+                    return None
+                try:
+                    return (v in lookup) is not negated
+                except TypeError:
+                    return None
+
+            return in_const
+        fs = [i.bind() for i in self.items]
+
+        def in_list(e: Mapping[str, Any], c: Caps) -> Any:
+            v = f(e, c)
+            if v is None:
+                return None
+            unknown = False
+            for g in fs:
+                w = g(e, c)
+                if w is None:
+                    unknown = True
+                elif w == v:
+                    return not negated
+            return None if unknown else negated
+
+        return in_list
+
+    def __str__(self) -> str:
+        items = ", ".join(map(str, self.items))
+        return f"{self.operand} {'NOT ' if self.negated else ''}IN ({items})"
+
+
+@dataclass(frozen=True, slots=True)
+class StrOp(Expr):
+    """CONTAINS, STARTS WITH, ENDS WITH on strings; MATCHES with a google-re2 regex."""
+
+    op: str
+    operand: Expr
+    arg: Expr
+    negated: bool
+    regex: Any = None  # compiled re2 pattern for MATCHES with a literal pattern
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.operand, self.arg)
+
+    def bind(self) -> Fn:
+        f, g, negated, op = self.operand.bind(), self.arg.bind(), self.negated, self.op
+        regex = self.regex
+
+        def test(v: str, w: str) -> bool:
+            if op == "CONTAINS":
+                return w in v
+            if op == "STARTS WITH":
+                return v.startswith(w)
+            if op == "ENDS WITH":
+                return v.endswith(w)
+            pattern = regex if regex is not None else re2.compile(w)
+            return pattern.search(v) is not None
+
+        def strop(e: Mapping[str, Any], c: Caps) -> Any:
+            v = f(e, c)
+            if not isinstance(v, str):
+                return None
+            w = g(e, c)
+            if not isinstance(w, str):
+                return None
+            try:
+                return test(v, w) is not negated
+            except re2.error:
+                return None
+
+        return strop
+
+    def __str__(self) -> str:
+        return f"{self.operand} {'NOT ' if self.negated else ''}{self.op} {self.arg}"
+
+
+def _coalesce(*xs: Any) -> Any:
+    return next((x for x in xs if x is not None), None)
+
+
+FUNCS: dict[str, tuple[int, int, Callable[..., Any]]] = {
+    # name: (min args, max args, implementation on non-NULL arguments)
+    "ABS": (1, 1, abs),
+    "LOWER": (1, 1, str.lower),
+    "UPPER": (1, 1, str.upper),
+    "LENGTH": (1, 1, len),
+    "COALESCE": (1, 16, _coalesce),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Func(Expr):
+    name: str
+    args: tuple[Expr, ...]
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.args
+
+    def bind(self) -> Fn:
+        impl = FUNCS[self.name][2]
+        fs = [a.bind() for a in self.args]
+        if self.name == "COALESCE":
+            return lambda e, c: _coalesce(*(g(e, c) for g in fs))
+        (f,) = fs
+
+        def call(e: Mapping[str, Any], c: Caps) -> Any:
+            v = f(e, c)
+            if v is None:
+                return None
+            try:
+                return impl(v)
+            except TypeError:
+                return None
+
+        return call
+
+    def __str__(self) -> str:
+        return f"{self.name}({', '.join(map(str, self.args))})"

@@ -1,0 +1,252 @@
+"""`cep run`: the live job. Kafka in; every rule in one stateful operator; alerts to Kafka and
+Redis effectively once (docs/delivery.md); bad input to a dead-letter topic; late events to a
+late topic; rules changed while it runs.
+
+Two streaming queries share the Kafka source, each with its own checkpoint:
+- `alerts`: parse → good events → fan-out by key → transformWithStateInPandas → delivery;
+- `dead-letters`: parse → bad events (with the reason) → the dead-letter topic. A stateless,
+  JVM-only query: bad input can never stall or crash the stateful one.
+
+Rules: the driver polls the rules directory between micro-batches (`RulesWatcher`). A change that
+passes `cep check` is written as the accepted snapshot, which every task loads when it starts,
+so it takes effect at the next micro-batch. A change that needs a different query plan (a new
+stream or key field) restarts the query in-process from its checkpoint. A rejected change is
+logged with its errors and the previous rules keep running.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cep.config import Settings
+from cep.delivery.kafka_sink import ensure_topics
+from cep.delivery.record import OutRecord
+from cep.errors import CepError
+from jobs.metrics import Metrics
+
+log = logging.getLogger("cep.live")
+
+
+class LiveJobError(CepError):
+    pass
+
+
+@dataclass
+class LiveOptions:
+    rules: str
+    checkpoint: str
+    topics: dict[str, str] = field(default_factory=dict)  # stream -> topic (default: same name)
+    trigger_seconds: float = 1.0
+    once: bool = False  # process what is there, then stop (tests, backfills)
+    max_offsets_per_trigger: int | None = None
+    starting_offsets: str = "earliest"
+    poll_seconds: float = 1.0
+    max_partial_matches: int | None = None
+
+
+def alert_topic(rule: Any) -> str:
+    for d in getattr(rule.emit, "destinations", ()):
+        if d.kind == "KAFKA":
+            return str(d.target)
+    return f"alerts.{rule.id}"
+
+
+def alert_channel(rule: Any) -> str:
+    for d in getattr(rule.emit, "destinations", ()):
+        if d.kind == "REDIS":
+            return str(d.target)
+    return f"cep:alerts:{rule.id}"
+
+
+class AlertRouter:
+    """Operator rows → OutRecords, with destinations from the currently accepted rules."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.rules: dict[str, Any] = {}
+
+    def __call__(self, rows: Iterable[Any]) -> Iterable[OutRecord]:
+        emitted_at = int(time.time() * 1000)
+        for row in rows:
+            if row.kind == "stats":
+                self.metrics.add_stats(json.loads(row.payload))
+            elif row.kind in ("match", "timeout"):
+                self.metrics.count("alerts")
+                rule = self.rules.get(row.rule_id)
+                topic = alert_topic(rule) if rule else f"alerts.{row.rule_id}"
+                channel = alert_channel(rule) if rule else f"cep:alerts:{row.rule_id}"
+                payload = json.loads(row.payload)
+                payload["emitted_at"] = emitted_at
+                yield OutRecord(
+                    id=row.id, payload=payload, key=row.key, kafka_topic=topic,
+                    redis_stream=f"cep:alerts:{row.rule_id}", redis_channel=channel,
+                    redis_latest_hash=f"cep:latest:{row.rule_id}", redis_latest_field=row.key,
+                )
+            elif row.kind == "late":  # counted from the operator's stats rows
+                rid = hashlib.sha256(row.payload.encode()).hexdigest()[:32]
+                yield OutRecord(id=f"late-{rid}", payload=json.loads(row.payload),
+                                key=row.key, kafka_topic=self.settings.late_topic)
+            elif row.kind == "dropped":
+                self.metrics.count("partial_matches_dropped", json.loads(row.payload)["count"])
+                log.warning("partial-match cap hit: %s", row.payload)
+
+
+def dead_letter_records(rows: Iterable[Any], metrics: Metrics, topic: str,
+                        ) -> Iterable[OutRecord]:
+    for r in rows:
+        metrics.count("dead_letters")
+        raw: bytes = bytes(r.raw) if r.raw is not None else b""
+        try:
+            original: dict[str, Any] = {"value": raw.decode("utf-8")}
+        except UnicodeDecodeError:
+            original = {"value_base64": base64.b64encode(raw).decode()}
+        payload = {"reason": r.reason, "topic": r.topic, "partition": r.partition,
+                   "offset": r.offset, "stream": r.stream, **original}
+        yield OutRecord(id=f"dlq-{r.topic}-{r.partition}-{r.offset}", payload=payload,
+                        key=f"{r.topic}/{r.partition}/{r.offset}", kafka_topic=topic)
+
+
+class LiveJob:
+    def __init__(self, settings: Settings, options: LiveOptions) -> None:
+        from cep.spark.rules import RulesWatcher
+
+        self.settings = settings
+        self.opts = options
+        self.ck = Path(options.checkpoint)
+        self.ck.mkdir(parents=True, exist_ok=True)
+        self.snapshot = str(self.ck / "rules-snapshot.json")
+        self.watcher = RulesWatcher(options.rules, self.snapshot)
+        self.metrics = Metrics(self.ck / "metrics.json")
+        self.router = AlertRouter(settings, self.metrics)
+        self.queries: list[Any] = []
+        self.plan: Any = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def run(self, max_seconds: float | None = None) -> int:
+        from jobs.session import get_spark
+
+        change = self.watcher.poll()
+        if change is None or not change.accepted:
+            raise LiveJobError("the rules do not compile; fix them (`cep check`) and start again")
+        self._adopt(change)
+        self.spark = get_spark(self.settings, "cep-live", kafka=True)
+        self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.shuffle_partitions))
+        self.metrics.attach(self.spark)
+        self._start()
+        started = time.monotonic()
+        try:
+            while True:
+                if all(not q.isActive for q in self.queries):
+                    break
+                for q in self.queries:
+                    if q.exception() is not None:
+                        raise LiveJobError(f"query {q.name} failed: {q.exception()}")
+                time.sleep(self.opts.poll_seconds)
+                change = self.watcher.poll()
+                if change is not None and change.accepted:
+                    restart = self._adopt(change)
+                    if restart:
+                        log.info("rules need a new query plan: restarting from the checkpoint")
+                        self._stop()
+                        self._start()
+                if max_seconds is not None and time.monotonic() - started > max_seconds:
+                    break
+        finally:
+            self._stop()
+        for q in self.queries:
+            if q.exception() is not None:
+                raise LiveJobError(f"query {q.name} failed: {q.exception()}")
+        return 0
+
+    def _adopt(self, change: Any) -> bool:
+        from cep.spark.pipeline import plan_for
+
+        ruleset = change.ruleset
+        self.router.rules = {r.id: r for r in ruleset.rules}
+        self.metrics.set_rules(change.versions)
+        topics = [alert_topic(r) for r in ruleset.rules if r.enabled]
+        topics += [self.settings.dead_letter_topic, self.settings.late_topic]
+        ensure_topics(self.settings.kafka_bootstrap, topics,
+                      client_conf=dict(self.settings.kafka_options))
+        plan = plan_for(ruleset, self.settings.shards)
+        restart = self.plan is not None and plan.streams != self.plan.streams
+        self.plan = plan
+        return restart
+
+    def _stop(self) -> None:
+        for q in self.queries:
+            if q.isActive:
+                q.stop()
+        for d in getattr(self, "_deliveries", []):
+            d.close()
+
+    # -- the two queries --------------------------------------------------------------------
+    def _source(self) -> Any:
+        from pyspark.sql import functions as F
+
+        streams = [s.name for s in self.plan.streams]
+        topic_of = {s: self.opts.topics.get(s, s) for s in streams}
+        reader = (self.spark.readStream.format("kafka")
+                  .option("kafka.bootstrap.servers", self.settings.kafka_bootstrap)
+                  .option("subscribe", ",".join(sorted(set(topic_of.values()))))
+                  .option("startingOffsets", self.opts.starting_offsets)
+                  .option("failOnDataLoss", "true"))
+        if self.opts.max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", self.opts.max_offsets_per_trigger)
+        for k, v in self.settings.kafka_options:
+            reader = reader.option(f"kafka.{k}", v)
+        stream_col = F.lit(None).cast("string")
+        for stream, topic in topic_of.items():
+            stream_col = F.when(F.col("topic") == topic, F.lit(stream)).otherwise(stream_col)
+        return reader.load().select(
+            stream_col.alias("stream"), F.col("value").cast("string").alias("value"),
+            (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset")).alias("seq"),
+            F.col("value").alias("raw"), "topic", "partition", "offset")
+
+    def _start(self) -> None:
+        from pyspark.sql import functions as F
+
+        from cep.runtime.alerts import output_rows
+        from cep.spark.delivery import BatchDelivery
+        from cep.spark.operator import OUTPUT_SCHEMA, CepProcessor
+        from cep.spark.pipeline import fan_out, parse
+        from cep.spark.rules import SnapshotEngineFactory
+
+        trigger = ({"availableNow": True} if self.opts.once
+                   else {"processingTime": f"{self.opts.trigger_seconds} seconds"})
+        parsed = parse(self._source(), self.plan)
+        good = parsed.where(F.col("reason").isNull())
+        delay = self.plan.watermark_delay_ms
+        rows = (fan_out(good, self.plan)
+                .withWatermark("event_time", f"{delay} milliseconds").drop("event_time"))
+        factory = SnapshotEngineFactory(self.snapshot, self.opts.max_partial_matches)
+        processor = CepProcessor(factory, output_rows, delay)
+        out = rows.groupBy("shard").transformWithStateInPandas(
+            statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA,
+            outputMode="Append", timeMode="EventTime")
+        alerts_ck = str(self.ck / "alerts")
+        deliver = BatchDelivery(self.settings, "alerts", alerts_ck, self.router,
+                                on_batch=self.metrics.on_batch("alerts"))
+        q1 = (out.writeStream.queryName("alerts").foreachBatch(deliver)
+              .option("checkpointLocation", alerts_ck).trigger(**trigger).start())
+
+        bad = parsed.where(F.col("reason").isNotNull()).select(
+            "stream", "reason", "raw", "topic", "partition", "offset")
+        dlq_ck = str(self.ck / "dead-letters")
+        dlq_topic = self.settings.dead_letter_topic
+        dlq = BatchDelivery(self.settings, "dead-letters", dlq_ck,
+                            lambda rows: dead_letter_records(rows, self.metrics, dlq_topic),
+                            redis=False, on_batch=self.metrics.on_batch("dead-letters"))
+        q2 = (bad.writeStream.queryName("dead-letters").foreachBatch(dlq)
+              .option("checkpointLocation", dlq_ck).trigger(**trigger).start())
+        self.queries = [q1, q2]
+        self._deliveries = [deliver, dlq]

@@ -1,0 +1,161 @@
+"""The main correctness net: the compiled NFA run by the matcher core finds exactly the matches
+that the brute-force reference finds, on random small patterns and event sequences, for every
+skip strategy, contiguity, quantifier, negation and time limit."""
+
+from __future__ import annotations
+
+import pickle
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from cep.compile import check_text, compile_rules, parse_file
+from cep.runtime import Match, Matcher
+from tests.rules.reference import Reference
+
+VARS = ("a", "b", "c")
+QUANTS = ("", "", "", "?", "*", "+", "{2}", "{1,}", "{,2}", "{1,2}", "{0,2}", "{2,3}")
+CONNS = ("", "", "-> ", "->> ")
+DEFINES = {
+    "a": ("t = 'a'", "t IN ('a', 'b')", "v >= 2", "SUM(a.v) <= 3", None),
+    "b": ("t = 'b'", "v > PREV(v)", "v = a.v", "t != 'a' AND v < 3", None),
+    "c": ("t = 'c'", "v <= 1", "COUNT(*) >= 2", "v >= FIRST(a.v)"),
+    "x": ("t = 'c'", "v = 0", "v = a.v"),
+    "y": ("t = 'b'", "v >= 3"),
+}
+SKIPS = ("PAST LAST ROW", "TO NEXT ROW", "TO FIRST {v}", "TO LAST {v}", "ALL MATCHES")
+
+
+@st.composite
+def element(draw: st.DrawFn, depth: int) -> str:
+    if depth <= 0 or draw(st.integers(0, 3)) > 0:
+        text = draw(st.sampled_from(VARS))
+    else:
+        lead = draw(st.sampled_from(("", "", "", "-> ", "->> ")))
+        text = f"({lead}{draw(alternation(depth - 1))})"
+    q = draw(st.sampled_from(QUANTS))
+    if q and draw(st.integers(0, 2)) == 0:
+        q += "?"
+    return text + q
+
+
+@st.composite
+def sequence(draw: st.DrawFn, depth: int) -> str:
+    items = [draw(element(depth))]
+    for _ in range(draw(st.integers(0, 2))):
+        items.append(draw(st.sampled_from(CONNS)) + draw(element(depth)))
+    return " ".join(items)
+
+
+@st.composite
+def alternation(draw: st.DrawFn, depth: int) -> str:
+    return " | ".join(draw(sequence(depth)) for _ in range(draw(st.integers(1, 2))))
+
+
+@st.composite
+def top_pattern(draw: st.DrawFn) -> str:
+    if draw(st.integers(0, 2)) > 0:
+        return draw(alternation(2))
+    # a top-level sequence with negations: A [NOT x | -> NOT x] [-> B] ...
+    items = [draw(element(1))]
+    for _ in range(draw(st.integers(1, 3))):
+        if draw(st.booleans()):
+            items.append(draw(st.sampled_from(("", "-> "))) + "NOT " + draw(st.sampled_from("xy")))
+        else:
+            q = draw(st.sampled_from(("", "", "+", "{2}", "{1,2}")))
+            items.append(draw(st.sampled_from(CONNS)) + draw(st.sampled_from(VARS)) + q)
+    return " ".join(items)
+
+
+@st.composite
+def rule_text(draw: st.DrawFn) -> str:
+    pattern = draw(top_pattern())
+    used = [
+        v
+        for v in (*VARS, "x", "y")
+        if v in pattern.replace("NOT ", " ").split()
+        or any(v == ch for ch in pattern if ch.isalpha())
+    ]
+    defines = []
+    for v in used:
+        cond = draw(st.sampled_from(DEFINES[v]))
+        if cond is not None:
+            defines.append(f"{v} AS {cond}")
+    within = draw(st.sampled_from((None, 3, 6)))
+    step = draw(st.sampled_from((None, None, 2)))
+    skip = draw(st.sampled_from(SKIPS)).format(v=draw(st.sampled_from(VARS)))
+    parts = [f"RULE r FROM s PATTERN ({pattern})"]
+    if defines:
+        parts.append("DEFINE " + ", ".join(defines))
+    if within:
+        parts.append(f"WITHIN {within}ms")
+    if step:
+        parts.append(f"STEP WITHIN {step}ms")
+    if within is None and step is None:
+        parts.append("ALLOW UNBOUNDED")
+    parts.append("ALL MATCHES" if skip == "ALL MATCHES" else f"AFTER MATCH SKIP {skip}")
+    parts.append("EMIT 'm';")
+    return "STREAM s (ts INT, t STRING, v INT) TIME BY ts;\n" + " ".join(parts)
+
+
+events_strategy = st.lists(
+    st.tuples(st.sampled_from("abc"), st.integers(0, 3), st.integers(0, 3)), max_size=8
+)
+
+
+def run_matcher(rule, events, ticks, roundtrip, end):  # type: ignore[no-untyped-def]
+    m = Matcher(rule)
+    state = None
+    out: list = []
+    for i, (ev, ts) in enumerate(events):
+        state, res = m.on_event(state, ev, ts, i)
+        out.extend(res)
+        if roundtrip:
+            state = pickle.loads(pickle.dumps(state))
+        nxt = events[i + 1][1] if i + 1 < len(events) else ts + 10
+        if ticks and nxt > ts and (not end or i + 1 < len(events)):
+            state, res = m.on_time(state, ts + (ticks[i % len(ticks)] % (nxt - ts)))
+            out.extend(res)
+    if end:
+        if events:
+            state, res = m.on_time(state, events[-1][1])
+            out.extend(res)
+        state, res = m.on_end(state)
+    else:
+        state, res = m.flush(state)
+    out.extend(res)
+    assert state is None
+    return [tuple((e.var, e.seq) for e in r.events) for r in out if isinstance(r, Match)]
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow],
+)
+@given(
+    text=rule_text(),
+    raw=events_strategy,
+    ticks=st.lists(st.integers(0, 5), max_size=3),
+    roundtrip=st.booleans(),
+    end=st.booleans(),
+)
+def test_nfa_matches_reference(
+    text: str, raw: list, ticks: list, roundtrip: bool, end: bool
+) -> None:
+    assume(not check_text(text, "p.cep"))
+    rule = compile_rules(text, "p.cep").get("r")
+    tree = parse_file(text, "p.cep")
+    pattern = next(c.value for c in tree.rules[0].clauses if c.name == "PATTERN")
+    events = []
+    ts = 0
+    for t, v, gap in raw:
+        ts += gap
+        events.append(({"t": t, "v": v, "ts": ts}, ts))
+    ref = Reference(rule, pattern, events, events[-1][1] if end and events else None)
+    expected = [tuple((rule.nfa.vars[v], j) for v, j, *_ in c) for c in ref.matches()]
+    got = run_matcher(rule, events, ticks, roundtrip, end)
+    if rule.skip.kind.name == "ALL_MATCHES":
+        assert sorted(got) == sorted(expected), (text, events)
+    else:
+        assert got == expected, (text, events)
