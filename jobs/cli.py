@@ -13,7 +13,7 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> Any:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("demo", help="replay the bundled sample streams on Spark local mode")
+    p = sub.add_parser("demo", help="replay the bundled sample streams through the bundled rules")
     p.add_argument("--out", default="out/demo", help="output directory (default: out/demo)")
     p.set_defaults(func=_demo)
 
@@ -21,7 +21,9 @@ def register(sub: Any) -> None:
         "replay", help="run the rules over historical events (files or a Kafka range) on Spark",
         description="Replay history through every rule and write every alert (JSON lines, "
         "sorted). Inputs are STREAM=PATH (a file or folder of JSON lines, CSV or Parquet) or "
-        "STREAM=kafka:TOPIC.")
+        "STREAM=kafka:TOPIC. Several streams in one replay share one watermark, as in the live "
+        "job: give them together only when they cover the same span of time; otherwise replay "
+        "them one by one.")
     p.add_argument("--rules", default="rules", help="rules file or folder (default: rules/)")
     p.add_argument("--input", action="append", required=True, metavar="[STREAM=]PATH",
                    help="input; repeat for several. The stream may be left out when the rules "

@@ -15,11 +15,16 @@ from cep.errors import CepError
 
 def format_alert(alert: dict[str, Any]) -> str:
     when = datetime.fromtimestamp(alert.get("detected_at", 0) / 1000, UTC)
-    measures = " ".join(f"{k}={v}" for k, v in sorted((alert.get("measures") or {}).items()))
+    measures = " ".join(f"{k}={_show(v)}"
+                        for k, v in sorted((alert.get("measures") or {}).items()))
     return (f"{when:%Y-%m-%d %H:%M:%S}Z {str(alert.get('severity') or '-'):<8} "
             f"{alert.get('alert')} key={alert.get('key')} rule={alert.get('rule_id')}"
             f"@v{alert.get('rule_version')} events={len(alert.get('events') or [])}"
             + (f" {measures}" if measures else ""))
+
+
+def _show(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def tail(settings: Settings, topic: str | None, *, redis_channel: str | None = None,
