@@ -96,10 +96,12 @@ class TransactionalKafkaSink:
                     if not msgs:
                         break
                     for m in msgs:
-                        if m.error() is None and m.key() == self.query_name.encode():
-                            bid = int(json.loads(m.value())["batch_id"])
+                        value = m.value()
+                        if (m.error() is None and value is not None
+                                and m.key() == self.query_name.encode()):
+                            bid = int(json.loads(value)["batch_id"])
                             last = bid if last is None else max(last, bid)
-                        if m.offset() >= hi - 1:
+                        if (m.offset() or 0) >= hi - 1:
                             done = True
             return last
         finally:

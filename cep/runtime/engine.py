@@ -185,12 +185,12 @@ class Engine:
                 out.late.append(LateEvent(tuple(late_for), late_key, ev, late_wm))
         due = set(pending)
         for sk, threshold in list(wake.items()):
-            rule = self.rules.get(sk[0])
-            if rule is None:  # the rule was removed while the job ran: drop its state
+            owner = self.rules.get(sk[0])
+            if owner is None:  # the rule was removed while the job ran: drop its state
                 store.delete(sk)
                 del wake[sk]
                 out.keys_reset += 1
-            elif self._eof or threshold <= self._top(rule, max_ts):
+            elif self._eof or threshold <= self._top(owner, max_ts):
                 due.add(sk)
         for sk in sorted(due):
             self._advance(store, wake, sk, pending.get(sk, ()), max_ts, out)

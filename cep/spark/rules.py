@@ -22,7 +22,7 @@ from pathlib import Path
 
 from cep.compile import check_paths, compile_rules, rule_files
 from cep.errors import SourceError
-from cep.nfa import RuleSet, StreamSpec
+from cep.nfa import CompiledRule, RuleSet, StreamSpec
 from cep.runtime.bind import build_engine, rule_hash
 from cep.runtime.engine import Engine
 
@@ -38,7 +38,7 @@ def _digest(sources: dict[str, str], extra: str = "") -> int:
 
 
 def ruleset_from_sources(sources: dict[str, str]) -> RuleSet:
-    rules = []
+    rules: list[CompiledRule] = []
     streams: dict[str, StreamSpec] = {}
     for path, text in sorted(sources.items()):
         rs = compile_rules(text, path)
