@@ -18,8 +18,10 @@ from cep.errors import CepError
 # `func=handler` on its parsers; a handler takes the parsed args and returns an exit code.
 COMMAND_MODULES: tuple[str, ...] = (
     "jobs.cli",
+    "jobs.cli_percolate",
     "percolator.cli",
     "cep.cli_rules",
+    "cep.cli_test",
 )
 
 

@@ -3,7 +3,7 @@
 Background: each card shops in its home country, every 10-40 minutes, amounts 5.00-300.00.
 Injected, each on its own card with 3 h of quiet around it:
 - card_testing: 3 charges under 2.00, 30 s apart, then one of 800-2000 a minute later
-  (rule: 3+ consecutive charges < 2.00 then one >= 500, within 10 min);
+  (rule: 3+ consecutive charges < 2.00, then one >= 500, within 30 min);
 - velocity: 5 charges 8 s apart (rule: 5 consecutive charges within 1 min; background gaps
   are at least 10 minutes);
 - impossible_travel: a charge at home, then one abroad 20 minutes later (rule: two consecutive
