@@ -33,6 +33,29 @@ def kafka_jars() -> list[str]:
     return jars
 
 
+def package_zip() -> str:
+    """Our packages as a zip for executors (spark.submit.pyFiles), rebuilt when sources change.
+
+    Third-party dependencies must already be on the executors (the same venv on a local cluster;
+    on a real one, a venv packed with venv-pack shipped with spark.archives: see README)."""
+    import hashlib
+    import zipfile
+
+    files = sorted(p for pkg in ("cep", "percolator", "jobs") for p in (ROOT / pkg).rglob("*.py"))
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(str(f.relative_to(ROOT)).encode() + f.read_bytes())
+    out = ROOT / ".run" / "pyfiles" / f"sparkcep-{digest.hexdigest()[:12]}.zip"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+            for f in files:
+                zf.write(f, f.relative_to(ROOT).as_posix())
+        tmp.replace(out)
+    return str(out)
+
+
 def get_spark(
     settings: Settings, app_name: str = "cep", *, kafka: bool = False,
     extra_conf: dict[str, str] | None = None,
@@ -61,6 +84,8 @@ def get_spark(
     )
     if kafka:
         builder = builder.config("spark.jars", ",".join(kafka_jars()))
+    if not settings.spark_master.startswith("local"):
+        builder = builder.config("spark.submit.pyFiles", package_zip())
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
