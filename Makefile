@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup setup-all demo test test-fast lint bench bench-quick chaos clean
+.PHONY: setup setup-all demo test test-fast lint bench bench-quick chaos cluster-test clean
 
 setup:            ## venv + the package (enough for the demo)
 	bash scripts/setup.sh
@@ -20,6 +20,13 @@ test: setup-all   ## the whole suite, with a real Kafka broker, Redis server and
 
 test-fast: setup  ## tests that need no services or Spark
 	$(PY) -m pytest -q -m "not services and not spark"
+
+chaos: setup-all  ## fault injection: kill -9, Kafka restart, Redis down 30 s, bad/late input
+	$(PY) -m pytest -q -s -m chaos tests/chaos \
+	  "tests/test_live.py::test_kill_9_mid_stream_and_restart_loses_nothing_duplicates_nothing"
+
+cluster-test: setup-all  ## the live job on a standalone master + 2 workers
+	$(PY) -m pytest -q tests/test_cluster.py
 
 lint: setup
 	$(VENV)/bin/ruff check cep percolator jobs tests bench

@@ -8,6 +8,8 @@ design): read it from the beginning at start, then apply what arrived at each ba
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
@@ -16,6 +18,7 @@ from cep.errors import CepError
 from percolator.model import Change
 
 DEFAULT_TOPIC = "cep.percolator.searches"
+log = logging.getLogger(__name__)
 
 
 class ChangelogError(CepError):
@@ -112,7 +115,10 @@ class KafkaChangelog:
 
 
 class KafkaChangeReader:
-    """Reads the changelog from the beginning; `poll()` returns what is new since last call."""
+    """Reads the changelog from the beginning. `poll()` returns what is new since the last call;
+    `read_to(ends)` returns what is new below fixed end offsets (a micro-batch's pinned index
+    version, see docs/percolator.md "The streaming job"). Records that do not decode are skipped
+    and counted in `undecodable` (the registry validates every write, so this is corruption)."""
 
     def __init__(self, bootstrap: str, topic: str = DEFAULT_TOPIC,
                  options: Mapping[str, str] | None = None) -> None:
@@ -129,30 +135,128 @@ class KafkaChangeReader:
         self._parts = [TopicPartition(topic, p, 0) for p in sorted(meta.partitions)]
         self._consumer.assign(self._parts)
         self.topic = topic
+        self.undecodable = 0
+        # Consumed from Kafka but not yet returned: (partition, offset, change).
+        self._ahead: list[tuple[int, int, Change]] = []
+        self._read: dict[int, int] = {p.partition: 0 for p in self._parts}      # fetch position
+        self._returned: dict[int, int] = {p.partition: 0 for p in self._parts}  # handed out
+
+    @property
+    def position(self) -> dict[int, int]:
+        """Per partition, the offset after the last change returned."""
+        return dict(self._returned)
+
+    def _consume(self, wait: float, limit: int = 500) -> tuple[bool, set[int]]:
+        """Fetch up to `limit` records, waiting at most `wait` s for that many; returns
+        (anything arrived, partitions at their end)."""
+        from confluent_kafka import KafkaError
+
+        msgs = self._consumer.consume(max(1, min(limit, 500)), timeout=wait)
+        eof: set[int] = set()
+        for msg in msgs:
+            part = int(msg.partition() or 0)
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    eof.add(part)
+                    self._read[part] = max(self._read[part], int(msg.offset() or 0))
+                    continue
+                raise ChangelogError(f"changelog read failed: {err}")
+            eof.discard(part)
+            offset = int(msg.offset() or 0)
+            self._read[part] = max(self._read[part], offset + 1)
+            try:
+                change = Change.decode(msg.key() or b"", msg.value())
+            except (ValueError, CepError) as exc:  # JSONDecodeError is a ValueError
+                self.undecodable += 1
+                log.error("changelog %s[%d]@%d does not decode, skipped: %s",
+                          self.topic, part, offset, exc)
+                continue
+            self._ahead.append((part, offset, change))
+        return bool(msgs), eof
+
+    def _take(self, ends: Mapping[int, int] | None) -> list[Change]:
+        out: list[Change] = []
+        keep: list[tuple[int, int, Change]] = []
+        for part, offset, change in self._ahead:
+            if ends is None or offset < ends.get(part, 0):
+                out.append(change)
+                self._returned[part] = offset + 1
+            else:
+                keep.append((part, offset, change))
+        self._ahead = keep
+        if ends is None:
+            self._returned.update(self._read)
+        else:
+            for part, end in ends.items():
+                if part in self._returned and self._read[part] >= end:
+                    self._returned[part] = max(self._returned[part], end)
+        return out
 
     def poll(self, timeout: float = 1.0) -> list[Change]:
         """Every change up to the current end of the topic (waits at most ~`timeout` s for the
         first message when nothing is pending)."""
-        from confluent_kafka import KafkaError
-
-        out: list[Change] = []
         eof: set[int] = set()
         wait = timeout
         while len(eof) < len(self._parts):
-            msgs = self._consumer.consume(500, timeout=wait)
-            if not msgs:
+            arrived, at_end = self._consume(wait)
+            if not arrived:
                 break
+            eof |= at_end
             wait = min(wait, 0.2)
-            for msg in msgs:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        eof.add(int(msg.partition() or 0))
-                        continue
-                    raise ChangelogError(f"changelog read failed: {err}")
-                eof.discard(int(msg.partition() or 0))
-                out.append(Change.decode(msg.key() or b"", msg.value()))
-        return out
+        return self._take(None)
+
+    def read_to(self, ends: Mapping[int, int], timeout: float = 60.0) -> list[Change]:
+        """Every change not yet returned at offsets below `ends` (partition -> end offset,
+        exclusive), exactly: later records stay buffered for the next call. Waits up to
+        `timeout` s for them to arrive; raises ChangelogError if they do not, or if a change
+        beyond `ends` was already returned (the caller must start from a fresh reader)."""
+        ahead = [p for p, end in ends.items() if self._returned.get(p, 0) > end]
+        if ahead:
+            raise ChangelogError(f"reader is past the requested end on partitions {ahead}")
+        deadline = time.monotonic() + timeout
+        while any(self._read.get(p, 0) < end for p, end in ends.items()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ChangelogError(
+                    f"changelog {self.topic}: offsets {dict(ends)} not reached in {timeout} s "
+                    f"(at {self._read})")
+            # Asking for no more than the offsets still missing returns as soon as they are
+            # here (fewer exist only after compaction; then the wait bounds it).
+            missing = sum(max(0, end - self._read.get(p, 0)) for p, end in ends.items())
+            self._consume(min(left, 0.5), missing)
+        return self._take(ends)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class ChangelogEnds:
+    """The changelog's current end offsets, without reading it: what a micro-batch pins as its
+    index version (`KafkaChangeReader.read_to`)."""
+
+    def __init__(self, bootstrap: str, topic: str = DEFAULT_TOPIC,
+                 options: Mapping[str, str] | None = None) -> None:
+        from confluent_kafka import Consumer
+
+        conf = _config(bootstrap, options)
+        conf.update({"group.id": f"cep-percolator-ends-{uuid.uuid4().hex}",
+                     "enable.auto.commit": False})
+        self._consumer = Consumer(conf)
+        self.topic = topic
+
+    def __call__(self, timeout: float = 10.0) -> dict[int, int]:
+        from confluent_kafka import TopicPartition
+
+        meta = self._consumer.list_topics(self.topic, timeout=timeout).topics.get(self.topic)
+        if meta is None or meta.error is not None:
+            raise ChangelogError(f"changelog topic {self.topic} not found")
+        ends: dict[int, int] = {}
+        for part in sorted(meta.partitions):
+            _lo, hi = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, part), timeout=timeout, cached=False)
+            ends[part] = int(hi)
+        return ends
 
     def close(self) -> None:
         self._consumer.close()

@@ -156,8 +156,13 @@ class ChangelogFollower:
         self.on_reject = on_reject
 
     def sync(self, timeout: float = 0.0) -> SyncResult:
+        return self.apply_all(self.source.poll(timeout))
+
+    def apply_all(self, changes: Iterable[Change]) -> SyncResult:
+        """Apply changes read elsewhere (e.g. `KafkaChangeReader.read_to`, which pins an index
+        version per micro-batch)."""
         result = SyncResult()
-        for change in self.source.poll(timeout):
+        for change in changes:
             try:
                 self.percolator.apply(change)
             except (QueryError, InvalidSearch) as exc:

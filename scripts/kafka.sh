@@ -80,6 +80,8 @@ if [[ ! -f $dir/data/meta.properties ]]; then
        -t "$cluster_id" -c "$dir/server.properties" --ignore-formatted > "$dir/format.log" 2>&1 \
     || { echo "kafka.sh: storage format failed:" >&2; cat "$dir/format.log" >&2; exit 1; }
 fi
+# A restart must not mistake the previous run's "started" line for this one's.
+[[ -f $dir/server.log ]] && mv "$dir/server.log" "$dir/server.log.previous"
 nohup java "${java_opts[@]}" -cp "$cp" kafka.Kafka "$dir/server.properties" \
   > "$dir/stdout.log" 2>&1 < /dev/null &
 echo $! > "$pidfile"

@@ -153,6 +153,7 @@ def _wait_for(cond, what: str, log: Path, timeout: float = 240) -> None:
     raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
 
 
+@pytest.mark.chaos
 def test_kill_9_mid_stream_and_restart_loses_nothing_duplicates_nothing(
         live, kafka_bootstrap, redis_client):
     topic = live["topic"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,6 +26,9 @@ return 1
 """
 
 
+log = logging.getLogger(__name__)
+
+
 class RedisDeliveryError(CepError):
     pass
 
@@ -38,19 +42,25 @@ class RedisStats:
 class RedisSink:
     def __init__(
         self, url: str, *, stream_maxlen: int = 100_000, dedupe_ttl_s: int = 7 * 24 * 3600,
-        retries: int = 5, backoff_s: float = 0.5, client: Any = None,
+        retry_seconds: float = 120.0, backoff_s: float = 0.5, client: Any = None,
     ) -> None:
-        self.client = client or redis.Redis.from_url(url, socket_timeout=10)
+        self.client = client or redis.Redis.from_url(url, socket_timeout=10,
+                                                     socket_connect_timeout=5)
         self.stream_maxlen = stream_maxlen
         self.dedupe_ttl_s = dedupe_ttl_s
-        self.retries = retries
+        # How long an outage the sink rides out (retrying with capped backoff) before the batch
+        # fails; a failed batch is re-run on restart and delivered then (docs/delivery.md).
+        self.retry_seconds = retry_seconds
         self.backoff_s = backoff_s
+        self.retries_done = 0
         self._script = self.client.register_script(_APPLY)
 
     def deliver(self, records: Iterable[OutRecord], chunk: int = 500) -> RedisStats:
         stats = RedisStats()
         batch: list[OutRecord] = []
         for rec in records:
+            if not (rec.redis_stream or rec.redis_channel or rec.redis_latest_hash):
+                continue  # Kafka-only records (dead letters, late events) leave no dedupe key
             batch.append(rec)
             if len(batch) >= chunk:
                 self._deliver_chunk(batch, stats)
@@ -60,7 +70,9 @@ class RedisSink:
         return stats
 
     def _deliver_chunk(self, records: list[OutRecord], stats: RedisStats) -> None:
-        for attempt in range(self.retries + 1):
+        deadline = time.monotonic() + self.retry_seconds
+        attempt = 0
+        while True:
             try:
                 pipe = self.client.pipeline(transaction=False)
                 for rec in records:
@@ -76,8 +88,11 @@ class RedisSink:
                 stats.duplicates += len(results) - applied
                 return
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if attempt == self.retries:
+                if time.monotonic() >= deadline:
                     raise RedisDeliveryError(
-                        f"Redis unavailable after {self.retries + 1} attempts: {exc}"
-                    ) from exc
-                time.sleep(self.backoff_s * (2**attempt))
+                        f"Redis unavailable for {self.retry_seconds:.0f} s "
+                        f"({attempt + 1} attempts): {exc}") from exc
+                log.warning("Redis unavailable (%s); retrying", exc)
+                self.retries_done += 1
+                time.sleep(min(self.backoff_s * (2**attempt), 5.0))
+                attempt += 1

@@ -56,7 +56,9 @@ class BatchDelivery:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         kafka, redis = self._sinks()
-        records = list(self.to_records(df.toLocalIterator()))
+        # Output per batch is alerts/notifications, small next to the input: one collect() is
+        # one Spark job, where toLocalIterator() would run one per partition in turn.
+        records = list(self.to_records(df.collect()))
         info: dict[str, Any] = {"batch_id": batch_id, "records": len(records)}
         if kafka is not None:
             kstats = kafka.deliver_batch(batch_id, records)
