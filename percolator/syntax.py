@@ -256,7 +256,11 @@ class _Parser:
         if isinstance(node, lt.Word):
             value = node.value
             if value.startswith(_PLACEHOLDER):
-                _, _, text, scorer, threshold = self.similar[int(value[1:].rstrip(_PAD))]
+                body = value[1:].rstrip(_PAD)
+                if not (body.isdigit() and int(body) < len(self.similar)):
+                    raise self.error("a similarity clause runs into the text after it", start,
+                                     end, hint='put a space after it: title:~"blue bike"@85 x')
+                _, _, text, scorer, threshold = self.similar[int(body)]
                 return ast.Similar(field, text, threshold, scorer, **meta)
             return self._word(value, field, start, end, meta)
         if isinstance(node, lt.Phrase):
