@@ -42,6 +42,7 @@ class ReplaySummary:
     late: int = 0
     dead_letters: int = 0
     dropped_by_watermark: int = 0
+    partials_dropped: int = 0
     max_ts: int | None = None
     batches: int = 0
     seconds: float = 0.0
@@ -55,7 +56,8 @@ class ReplaySummary:
         lines.append("")
         lines.append(f"events read {self.events_read}, processed {self.events_processed}, "
                      f"late {self.late}, dead letters {self.dead_letters}, "
-                     f"dropped by watermark {self.dropped_by_watermark}; "
+                     f"dropped by watermark {self.dropped_by_watermark}, "
+                     f"partial matches dropped at the cap {self.partials_dropped}; "
                      f"{self.batches} micro-batches in {self.seconds:.1f} s")
         return "\n".join(lines)
 
@@ -163,6 +165,8 @@ class _Collector:
             elif row.kind == "late":
                 self.late.append(row.payload)
                 self.summary.late += 1
+            elif row.kind == "dropped":  # the partial-match cap was hit: reported, not silent
+                self.summary.partials_dropped += json.loads(row.payload)["count"]
             else:
                 self.alerts.append(row.payload)
                 self.summary.alerts[row.rule_id] += 1
