@@ -293,11 +293,9 @@ def _raise_if_failed(q: Any) -> None:
 
 
 def _dropped(q: Any) -> int:
-    total = 0
-    for p in q.recentProgress:
-        for op in p.get("stateOperators", []) if isinstance(p, dict) else []:
-            total += int(op.get("numRowsDroppedByWatermark", 0))
-    return total
+    """Rows Spark itself dropped as late (0 by design: see docs/spark-runtime.md)."""
+    return sum(int(op.numRowsDroppedByWatermark or 0)
+               for p in q.recentProgress for op in (p.stateOperators or []))
 
 
 def _write_outputs(out: Path, collector: _Collector, dead: list[dict[str, Any]]) -> None:
