@@ -26,6 +26,8 @@ class Metrics:
         self.queries: dict[str, dict[str, Any]] = {}
         self.rules: dict[str, str] = {}
         self._lock = threading.Lock()
+        # Both queries' foreachBatch threads and the progress listener write: one at a time.
+        self._write_lock = threading.Lock()
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -80,6 +82,14 @@ class Metrics:
                     "rules": dict(self.rules)}
 
     def write(self) -> None:
+        """Never raises: metrics must not be able to stop the job."""
+        try:
+            with self._write_lock:
+                self._write()
+        except OSError as exc:
+            log.warning("could not write metrics to %s: %s", self.path, exc)
+
+    def _write(self) -> None:
         snap = self.snapshot()
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(snap, indent=1, sort_keys=True))
