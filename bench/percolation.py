@@ -1,0 +1,124 @@
+"""The percolator: events/s and fraction of stored queries verified per event, vs stored queries.
+
+Two seeded workloads:
+- structured listings {city, kind, beds, price, title} with a declared schema; query mix: term
+  conjunctions, ranges with a term, prefix, phrase and fuzzy terms;
+- text events of ~100 tokens drawn from a Zipf vocabulary; query mix: two-term conjunctions,
+  phrases, prefixes and fuzzy terms over mid-frequency words.
+
+Per size: index build time (compile + add), match_batch events/s, verified fraction
+(`BatchStats.verified_fraction`), notifications; and at the smallest size the notifications are
+checked against `Percolator.scan` (every query run on every event).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from percolator import FieldType, Percolator, SavedSearch, Schema
+
+SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "sa", "te", "vi", "do", "pa", "zu", "ber", "lin",
+             "dam", "ster", "ford", "ton", "ville", "burg", "port")
+KINDS = ("house", "flat", "studio", "villa", "loft", "cabin", "farm", "boat")
+
+
+def _words(rng: random.Random, n: int, parts: int = 3) -> list[str]:
+    out: dict[str, None] = {}
+    while len(out) < n:
+        out["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, parts + 1)))] = None
+    return list(out)
+
+
+def structured(n_queries: int, n_events: int, seed: int = 11) -> tuple[list[SavedSearch],
+                                                                        list[dict[str, Any]],
+                                                                        Schema]:
+    rng = random.Random(seed)
+    cities = _words(rng, 5_000)
+    vocab = _words(rng, 3_000)
+    schema = Schema({"city": FieldType.KEYWORD, "kind": FieldType.KEYWORD,
+                     "beds": FieldType.NUMBER, "price": FieldType.NUMBER,
+                     "title": FieldType.TEXT})
+    queries = []
+    for i in range(n_queries):
+        r = rng.random()
+        city = rng.choice(cities)
+        if r < 0.4:
+            q = f"city:{city} AND kind:{rng.choice(KINDS)}"
+        elif r < 0.65:
+            lo = rng.randrange(50_000, 900_000, 10_000)
+            q = f"city:{city} AND price:[{lo} TO {lo + 200_000}] AND beds:>={rng.randint(1, 4)}"
+        elif r < 0.8:
+            q = f"title:{rng.choice(vocab)[:5]}* AND city:{city}"
+        elif r < 0.9:
+            a, b = rng.sample(vocab, 2)
+            q = f'title:"{a} {b}"'
+        else:
+            q = f"city:{city[:-1] + 'x'}~1"
+        queries.append(SavedSearch(f"q{i}", "bench", q))
+    events = [{"city": rng.choice(cities), "kind": rng.choice(KINDS),
+               "beds": rng.randint(1, 6), "price": rng.randrange(50_000, 1_200_000),
+               "title": " ".join(rng.choice(vocab) for _ in range(8))}
+              for _ in range(n_events)]
+    return queries, events, schema
+
+
+def text(n_queries: int, n_events: int, seed: int = 12) -> tuple[list[SavedSearch],
+                                                                  list[dict[str, Any]], Schema]:
+    rng = random.Random(seed)
+    vocab = _words(rng, 20_000, parts=4)
+    weights = [1 / (i + 1) for i in range(len(vocab))]  # Zipf
+    mid = vocab[500:15_000]  # query words: neither stop-word frequent nor unseen
+    schema = Schema({"body": FieldType.TEXT}, default_fields=("body",))
+    queries = []
+    for i in range(n_queries):
+        r = rng.random()
+        if r < 0.4:
+            a, b = rng.sample(mid, 2)
+            q = f"body:{a} AND body:{b}"
+        elif r < 0.7:
+            a, b = rng.sample(mid, 2)
+            q = f'body:"{a} {b}"'
+        elif r < 0.85:
+            q = f"body:{rng.choice(mid)[:6]}*"
+        else:
+            q = f"body:{rng.choice(mid)}~1"
+        queries.append(SavedSearch(f"q{i}", "bench", q))
+    events = [{"body": " ".join(rng.choices(vocab, weights, k=100))} for _ in range(n_events)]
+    return queries, events, schema
+
+
+WORKLOADS = {"structured": structured, "text": text}
+
+
+def run_one(kind: str, n_queries: int, n_events: int, check: bool) -> dict[str, Any]:
+    queries, events, schema = WORKLOADS[kind](n_queries, n_events)
+    t0 = time.perf_counter()
+    perc = Percolator.from_searches(queries, schema=schema)
+    build_s = time.perf_counter() - t0
+    perc.match_batch(events[: max(1, len(events) // 10)])  # warm caches
+    t0 = time.perf_counter()
+    notes = perc.match_batch(events)
+    secs = time.perf_counter() - t0
+    st = perc.last_stats
+    out = {"workload": kind, "queries": n_queries, "events": len(events), "seconds": secs,
+           "events_per_s": len(events) / secs, "build_seconds": build_s,
+           "verified_fraction": st.verified_fraction, "candidates": st.candidates,
+           "always_run": st.always_run, "notifications": len(notes)}
+    if check:
+        sample = events[:50]
+        got = sorted((i, n.search_id) for i, ev in enumerate(sample)
+                     for n in perc.match(ev))
+        want = sorted((i, sid) for i, ev in enumerate(sample) for sid in perc.scan(ev))
+        out["scan_check_events"] = len(sample)
+        out["scan_check_ok"] = got == want
+    return out
+
+
+def run_percolator(sizes: tuple[int, ...], n_events: int) -> dict[str, Any]:
+    rows = []
+    for kind in WORKLOADS:
+        for i, n in enumerate(sizes):
+            rows.append(run_one(kind, n, n_events, check=i == 0))
+    return {"rows": rows}

@@ -1,0 +1,202 @@
+"""Assemble latest.md: summary, details per benchmark, profile, what was not measured."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.report import (
+    TARGET_VERIFIED,
+    _met,
+    _n,
+    _table,
+    alert_rows,
+    headline,
+    summary_rows,
+)
+
+
+def render(res: dict[str, Any], plots: list[str]) -> str:
+    meta = res["meta"]
+    h = headline(res)
+    out = ["# Benchmarks: CEP engine and percolator vs ceiling and peers", "",
+           f"Command: `{meta['command']}`  ", f"Started {meta['started_utc']} UTC, "
+           f"took {meta['seconds']:.0f} s. Every figure below was measured in this run; "
+           "ratios compare figures of this run only (the machine is shared and noisy: see the "
+           "load averages).", "", "## Machine", ""]
+    m = meta["machine"]
+    out += _table(["item", "value"], [[k, str(v)] for k, v in m.items()])
+    out += ["", "## Summary (fraud rules)", ""]
+    out += summary_rows(res, h)
+    if "summary.png" in plots:
+        out += ["", "![summary](summary.png)"]
+    out += ["", "Alerts found on the same fraud data (checked against the generator's injected "
+            "patterns, as (rule, card, first ts, last ts)):", ""]
+    out += alert_rows(res)
+    out += _embedded(res, plots) + _spark(res, plots) + _flink(res) + _state(res, plots)
+    out += _percolator(res, plots) + _profile(res) + _missing(res)
+    return "\n".join(out) + "\n"
+
+
+def _embedded(res: dict[str, Any], plots: list[str]) -> list[str]:
+    emb = res.get("embedded") or {}
+    out = ["", "## Embedded engine (one core)", ""]
+    if emb:
+        rows = [[d, f"{r['events']:,}", f"{r['keys']:,}", str(r["rules"]),
+                 _n(r["events_per_s"]), _n(r["events_per_s_incl_convert"]),
+                 f"{r['cpu_seconds'] / r['seconds']:.2f}",
+                 f"{r['alerts_found']}/{r['alerts_expected']}"
+                 + ("" if r["alerts_ok"] else f" (≠: {r['alerts_missing']} missing, "
+                    f"{r['alerts_unexpected']} extra)")]
+                for d, r in emb.items() if isinstance(r, dict) and "events" in r]
+        out += _table(["domain", "events", "keys", "rules", "events/s (engine)",
+                       "events/s incl. dict→Event", "cpu/wall", "alerts found/injected"], rows)
+        out += ["", f"Batch: {next(iter(emb.values()))['batch_size']:,} events per "
+                "`Engine.ingest` call. A mismatch on trading/machines means the generator and "
+                "the rule file given by `--rules` disagree (they are edited separately), not a "
+                "timing problem."]
+    sc = res.get("scaling") or {}
+    for key, label, col in (("by_keys", "keys", "keys"), ("by_rules", "rules", "n_rules"),
+                            ("by_batch", "events per call", "batch_size")):
+        rows = [[f"{r[col]:,}", f"{r['events']:,}", _n(r["events_per_s"])]
+                for r in sc.get(key) or []]
+        if rows:
+            out += ["", f"Throughput vs {label}:", ""]
+            out += _table([label, "events", "events/s"], rows)
+    out += ["", *[f"![{p}]({p})" for p in plots if p.startswith("embedded_")]]
+    return out
+
+
+def _spark(res: dict[str, Any], plots: list[str]) -> list[str]:
+    sp = res.get("spark") or {}
+    if not sp:
+        return []
+    out = ["", "## Spark path, local[2], from files", "",
+           f"Spark {sp.get('spark_version')}, {sp.get('shards')} shards, "
+           f"shuffle partitions {sp.get('shuffle_partitions')}, maxFilesPerTrigger=1, "
+           f"RocksDB state store; session start {sp.get('session_start_s', 0):.1f} s. Steady "
+           "state = batches after the first warm-up ones (sum of rows / sum of "
+           "triggerExecution).", ""]
+    rows = []
+    for name, v in (sp.get("variants") or {}).items():
+        if "error" in v:
+            rows.append([name, "failed: " + v["error"][:200], "", "", "", "", ""])
+            continue
+        rows.append([name, _n(v["events_per_s"]), _n(v["all_events_per_s"]),
+                     f"{v['steady_batches']}/{v['batches']}",
+                     ", ".join(str(x) for x in v["batch_ms"]),
+                     _n(v["worker_pss_max_bytes"] / 2**20) if v["workers_max"] else "—",
+                     str(v["workers_max"])])
+    out += _table(["variant", "steady events/s", "all batches events/s", "steady/all batches",
+                   "batch ms", "Python workers PSS max (MiB)", "workers"], rows)
+    ours = (sp.get("variants") or {}).get("ours") or {}
+    st = ours.get("operator_stats") or {}
+    if st.get("rows"):
+        out += ["", f"Our operator over the whole run: {st['calls']:,} shard calls, "
+                f"{st['rows']:,} rows, {st['keys_touched']:,} (rule, key) states advanced, "
+                f"{st['state_writes']:,} MapState writes "
+                f"({st['state_writes'] / st['rows']:.2f} per row), "
+                f"{st['keys_released']:,} released."]
+    out += ["", *[f"![{p}]({p})" for p in plots if p == "spark_batches.png"]]
+    return out
+
+
+def _flink(res: dict[str, Any]) -> list[str]:
+    fl = res.get("flink") or {}
+    if not fl:
+        return []
+    return ["", "## Flink CEP peer", "",
+            f"`{fl['command']}` — Flink {fl['flink_version']}, Java {fl['java_version']}, "
+            f"parallelism {fl['parallelism']}; {fl['runs']} jobs in one JVM, figures from the "
+            f"last. events/s per run: {', '.join(_n(x) for x in fl['all_runs_events_per_s'])}. "
+            f"Measured from the first event read to the job's end; job net runtime "
+            f"{fl['job_net_runtime_s']:.1f} s; late events {fl['late']}. Jar build this run: "
+            f"{fl['build']['seconds']:.0f} s" + (" (cached)" if not fl["build"]["built"] else "")
+            + ".", "",
+            "The patterns (bench/flink/.../FraudPatterns.java) mirror bench/rules/"
+            "fraud.cep: strict contiguity (`next`, `consecutive`), greedy `{3,}`, "
+            "`skipPastLastEvent` (= AFTER MATCH SKIP PAST LAST ROW), WITHIN as `within`, keyed "
+            "by card, event time with a 5 s bounded-out-of-orderness watermark (the stream's "
+            "LATENESS). One shuffle by card; the three CEP operators are chained behind it "
+            "(`reinterpretAsKeyedStream`), as our engine runs all rules of a shard in one call. "
+            "Known semantic difference: at the end of a bounded input Flink moves the watermark "
+            "to +inf and fires every pending timeout, we stop at the last event time "
+            "(docs/spark-runtime.md); none of these three rules has a timeout output or an "
+            "absence, so the alert sets must be, and are checked to be, identical. If `--rules` "
+            "points elsewhere the Flink patterns do not follow it."]
+
+
+def _state(res: dict[str, Any], plots: list[str]) -> list[str]:
+    st = res.get("state") or {}
+    if not st:
+        return []
+    rows = [[f"{p['events']:,}", f"{p['keys_with_state']:,}", f"{p['state_entries']:,}",
+             _n(p["state_bytes"] / 2**20, 2), _n(p["bytes_per_key"]), _n(p["bytes_per_entry"]),
+             _n(p["max_entry_bytes"]), _n(p["wake_index_bytes"] / 1024, 1)]
+            for p in st["points"]]
+    out = ["", "## State size (fraud, embedded engine, before end of input)", "",
+           "Pickled bytes as the Spark store writes them (one blob per (rule, key) plus the "
+           "shard's wake index).", ""]
+    out += _table(["events", "keys with state", "(rule,key) entries", "total MiB",
+                   "bytes/key", "bytes/entry", "max entry", "wake index KiB"], rows)
+    out += ["", *[f"![{p}]({p})" for p in plots if p == "state_vs_events.png"]]
+    return out
+
+
+def _percolator(res: dict[str, Any], plots: list[str]) -> list[str]:
+    pc = res.get("percolator") or {}
+    if not pc:
+        return []
+    rows = [[r["workload"], f"{r['queries']:,}", f"{r['events']:,}", _n(r["events_per_s"]),
+             f"{100 * r['verified_fraction']:.3f} %", _met(r["verified_fraction"],
+                                                          TARGET_VERIFIED, below=True),
+             f"{r['build_seconds']:.1f}", f"{r['notifications']:,}",
+             {True: "ok", False: "DIFFERS"}.get(r.get("scan_check_ok"), "")]
+            for r in pc["rows"]]
+    out = ["", "## Percolator (one core)", ""]
+    out += _table(["workload", "stored queries", "events", "events/s", "verified/event",
+                   "< 1 % target", "index build s", "notifications", "vs scan"], rows)
+    out += ["", "Peers (mokaccino on structured, Lucene Monitor on text) are **not run yet**: "
+            "see 'Not measured' below.", "",
+            *[f"![{p}]({p})" for p in plots if p == "percolator.png"]]
+    return out
+
+
+def _profile(res: dict[str, Any]) -> list[str]:
+    pr = res.get("profile") or {}
+    if not pr:
+        return []
+    total = pr["total_seconds"] or 1.0
+    out = ["", "## Profile", "",
+           f"cProfile of `events_from_dicts` + `run_embedded` on the first {pr['events']:,} "
+           f"fraud events (batch 10,000): {total:.2f} s under the profiler. By file (own time):",
+           ""]
+    out += _table(["file", "own s", "share"], [[r["file"], f"{r['tottime']:.2f}",
+                                                f"{100 * r['tottime'] / total:.0f} %"]
+                                               for r in pr["by_file"]])
+    out += ["", "Top functions by own time:", ""]
+    out += _table(["function", "calls", "own s", "cum s", "share"],
+                  [[f"`{r['function']}`", f"{r['calls']:,}", f"{r['tottime']:.3f}",
+                    f"{r['cumtime']:.3f}", f"{100 * r['tottime'] / total:.0f} %"]
+                   for r in pr["top"]])
+    if pr.get("pyinstrument"):
+        out += ["", "Sampling profile (pyinstrument, same events; wall time, so a loaded machine "
+                "stretches it evenly):", "", "```", *pr["pyinstrument"].strip().splitlines()[:70],
+                "```"]
+    else:
+        out += ["", "(pyinstrument is not installed: no sampling profile. "
+                "`.venv/bin/pip install pyinstrument` adds one.)"]
+    return out
+
+
+def _missing(res: dict[str, Any]) -> list[str]:
+    out = ["", "## Not measured in this run", "",
+           "- End-to-end latency through Kafka (produce → alert in Redis) at 5k/20k/50k ev/s "
+           "and `trigger(realTime=…)`: needs the live job (`cep run`); TODO.",
+           "- Spark path from Kafka (steady state): TODO with the live job.",
+           "- Percolator peers: mokaccino (PyPI, not a project dependency) and Lucene Monitor "
+           "(a Java harness under bench/, not written yet): TODO.",
+           "- Python worker memory growth with keys/rules: only the max PSS per Spark variant "
+           "is sampled."]
+    for name, msg in (res.get("errors") or {}).items():
+        out.append(f"- **{name} failed in this run**: {msg}")
+    return out

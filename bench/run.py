@@ -1,0 +1,186 @@
+"""`make bench` / `python -m bench.run [--quick] [--only a,b] [--events N] [--keys N]`.
+
+Runs every benchmark it can in one process, on data generated in this run, and writes
+bench/results/latest.md (tables, ratios, machine, command), latest.json (raw figures) and PNG
+plots. A benchmark that fails is reported as failed, with its error; nothing is filled in.
+
+Benchmarks (names for --only): embedded, scaling, state, profile, percolator, spark, flink.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import embedded, flink_peer, percolation, plots, spark_path
+from bench.report import headline
+from bench.report_md import render
+from bench.workloads import (
+    DEFAULT_RULES,
+    ROOT,
+    Sizes,
+    dataset,
+    expected_alerts,
+    files_for,
+    load_rules,
+    rules_path,
+    stream_of,
+)
+
+ALL = ("embedded", "scaling", "state", "profile", "percolator", "spark", "flink")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
+    ap.add_argument("--events", type=int, help="fraud events (default 1,000,000; quick 60,000)")
+    ap.add_argument("--keys", type=int, help="fraud cards (default 10,000; quick 1,000)")
+    ap.add_argument("--only", default=",".join(ALL),
+                    help=f"comma-separated subset of: {', '.join(ALL)}")
+    ap.add_argument("--spark-variants",
+                    help="comma-separated subset of: " + ", ".join(spark_path.VARIANTS)
+                    + " (default: all; quick: all but state_only)")
+    ap.add_argument("--rules", type=Path, default=DEFAULT_RULES,
+                    help="folder with fraud.cep, trading.cep, machines.cep "
+                         "(default bench/rules: fraud as in the Flink harness, trading and machines as bundled)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results",
+                    help="where latest.md, latest.json and the plots go")
+    ap.add_argument("--work", type=Path, help="scratch folder (default OUT/tmp)")
+    args = ap.parse_args(argv)
+    unknown = set(args.only.split(",")) - set(ALL)
+    if unknown:
+        ap.error(f"unknown benchmark(s) {', '.join(sorted(unknown))}; known: {', '.join(ALL)}")
+    if args.spark_variants and set(args.spark_variants.split(",")) - set(spark_path.VARIANTS):
+        ap.error(f"--spark-variants: known: {', '.join(spark_path.VARIANTS)}")
+    return args
+
+
+def _cmd_out(cmd: list[str]) -> str:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unavailable ({exc})"
+    text = (p.stdout + p.stderr).strip().splitlines()
+    return text[0].strip() if text else "unavailable"
+
+
+def machine() -> dict[str, Any]:
+    import pyspark
+
+    mem = next((ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+                if ln.startswith("MemTotal")), "0")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in
+                Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")),
+               platform.processor())
+    pom = (Path(flink_peer.FLINK_DIR) / "pom.xml").read_text()
+    flink = pom.split("<flink.version>", 1)[1].split("<", 1)[0] if "<flink.version>" in pom \
+        else "?"
+    return {
+        "nproc": _cmd_out(["nproc"]), "cpu": cpu, "memory": f"{int(mem) / 2**20:.1f} GiB",
+        "os": platform.platform(), "python": sys.version.split()[0],
+        "java": _cmd_out(["java", "-version"]), "maven": _cmd_out(["mvn", "-v"]).replace(
+            "\x1b[1m", "").replace("\x1b[m", ""),
+        "pyspark": pyspark.__version__, "flink (bench/flink/pom.xml)": flink,
+        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+def _step(res: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
+    print(f"bench: {name} ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    try:
+        res[name] = fn()
+    except Exception as exc:  # a failed benchmark is reported, the others still run
+        res.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:1500]
+        traceback.print_exc()
+    res.setdefault("step_seconds", {})[name] = time.perf_counter() - t0
+    print(f"bench: {name} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    sizes = (Sizes.quick() if args.quick else Sizes.full()).override(args.events, args.keys)
+    only = args.only.split(",")
+    out: Path = args.out
+    work: Path = args.work or out / "tmp"
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    res: dict[str, Any] = {"meta": {
+        "command": " ".join(["python -m bench.run", *map(shlex.quote, argv)]),
+        "started_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine(), "sizes": sizes.__dict__, "rules_dir": str(args.rules)}}
+    fraud_rules = rules_path(args.rules, "fraud")
+    ds = dataset("fraud", sizes.events, sizes.keys, sizes.inject)
+    res["expected_fraud"] = expected_alerts(ds)
+
+    steps: dict[str, Callable[[], Any]] = {
+        "embedded": lambda: embedded.run_domains(sizes, args.rules),
+        "scaling": lambda: embedded.run_scaling(sizes, args.rules),
+        "state": lambda: embedded.run_state(sizes, args.rules),
+        "profile": lambda: embedded.run_profile(sizes, args.rules),
+        "percolator": lambda: percolation.run_percolator(sizes.perc_queries, sizes.perc_events),
+    }
+    for name, fn in steps.items():
+        if name in only:
+            _step(res, name, fn)
+    if "spark" in only or "flink" in only:
+        data = files_for(ds, stream_of(load_rules(fraud_rules)), work, sizes.spark_files)
+        if "spark" in only:
+            variants = (tuple(args.spark_variants.split(",")) if args.spark_variants
+                        else spark_path.QUICK_VARIANTS if args.quick else spark_path.VARIANTS)
+            _step(res, "spark", lambda: spark_path.run_spark(fraud_rules, data, work,
+                                                             sizes.spark_warmup, variants))
+        if "flink" in only:
+            _step(res, "flink", lambda: flink_peer.run(data, runs=sizes.flink_runs))
+    res["meta"]["seconds"] = time.perf_counter() - started
+    res["meta"]["machine"]["load average at end"] = " ".join(
+        f"{x:.2f}" for x in os.getloadavg())
+    res["headline"] = headline(res)
+    return res
+
+
+def write(res: dict[str, Any], out: Path) -> Path:
+    h = res["headline"]
+    bars = [(name, h[key]) for name, key in (
+        ("embedded engine (1 core)", "embedded"), ("Spark path, ours", "spark_ours"),
+        ("ceiling: TWS no-op", "ceiling_tws"), ("ceiling: AIPWS no-op", "ceiling_aipws"),
+        ("JVM only", "jvm_only"), ("Flink CEP (warm)", "flink")) if h.get(key)]
+    made = [plots.summary(out, bars), *plots.scaling(out, res.get("scaling") or {}),
+            plots.state(out, res.get("state") or {}),
+            plots.spark_batches(out, res.get("spark") or {}),
+            plots.percolator(out, res.get("percolator") or {})]
+    names = [m for m in made if m]
+    (out / "latest.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    md = out / "latest.md"
+    md.write_text(render(res, names))
+    return md
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    res = run(args, argv)
+    md = write(res, args.out)
+    print(f"bench: wrote {md} ({res['meta']['seconds']:.0f} s)", file=sys.stderr)
+    h = res["headline"]
+    for key in ("embedded", "spark_ours", "ceiling", "flink", "ours_over_ceiling",
+                "ours_over_flink"):
+        if h.get(key) is not None:
+            print(f"  {key}: {h[key]:,.3f}", file=sys.stderr)
+    return 1 if res.get("errors") else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,248 @@
+"""The Spark path (local[2], from files) against its ceiling, in one Spark session.
+
+Every variant reads the same staged JSON-lines files with the same streaming source
+(`maxFilesPerTrigger=1`, `availableNow`), the same JVM parse/validate (`cep.spark.pipeline.parse`),
+fan-out to `shard = hash(key) % 64`, watermark and shuffle, as jobs/replay.py builds them; only
+the stateful step differs:
+
+- `jvm_only`: no stateful step, `noop` sink (what the JVM side costs);
+- `ceiling_tws`: `transformWithStateInPandas` with a no-op processor (our operator, doing nothing);
+- `ceiling_aipws`: `applyInPandasWithState` with a no-op function (FACTS.md's ceiling);
+- `state_only` (full runs): no engine, but our operator's JSON parsing and MapState traffic
+  (`noop_ops.StateOnlyProcessor`): how much of the gap to the ceiling is state access;
+- `ours`: `transformWithStateInPandas` with `cep.spark.operator.CepProcessor` (the engine).
+
+Steady state: per-batch `numInputRows` and `durationMs.triggerExecution` from the query's
+progress, leaving out the first `warmup` batches (worker start-up, JIT, first state commits).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench import noop_ops
+from cep.config import Settings
+
+VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "state_only", "ours")
+QUICK_VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "ours")
+STATE_BLOB_BYTES = 700  # about a fraud (rule, key) state pickled (see the state benchmark)
+SHARDS = 64
+
+
+class Collector:
+    """foreachBatch: counts events (from the per-call stats rows) and gathers alerts."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.stats: Counter[str] = Counter()  # summed per-call stats (ours: keys, writes)
+        self.alerts: list[tuple[str, str, int, int]] = []
+        self.kinds: Counter[str] = Counter()
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        slim = df.select("kind", "rule_id", "key", F.when(F.col("kind") == "late", F.lit(None))
+                         .otherwise(F.col("payload")).alias("payload"))
+        for row in slim.collect():
+            self.kinds[row.kind] += 1
+            if row.kind == "stats":
+                st = json.loads(row.payload)
+                self.events += st["events"]
+                self.stats["calls"] += 1
+                for k in ("rows", "keys_touched", "keys_released", "state_writes", "late"):
+                    self.stats[k] += int(st.get(k) or 0)
+            elif row.kind in ("match", "timeout"):
+                rec = json.loads(row.payload)
+                self.alerts.append((row.rule_id, row.key, rec["first_ts"], rec["last_ts"]))
+
+
+class WorkerMemory:
+    """Samples the memory of this run's Python workers (PSS, so forked workers' shared pages
+    count once). Only descendants of this process count: other Spark jobs may share the box."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval = interval
+        self.max_pss_total = 0
+        self.max_rss_single = 0
+        self.max_workers = 0
+        self.root = os.getpid()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> WorkerMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            pss, rss, n = 0, 0, 0
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit():
+                    continue
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    if b"pyspark.daemon" not in cmd and b"pyspark.worker" not in cmd:
+                        continue
+                    if not _descends_from(int(pid), self.root):
+                        continue
+                    fields = _kb_fields(Path(f"/proc/{pid}/smaps_rollup").read_text())
+                except OSError:
+                    continue
+                n += 1
+                pss += fields.get("Pss", 0)
+                rss = max(rss, fields.get("Rss", 0))
+            self.max_pss_total = max(self.max_pss_total, pss * 1024)
+            self.max_rss_single = max(self.max_rss_single, rss * 1024)
+            self.max_workers = max(self.max_workers, n)
+
+
+def _descends_from(pid: int, root: int) -> bool:
+    for _ in range(64):
+        if pid == root:
+            return True
+        if pid <= 1:
+            return False
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # field 4: ppid
+    return False
+
+
+def _kb_fields(text: str) -> dict[str, int]:
+    out = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            out[name] = int(parts[0])
+    return out
+
+
+def _stage(src: Path, staged: Path) -> None:
+    """Copy the input files under staged/<stream>/ with mtimes in name order (the file source
+    takes the oldest first), as jobs/replay.py stages them."""
+    shutil.rmtree(staged, ignore_errors=True)
+    dest = staged / src.name
+    dest.mkdir(parents=True)
+    base = time.time() - 86_400
+    for i, p in enumerate(sorted(src.iterdir())):
+        target = dest / p.name
+        shutil.copyfile(p, target)
+        os.utime(target, (base + i, base + i))
+
+
+def _query(spark: Any, variant: str, staged: Path, plan: Any, factory: Any,
+           checkpoint: Path, collector: Collector) -> Any:
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from cep.runtime.alerts import output_rows
+    from cep.spark.operator import OUTPUT_SCHEMA, CepProcessor
+    from cep.spark.pipeline import fan_out, parse
+
+    raw = (spark.readStream.format("text").option("maxFilesPerTrigger", 1)
+           .load(str(staged / "*" / "*"))
+           .select(F.regexp_extract(F.input_file_name(), r"/([^/]+)/[^/]+$", 1).alias("stream"),
+                   F.col("value"), F.lit(None).cast("bigint").alias("seq")))
+    raw = raw.where(F.length(F.trim("value")) > 0)
+    good = parse(raw, plan).where(F.col("reason").isNull())
+    delay = f"{plan.watermark_delay_ms} milliseconds"
+    rows = fan_out(good, plan).withWatermark("event_time", delay).drop("event_time")
+    if variant == "jvm_only":
+        writer = rows.writeStream.format("noop")
+    else:
+        grouped = rows.groupBy("shard")
+        if variant == "ours":
+            processor = CepProcessor(factory, output_rows, plan.watermark_delay_ms)
+            out = grouped.transformWithStateInPandas(
+                statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA,
+                outputMode="Append", timeMode="EventTime")
+        elif variant == "state_only":
+            rule_keys = [(r.id, r.key_field or "") for r in factory.ruleset().rules if r.enabled]
+            out = grouped.transformWithStateInPandas(
+                statefulProcessor=noop_ops.StateOnlyProcessor(rule_keys, STATE_BLOB_BYTES),
+                outputStructType=OUTPUT_SCHEMA, outputMode="Append", timeMode="EventTime")
+        elif variant == "ceiling_tws":
+            out = grouped.transformWithStateInPandas(
+                statefulProcessor=noop_ops.NoopProcessor(), outputStructType=OUTPUT_SCHEMA,
+                outputMode="Append", timeMode="EventTime")
+        else:
+            out = grouped.applyInPandasWithState(
+                noop_ops.noop_apply, outputStructType=OUTPUT_SCHEMA,
+                stateStructType="n long", outputMode="append",
+                timeoutConf=GroupStateTimeout.NoTimeout)
+        writer = out.writeStream.foreachBatch(collector)
+    return (writer.option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True).start())
+
+
+def _steady(progress: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    data = [p for p in progress if p["numInputRows"] > 0]
+    steady = data[warmup:] if len(data) > warmup else data[-1:]
+    rows = sum(p["numInputRows"] for p in steady)
+    ms = sum(p["durationMs"]["triggerExecution"] for p in steady)
+    return {
+        "batches": len(data), "steady_batches": len(steady), "steady_events": rows,
+        "steady_seconds": ms / 1000, "events_per_s": rows / (ms / 1000) if ms else 0.0,
+        "all_events_per_s": sum(p["numInputRows"] for p in data) / max(1e-9, sum(
+            p["durationMs"]["triggerExecution"] for p in data) / 1000),
+        "batch_ms": [p["durationMs"]["triggerExecution"] for p in data],
+        "batch_rows": [p["numInputRows"] for p in data],
+        "no_data_batches_ms": [p["durationMs"]["triggerExecution"] for p in progress
+                               if p["numInputRows"] == 0],
+    }
+
+
+def run_spark(rules_file: Path, input_dir: Path, work: Path, warmup: int,
+              only: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
+    from pyspark import cloudpickle
+
+    from cep.spark.pipeline import plan_for
+    from cep.spark.rules import RulesEngineFactory
+    from jobs.session import get_spark
+
+    cloudpickle.register_pickle_by_value(noop_ops)
+    settings = Settings(shards=SHARDS, shuffle_partitions=4, spark_master="local[2]",
+                        checkpoint_dir=str(work / "checkpoints"))
+    factory = RulesEngineFactory.from_path(rules_file)
+    plan = plan_for(factory.ruleset(), settings.shards)
+    t0 = time.perf_counter()
+    spark = get_spark(settings, "cep-bench")
+    spark.conf.set("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+    out: dict[str, Any] = {"session_start_s": time.perf_counter() - t0, "shards": SHARDS,
+                           "shuffle_partitions": settings.shuffle_partitions,
+                           "master": settings.spark_master, "rules_file": str(rules_file),
+                           "spark_version": spark.version, "variants": {}}
+    staged = work / "spark-input"
+    _stage(input_dir, staged)
+    for variant in only:
+        checkpoint = work / "checkpoints" / variant
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        collector = Collector()
+        started = time.perf_counter()
+        with WorkerMemory() as mem:
+            q = _query(spark, variant, staged, plan, factory, checkpoint, collector)
+            q.awaitTermination()
+        wall = time.perf_counter() - started
+        if q.exception() is not None:
+            out["variants"][variant] = {"error": str(q.exception())[:2000]}
+            continue
+        res = _steady([dict(p) for p in q.recentProgress], warmup)
+        res.update(wall_seconds=wall, operator_events=collector.events,
+                   operator_stats=dict(collector.stats),
+                   output_rows=dict(collector.kinds), alerts=sorted(collector.alerts),
+                   worker_pss_max_bytes=mem.max_pss_total,
+                   worker_rss_max_bytes=mem.max_rss_single, workers_max=mem.max_workers)
+        out["variants"][variant] = res
+    spark.stop()
+    return out

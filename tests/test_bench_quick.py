@@ -1,0 +1,41 @@
+"""The benchmark harness in a tiny mode, so that it does not rot: it must run, write its results
+and report positive throughput for the embedded engine, the Spark path and its ceiling
+(FACTS.md's applyInPandasWithState no-op; the other Spark variants only add time here).
+Nothing here is timed against a target (issue 7: tests do not time anything); Flink is left to
+`make bench` (building its jar takes too long for a test)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.spark
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_bench_writes_results_with_positive_throughput(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "embedded,spark",
+         "--spark-variants", "ceiling_aipws,ours", "--events", "20000", "--keys", "200",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    md = (out / "latest.md").read_text()
+    assert md.startswith("# Benchmarks")
+    assert "Command: `python -m bench.run --quick --only embedded,spark" in md
+    res = json.loads((out / "latest.json").read_text())
+    h = res["headline"]
+    for key in ("embedded", "spark_ours", "ceiling_aipws"):
+        assert h[key] > 0, key
+    assert 0 < h["ours_over_ceiling"]
+    assert res["embedded"]["fraud"]["alerts_ok"]
+    ours = res["spark"]["variants"]["ours"]
+    assert ours["operator_events"] == res["embedded"]["fraud"]["events"]
+    assert sorted(map(tuple, ours["alerts"])) == sorted(map(tuple, res["expected_fraud"]))
+    assert (out / "summary.png").is_file()
