@@ -54,7 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     + " (default: all; quick: all but state_only)")
     ap.add_argument("--rules", type=Path, default=DEFAULT_RULES,
                     help="folder with fraud.cep, trading.cep, machines.cep "
-                         "(default bench/rules: fraud as in the Flink harness, trading and machines as bundled)")
+                         "(default bench/rules: fraud as in the Flink harness, "
+                         "trading and machines as bundled)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results",
                     help="where latest.md, latest.json and the plots go")
     ap.add_argument("--work", type=Path, help="scratch folder (default OUT/tmp)")
