@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import heapq
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -103,12 +104,66 @@ KeyState = tuple[list[tuple[int, Any, Mapping[str, Any]]], Any, str]
 StateKey = tuple[str, str]  # (rule_id, key)
 
 
+class Wake:
+    """When each key next has work: `at[key]` is the max event time at which it is due; a heap
+    of (time, key) finds the due keys without scanning every key (entries superseded in `at`
+    are skipped and dropped lazily). Picklable: the Spark store keeps one per shard."""
+
+    __slots__ = ("at", "heap")
+
+    def __init__(self) -> None:
+        self.at: dict[StateKey, int] = {}
+        self.heap: list[tuple[int, StateKey]] = []
+
+    def __getstate__(self) -> tuple[dict[StateKey, int], list[tuple[int, StateKey]]]:
+        return self.at, self.heap
+
+    def __setstate__(self, state: tuple[dict[StateKey, int], list[tuple[int, StateKey]]]) -> None:
+        self.at, self.heap = state
+
+    def set(self, sk: StateKey, when: int) -> None:
+        if self.at.get(sk) != when:
+            self.at[sk] = when
+            heapq.heappush(self.heap, (when, sk))
+            if len(self.heap) > 2 * len(self.at) + 64:  # too many superseded entries
+                self.heap = [(t, k) for k, t in self.at.items()]
+                heapq.heapify(self.heap)
+
+    def discard(self, sk: StateKey) -> None:
+        self.at.pop(sk, None)
+
+    def pop_due(self, top: int) -> list[StateKey]:
+        """Keys due at or before `top`; their entries are consumed (the caller re-sets them)."""
+        due = []
+        heap, at = self.heap, self.at
+        while heap and heap[0][0] <= top:
+            when, sk = heapq.heappop(heap)
+            if at.get(sk) == when:
+                del at[sk]
+                due.append(sk)
+        return due
+
+    def pop_all(self) -> list[StateKey]:
+        keys = list(self.at)
+        self.at, self.heap = {}, []
+        return keys
+
+    def next(self) -> int | None:
+        heap, at = self.heap, self.at
+        while heap and at.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def __len__(self) -> int:
+        return len(self.at)
+
+
 class KeyStore(Protocol):
     def get(self, sk: StateKey) -> KeyState | None: ...
     def put(self, sk: StateKey, state: KeyState) -> None: ...
     def delete(self, sk: StateKey) -> None: ...
-    def load_wake(self) -> dict[StateKey, int]: ...
-    def save_wake(self, wake: dict[StateKey, int]) -> None: ...
+    def load_wake(self) -> Wake: ...
+    def save_wake(self, wake: Wake) -> None: ...
 
 
 class MemoryKeyStore:
@@ -116,7 +171,7 @@ class MemoryKeyStore:
 
     def __init__(self) -> None:
         self.states: dict[StateKey, KeyState] = {}
-        self.wake: dict[StateKey, int] = {}
+        self.wake = Wake()
 
     def get(self, sk: StateKey) -> KeyState | None:
         return self.states.get(sk)
@@ -127,10 +182,10 @@ class MemoryKeyStore:
     def delete(self, sk: StateKey) -> None:
         self.states.pop(sk, None)
 
-    def load_wake(self) -> dict[StateKey, int]:
+    def load_wake(self) -> Wake:
         return self.wake
 
-    def save_wake(self, wake: dict[StateKey, int]) -> None:
+    def save_wake(self, wake: Wake) -> None:
         self.wake = wake
 
 
@@ -143,88 +198,89 @@ class Engine:
             self.by_stream.setdefault(r.stream, []).append(r)
 
     # -- the two entry points -------------------------------------------------------------
-    def ingest(self, store: KeyStore, events: Iterable[Event], max_ts: Mapping[str, int] | int,
+    def ingest(self, store: KeyStore, events: Iterable[Event], max_ts: int,
                *, end_of_input: int | None = None) -> Output:
         """Add events and advance every key whose wake time the watermark has passed.
 
-        `max_ts` is the highest event time seen so far: one for all streams (as Spark keeps one
-        watermark per query, and as `run_embedded` does), or a mapping per stream; each rule's
-        watermark is that minus its stream's allowed lateness. With one for all, a stream that
-        lags the others by more than its lateness has its events reported late: interleave
-        streams by event time (as `cep.runtime.embedded.alerts_for` does), or give lagging
-        streams a larger LATENESS.
+        `max_ts` is the highest event time seen so far, over all streams (Spark keeps one
+        watermark per query; `run_embedded` does the same). Each rule's watermark is that minus
+        its stream's allowed lateness, so a stream that lags the others by more than its
+        lateness has its events reported late: interleave streams by event time (as
+        `cep.runtime.embedded.alerts_for` does), or give lagging streams a larger LATENESS.
 
         `end_of_input`, when given, is the last event time of a finished input: every rule's
         watermark becomes that time (lateness no longer matters: nothing else will come),
         every key with state is advanced, and deadlines after it do not fire.
         """
+        eof = end_of_input is not None
         if end_of_input is not None:
             max_ts = end_of_input
-            self._eof = True
-        else:
-            self._eof = False
+        self._eof = eof
+        events = events if isinstance(events, list) else list(events)
+        # Lateness is judged against the watermark from before this call (as Spark judges it).
+        # Release goes up to the watermark *including* this call's events: Spark's own will be
+        # at least that high at the next batch, so nothing released could still be preceded by
+        # an on-time event, and each event is matched in the call that brings it (one state
+        # read and write per key instead of two).
+        late_wms = {rid: (max_ts if eof else max_ts - r.lateness_ms)
+                    for rid, r in self.rules.items()}
+        if events and not eof:
+            max_ts = max(max_ts, max(ev.ts for ev in events))
+        wms = {rid: (max_ts if eof else max_ts - r.lateness_ms) for rid, r in self.rules.items()}
         out = Output()
         wake = store.load_wake()
         pending: dict[StateKey, list[tuple[int, Any, Mapping[str, Any]]]] = {}
+        by_stream = self.by_stream
         for ev in events:
+            rules = by_stream.get(ev.stream)
+            if not rules:
+                continue
+            data = ev.data
             late_for: list[str] = []
-            late_wm = 0
             late_key = ""
-            for rule in self.by_stream.get(ev.stream, ()):
-                key = ev.data.get(rule.key_field)
+            for rule in rules:
+                key = data.get(rule.key_field)
                 if key is None:
                     continue
-                wm = self._watermark(rule, max_ts)
-                sk = (rule.rule_id, str(key))
-                if ev.ts < wm:
+                if ev.ts < late_wms[rule.rule_id]:
                     late_for.append(rule.rule_id)
-                    late_wm, late_key = wm, sk[1]
+                    late_key = str(key)
                     continue
-                pending.setdefault(sk, []).append((ev.ts, ev.seq, ev.data))
+                sk = (rule.rule_id, str(key))
+                bucket = pending.get(sk)
+                if bucket is None:
+                    pending[sk] = [(ev.ts, ev.seq, data)]
+                else:
+                    bucket.append((ev.ts, ev.seq, data))
             if late_for:
-                out.late.append(LateEvent(tuple(late_for), late_key, ev, late_wm))
+                out.late.append(LateEvent(tuple(late_for), late_key, ev,
+                                          late_wms[late_for[0]]))
         due = set(pending)
-        for sk, threshold in list(wake.items()):
+        due.update(wake.pop_all() if eof else wake.pop_due(max_ts))
+        for sk in sorted(due):
             owner = self.rules.get(sk[0])
             if owner is None:  # the rule was removed while the job ran: drop its state
                 store.delete(sk)
-                del wake[sk]
                 out.keys_reset += 1
-            elif self._eof or threshold <= self._top(owner, max_ts):
-                due.add(sk)
-        for sk in sorted(due):
-            self._advance(store, wake, sk, pending.get(sk, ()), max_ts, out)
+                continue
+            self._advance(store, wake, sk, owner, pending.get(sk, ()), wms[sk[0]], out)
         store.save_wake(wake)
         return out
 
-    def advance(self, store: KeyStore, max_ts: Mapping[str, int] | int,
+    def advance(self, store: KeyStore, max_ts: int,
                 *, end_of_input: int | None = None) -> Output:
         """Time passed with no new events (a timer fired, or the end of input)."""
         return self.ingest(store, (), max_ts, end_of_input=end_of_input)
 
     def next_wake(self, store: KeyStore) -> int | None:
         """The smallest max-event-time at which some key of this store has work to do."""
-        wake = store.load_wake()
-        return min(wake.values()) if wake else None
+        return store.load_wake().next()
 
-    # -- internals --------------------------------------------------------------------------
-    @staticmethod
-    def _top(rule: RuleRuntime, max_ts: Mapping[str, int] | int) -> int:
-        return max_ts if isinstance(max_ts, int) else max_ts.get(rule.stream, NEG_INF)
-
-    def _watermark(self, rule: RuleRuntime, max_ts: Mapping[str, int] | int) -> int:
-        top = self._top(rule, max_ts)
-        if self._eof:
-            return top
-        return top - rule.lateness_ms
-
-    def _advance(self, store: KeyStore, wake: dict[StateKey, int], sk: StateKey,
-                 new: Iterable[tuple[int, Any, Mapping[str, Any]]],
-                 max_ts: Mapping[str, int] | int, out: Output) -> None:
-        rule = self.rules[sk[0]]
+    def _advance(self, store: KeyStore, wake: Wake, sk: StateKey, rule: RuleRuntime,
+                 new: Iterable[tuple[int, Any, Mapping[str, Any]]], wm: int,
+                 out: Output) -> None:
         matcher = rule.matcher
         key = sk[1]
-        wm = self._watermark(rule, max_ts)
         loaded = store.get(sk)
         if loaded is None:
             buffer, mstate = [], matcher.initial()
@@ -256,8 +312,9 @@ class Engine:
             out.matches.extend(final)
         out.keys_touched += 1
         if not buffer and matcher.is_empty(mstate):
-            store.delete(sk)
-            wake.pop(sk, None)
+            if loaded is not None:
+                store.delete(sk)
+            wake.discard(sk)
             out.keys_released += 1
             return
         store.put(sk, (buffer, mstate, rule.version))
@@ -266,9 +323,9 @@ class Engine:
         nxt = [t for t in (buffer[0][0] if buffer else None, matcher.next_deadline(mstate))
                if t is not None]
         if nxt:
-            wake[sk] = min(nxt) + rule.lateness_ms
+            wake.set(sk, min(nxt) + rule.lateness_ms)
         else:
-            wake.pop(sk, None)
+            wake.discard(sk)
 
 
 def _order(item: tuple[int, Any, Mapping[str, Any]]) -> tuple[int, Any]:

@@ -16,7 +16,16 @@ import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-from cep.runtime.engine import EOF_TS, Engine, Event, KeyState, Output, StateKey, content_seq
+from cep.runtime.engine import (
+    EOF_TS,
+    Engine,
+    Event,
+    KeyState,
+    Output,
+    StateKey,
+    Wake,
+    content_seq,
+)
 from cep.spark.pipeline import EOF_STREAM
 
 OUTPUT_SCHEMA = "kind string, rule_id string, key string, id string, payload string"
@@ -37,9 +46,10 @@ class MapStateKeyStore:
         self.writes = 0
 
     def get(self, sk: StateKey) -> KeyState | None:
-        if not self._states.containsKey(sk):
+        row = self._states.getValue(sk)  # None when absent: one round trip, not two
+        if row is None:
             return None
-        state: KeyState = pickle.loads(self._states.getValue(sk)[0])  # noqa: S301 - our own state
+        state: KeyState = pickle.loads(row[0])  # noqa: S301 - our own state
         return state
 
     def put(self, sk: StateKey, state: KeyState) -> None:
@@ -49,14 +59,15 @@ class MapStateKeyStore:
     def delete(self, sk: StateKey) -> None:
         self._states.removeKey(sk)
 
-    def load_wake(self) -> dict[StateKey, int]:
-        if not self._wake.exists():
-            return {}
-        wake: dict[StateKey, int] = pickle.loads(self._wake.get()[0])  # noqa: S301
+    def load_wake(self) -> Wake:
+        row = self._wake.get()
+        if row is None:
+            return Wake()
+        wake: Wake = pickle.loads(row[0])  # noqa: S301
         return wake
 
-    def save_wake(self, wake: dict[StateKey, int]) -> None:
-        if wake:
+    def save_wake(self, wake: Wake) -> None:
+        if len(wake):
             self._wake.update((pickle.dumps(wake, protocol=5),))
         elif self._wake.exists():
             self._wake.clear()
