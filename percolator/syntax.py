@@ -22,7 +22,7 @@ from luqum.exceptions import IllegalCharacterError, ParseError
 from luqum.thread import parse as luqum_parse
 
 from cep.errors import QueryError, Span
-from percolator import ast
+from percolator import ast, wildcards
 
 MAX_QUERY_CHARS = 16_384
 MAX_CLAUSES = 1_024
@@ -296,12 +296,12 @@ class _Parser:
             if field is None:
                 return ast.MatchAll(**meta)
             return ast.Exists(field, **meta)
-        literal, wild = _split_wildcards(value)
+        literal, wild = wildcards.split(value)
         if not wild:
             return ast.Term(field, literal, **meta)
         if wild == [len(value) - 1] and value.endswith("*"):
             return ast.Prefix(field, literal, **meta)
-        return ast.Wildcard(field, _wildcard_pattern(value), **meta)
+        return ast.Wildcard(field, wildcards.canonical(value), **meta)
 
     def _fuzzy(self, node: lt.Fuzzy, field: str | None, meta: dict[str, Any]) -> ast.Query:
         start, end = self._loc(node)
@@ -345,41 +345,6 @@ def _closing(text: str, i: int, quote: str) -> int:
             return j + 1
         j += 1
     return len(text)
-
-
-def _split_wildcards(value: str) -> tuple[str, list[int]]:
-    """(unescaped literal text without wildcards, offsets of unescaped `*`/`?` in `value`)."""
-    out: list[str] = []
-    wild: list[int] = []
-    i = 0
-    while i < len(value):
-        c = value[i]
-        if c == "\\" and i + 1 < len(value):
-            out.append(value[i + 1])
-            i += 2
-            continue
-        if c in "*?":
-            wild.append(i)
-        else:
-            out.append(c)
-        i += 1
-    return "".join(out), wild
-
-
-def _wildcard_pattern(value: str) -> str:
-    """Canonical pattern: wildcards bare, every literal `*`, `?` and `\\` backslash-escaped."""
-    out: list[str] = []
-    i = 0
-    while i < len(value):
-        c = value[i]
-        if c == "\\" and i + 1 < len(value):
-            lit = value[i + 1]
-            out.append("\\" + lit if lit in "*?\\" else lit)
-            i += 2
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
 
 
 def _flatten(kids: list[ast.Query], kind: type[ast.And] | type[ast.Or]

@@ -21,6 +21,8 @@ import re2
 from rapidfuzz import fuzz
 from rapidfuzz.distance import OSA
 
+from percolator import wildcards
+
 _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False
 # A user pattern may not build a program larger than this (bytes); RE2 rejects bigger ones.
@@ -49,67 +51,17 @@ def regex_matcher(pattern: str) -> Callable[[str], bool]:
 
 def wildcard_to_regex(pattern: str) -> str:
     """Our canonical wildcard pattern (see `ast.Wildcard`) as an RE2 pattern (whole term)."""
-    out: list[str] = []
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\" and i + 1 < len(pattern):
-            out.append(re2.escape(pattern[i + 1]))
-            i += 2
-            continue
-        if c == "*":
-            out.append("(?s:.*)")
-        elif c == "?":
-            out.append("(?s:.)")
-        else:
-            out.append(re2.escape(c))
-        i += 1
-    return "".join(out)
+    return wildcards.to_regex(pattern, re2.escape)
 
 
 def wildcard_literal_prefix(pattern: str) -> str:
     """The literal text before the first wildcard of a canonical wildcard pattern."""
-    out: list[str] = []
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\" and i + 1 < len(pattern):
-            out.append(pattern[i + 1])
-            i += 2
-            continue
-        if c in "*?":
-            break
-        out.append(c)
-        i += 1
-    return "".join(out)
+    return wildcards.literal_prefix(pattern)
 
 
 def map_wildcard_literals(pattern: str, fn: Callable[[str], str]) -> str:
     """Apply `fn` (e.g. normalisation) to the literal runs of a wildcard pattern."""
-    out: list[str] = []
-    run: list[str] = []
-
-    def flush() -> None:
-        if run:
-            text = fn("".join(run))
-            out.append("".join("\\" + ch if ch in "*?\\" else ch for ch in text))
-            run.clear()
-
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\" and i + 1 < len(pattern):
-            run.append(pattern[i + 1])
-            i += 2
-            continue
-        if c in "*?":
-            flush()
-            out.append(c)
-        else:
-            run.append(c)
-        i += 1
-    flush()
-    return "".join(out)
+    return wildcards.map_literals(pattern, fn)
 
 
 def within_distance(a: str, b: str, k: int) -> bool:
