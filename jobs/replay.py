@@ -172,6 +172,17 @@ class _Collector:
                 self.summary.alerts[row.rule_id] += 1
 
 
+def _raw_lines(lines: Any) -> Any:
+    """Staged text lines as (stream, value, seq): the stream is the staged folder's name; files
+    carry no source position, so seq is left to the operator (a content hash)."""
+    from pyspark.sql import functions as F
+
+    return lines.select(
+        F.regexp_extract(F.input_file_name(), r"/([^/]+)/[^/]+$", 1).alias("stream"),
+        F.col("value"), F.lit(None).cast("bigint").alias("seq"),
+    ).where(F.length(F.trim("value")) > 0)
+
+
 def _stream_query(spark: Any, staged: Path, plan: Any, factory: Any, checkpoint: Path,
                   collector: _Collector, max_files: int | None, end_of_input: int | None) -> Any:
     from pyspark.sql import functions as F
@@ -183,10 +194,7 @@ def _stream_query(spark: Any, staged: Path, plan: Any, factory: Any, checkpoint:
     reader = spark.readStream.format("text")
     if max_files:
         reader = reader.option("maxFilesPerTrigger", max_files)
-    raw = reader.load(str(staged / "*" / "*")).select(
-        F.regexp_extract(F.input_file_name(), r"/([^/]+)/[^/]+$", 1).alias("stream"),
-        F.col("value"), F.lit(None).cast("bigint").alias("seq"))
-    raw = raw.where(F.length(F.trim("value")) > 0)
+    raw = _raw_lines(reader.load(str(staged / "*" / "*")))
     good = parse(raw, plan).where(F.col("reason").isNull())
     delay = f"{plan.watermark_delay_ms} milliseconds"
     # The watermark is computed from event_time; the column itself is not handed to the
@@ -206,10 +214,7 @@ def _dead_letters(spark: Any, staged: Path, plan: Any) -> list[dict[str, Any]]:
 
     from cep.spark.pipeline import parse
 
-    raw = spark.read.text(str(staged / "*" / "*")).select(
-        F.regexp_extract(F.input_file_name(), r"/([^/]+)/[^/]+$", 1).alias("stream"),
-        F.col("value"), F.lit(None).cast("bigint").alias("seq"))
-    raw = raw.where(F.length(F.trim("value")) > 0)
+    raw = _raw_lines(spark.read.text(str(staged / "*" / "*")))
     bad = parse(raw, plan).where(F.col("reason").isNotNull())
     return [{"stream": r.stream, "reason": r.reason, "value": r.value}
             for r in bad.select("stream", "reason", "value").collect()]

@@ -25,7 +25,7 @@ def alert_id(rule_id: str, version: int, key: str, kind: str,
 
 def alert_record(engine: Engine, result: Match | Timeout) -> dict[str, Any]:
     rule = engine.rules[result.rule_id].meta
-    kind = "timeout" if isinstance(result, Timeout) else "match"
+    kind = result.kind
     key = "" if result.key is None else str(result.key)
     positions = [(e.ts, e.seq) for e in result.events]
     record: dict[str, Any] = {

@@ -8,13 +8,13 @@ raw rows (stream, value, seq, source)  ──parse──►  good events ──f
   declared schema make a row *bad*, with a reason.
 - Fan-out: one row per (event, key field used by the stream's rules); rules that share a key
   field share the row. The grouping key is `shard = pmod(xxhash64(field, key), shards)`.
-- Watermark delay D = max allowed lateness + late_capture; the operator computes each rule's own
+- Watermark delay D = the largest allowed lateness; the operator computes each rule's own
   watermark from it (docs/spark-runtime.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -39,12 +39,10 @@ class StreamPlan:
 class Plan:
     streams: tuple[StreamPlan, ...]
     shards: int
-    late_capture_ms: int = 0
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def watermark_delay_ms(self) -> int:
-        return max((s.lateness_ms for s in self.streams), default=0) + self.late_capture_ms
+        return max((s.lateness_ms for s in self.streams), default=0)
 
     def stream(self, name: str) -> StreamPlan:
         for s in self.streams:
@@ -53,7 +51,7 @@ class Plan:
         raise KeyError(name)
 
 
-def plan_for(ruleset: RuleSet, shards: int, late_capture_ms: int = 0) -> Plan:
+def plan_for(ruleset: RuleSet, shards: int) -> Plan:
     specs: dict[str, StreamSpec] = {}
     keys: dict[str, list[str]] = {}
     for rule in ruleset.rules:
@@ -70,7 +68,7 @@ def plan_for(ruleset: RuleSet, shards: int, late_capture_ms: int = 0) -> Plan:
         )
         for name, spec in sorted(specs.items())
     )
-    return Plan(streams, shards, late_capture_ms)
+    return Plan(streams, shards)
 
 
 def _field(fields: Column, name: str) -> Column:
