@@ -3,7 +3,6 @@ own spark-class — with our package shipped to the executors: kcat in, alerts o
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,7 +14,6 @@ from cep.delivery.kafka_sink import ensure_topics
 from tests.services import ROOT, ServiceError, free_port
 from tests.test_live import (
     FRAUD_RULES,
-    RULES,
     _expected,
     _key,
     _lines,
@@ -23,6 +21,7 @@ from tests.test_live import (
     cep_run,
     kcat_produce,
     kcat_read,
+    redis_alert_ids,
     wait,
 )
 
@@ -65,8 +64,7 @@ def test_live_job_on_master_and_two_workers(cluster, kafka_bootstrap, redis_url,
     assert sorted(_key(a) for a in alerts) == _expected(ds)
     ids = [a["alert_id"] for a in alerts]
     assert len(ids) == len(set(ids))
-    in_redis = [f["id"] for r in RULES for _, f in redis_client.xrange(f"cep:alerts:{r}")
-                if json.loads(f["data"])["alert_id"] in set(ids)]
+    in_redis = redis_alert_ids(redis_client, ids)
     assert sorted(in_redis) == sorted(ids)
     # Both workers ran executors for the job, and each fetched our package.
     apps = [sorted((workdir / f"worker{i}").glob("app-*")) for i in (1, 2)]

@@ -28,6 +28,7 @@ from tests.test_live import (
     cep_run,
     kcat_produce,
     kcat_read,
+    redis_alert_ids,
     wait,
 )
 
@@ -60,10 +61,6 @@ def _report(case: str, sent: int, expected: list, alerts: list, **extra) -> tupl
     return dup, lost
 
 
-def _redis_alerts(client, ids: set[str]) -> list[str]:
-    return [f["id"] for r in ("card_testing", "velocity", "impossible_travel")
-            for _, f in client.xrange(f"cep:alerts:{r}") if f["id"] in ids]
-
 
 def test_redis_down_for_30_seconds(kafka_bootstrap, topic, tmp_path):
     import redis as redis_py
@@ -88,13 +85,13 @@ def test_redis_down_for_30_seconds(kafka_bootstrap, topic, tmp_path):
                       >= len(exp1) + len(exp2), "the second part's alerts", log)
             client = redis_py.Redis.from_url(server.url, decode_responses=True)
             ids = {a["alert_id"] for a in kcat_read(kafka_bootstrap, f"{topic}.alerts")}
-            _wait_for(lambda: len(_redis_alerts(client, ids)) >= len(ids),
+            _wait_for(lambda: len(redis_alert_ids(client, ids)) >= len(ids),
                       "every alert in Redis", log, timeout=120)
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
         alerts = kcat_read(kafka_bootstrap, f"{topic}.alerts")
-        in_redis = _redis_alerts(client, {a["alert_id"] for a in alerts})
+        in_redis = redis_alert_ids(client, [a["alert_id"] for a in alerts])
         dup, lost = _report("redis down 30 s", len(part1) + len(part2), exp1 + exp2, alerts,
                             redis_entries=len(in_redis),
                             redis_duplicates=len(in_redis) - len(set(in_redis)))
