@@ -41,21 +41,23 @@ class NoopProcessor(StatefulProcessor):
 
 class StateOnlyProcessor(StatefulProcessor):
     """No engine, but our operator's state traffic: parse each row's JSON (as ours does), then
-    per (rule, key) of the batch read and rewrite one blob in a MapState and the shard's wake
-    index, as `cep.spark.operator.MapStateKeyStore` does. Separates the cost of state access
-    through the state server from the cost of the engine itself."""
+    read and rewrite each touched key's state through `cep.spark.operator.MapStateKeyStore`
+    (buckets of key states + the shard's layout and wake index) with a fixed-size blob per key.
+    Separates the cost of state access through the state server from the engine's own."""
 
-    def __init__(self, rule_keys: list[tuple[str, str]], blob_bytes: int) -> None:
-        self.rule_keys = rule_keys  # (rule id, key field)
+    def __init__(self, groups: list[tuple[str, str]], blob_bytes: int) -> None:
+        self.groups = groups  # (group id, key field), as cep.runtime.engine.group_rules makes
         self.blob = b"x" * blob_bytes
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+        from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 
-        key = StructType([StructField("rule", StringType()), StructField("key", StringType())])
+        from cep.spark.operator import MapStateKeyStore
+
+        bucket = StructType([StructField("bucket", IntegerType())])
         blob = StructType([StructField("v", BinaryType())])
-        self.states = handle.getMapState("keys", key, blob)
-        self.wake = handle.getValueState("wake", blob)
+        self.store = MapStateKeyStore(handle.getMapState("buckets", bucket, blob),
+                                      handle.getValueState("shard", blob))
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: Any) -> Iterator[pd.DataFrame]:
@@ -65,15 +67,14 @@ class StateOnlyProcessor(StatefulProcessor):
             events += int(pdf["primary"].sum())
             for data in pdf["data"]:
                 fields = json.loads(data)
-                for rule, kf in self.rule_keys:
-                    touched.add((rule, str(fields.get(kf))))
-        if self.wake.exists():
-            self.wake.get()
+                for gid, kf in self.groups:
+                    touched.add((gid, str(fields.get(kf))))
+        wake = self.store.load_wake()
         for sk in sorted(touched):
-            if self.states.containsKey(sk):
-                self.states.getValue(sk)
-            self.states.updateValue(sk, (self.blob,))
-        self.wake.update((self.blob,))
+            self.store.get(sk)
+            self.store.put(sk, ([], {"blob": ("v", self.blob)}))
+        self.store.save_wake(wake)
+        self.store.flush()
         yield _stats(events)
 
     def close(self) -> None:

@@ -4,12 +4,16 @@ No Spark here. The same `Engine` runs embedded (`run_embedded`, over an iterator
 inside the Spark operator (`cep.spark.operator`), each with its own `KeyStore`. See
 docs/spark-runtime.md for the design and the watermark arithmetic.
 
+Rules that read the same stream and partition by the same key field form a *group*; a key of a
+group has one state: one event buffer and each rule's partial matches. So a key costs one state
+read and write per call however many rules read it (docs/spark-runtime.md, "State layout").
+
 Per call with a watermark W (per stream: max event time - allowed lateness):
 1. new events go to their key's buffer; events older than W are returned as late;
-2. buffered events with ts <= W leave in (ts, seq) order through the rule's matcher, with the
+2. buffered events with ts <= W leave in (ts, seq) order through each rule's matcher, with the
    matcher's deadlines that fall before each event fired first;
 3. deadlines <= W fire; 4. a key with nothing buffered and no partial match is deleted.
-The order of events into the matcher does not depend on how the stream was cut into batches.
+The order of events into a matcher does not depend on how the stream was cut into batches.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ class Matcher(Protocol):
     def on_end(self, state: Any, key: str) -> tuple[Any, list[Any]]:
         """End of input: emit what is complete (e.g. a greedy tail), drop the rest."""
         ...
+
+    # Optional: `on_events(state, items, key, out) -> state` feeds several (ts, seq, data) in
+    # order, firing deadlines before each as above and appending results to `out`.
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +82,10 @@ class Event:
     ts: int
     seq: Any  # a totally ordered tie-break: source position
     data: Mapping[str, Any]
+    # The key field this copy of the event was routed by (Spark sends an event once per key
+    # field of its stream, each copy to the shard of that key): only that field's rules see it.
+    # None: every rule of the stream (the embedded mode).
+    route: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +109,34 @@ class Output:
     keys_reset: int = 0
 
 
-# A key's state: (buffer, matcher_state, rule_version). The buffer is a sorted list of
-# (ts, seq, data) not yet passed by the watermark.
-KeyState = tuple[list[tuple[int, Any, Mapping[str, Any]]], Any, str]
-StateKey = tuple[str, str]  # (rule_id, key)
+# A key's state: (buffer, parts). The buffer is a sorted list of (ts, seq, data) not yet passed
+# by the watermark; parts maps a rule id to (rule version, matcher state) for the rules of the
+# key's group with a partial match alive.
+Buffered = tuple[int, Any, Mapping[str, Any]]
+KeyState = tuple[list[Buffered], dict[str, tuple[str, Any]]]
+StateKey = tuple[str, str]  # (group id, key)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleGroup:
+    """The rules that read one stream and partition by one key field: they share each key's
+    state (one buffer, one store entry) and its place in the wake index."""
+
+    gid: str
+    stream: str
+    key_field: str
+    lateness_ms: int
+    rules: tuple[RuleRuntime, ...]
+    rule_ids: tuple[str, ...]
+
+
+def group_rules(rules: Sequence[RuleRuntime]) -> list[RuleGroup]:
+    members: dict[tuple[str, str], list[RuleRuntime]] = {}
+    for r in rules:
+        members.setdefault((r.stream, r.key_field), []).append(r)
+    return [RuleGroup(f"{stream}:{kf}", stream, kf, max(r.lateness_ms for r in rs), tuple(rs),
+                      tuple(r.rule_id for r in rs))
+            for (stream, kf), rs in members.items()]
 
 
 class Wake:
@@ -193,9 +228,10 @@ class Engine:
     def __init__(self, rules: Sequence[RuleRuntime]) -> None:
         self._eof = False
         self.rules = {r.rule_id: r for r in rules}
-        self.by_stream: dict[str, list[RuleRuntime]] = {}
-        for r in rules:
-            self.by_stream.setdefault(r.stream, []).append(r)
+        self.groups = {g.gid: g for g in group_rules(rules)}
+        self.by_stream: dict[str, list[RuleGroup]] = {}
+        for g in self.groups.values():
+            self.by_stream.setdefault(g.stream, []).append(g)
 
     # -- the two entry points -------------------------------------------------------------
     def ingest(self, store: KeyStore, events: Iterable[Event], max_ts: int,
@@ -222,48 +258,52 @@ class Engine:
         # at least that high at the next batch, so nothing released could still be preceded by
         # an on-time event, and each event is matched in the call that brings it (one state
         # read and write per key instead of two).
-        late_wms = {rid: (max_ts if eof else max_ts - r.lateness_ms)
-                    for rid, r in self.rules.items()}
+        late_wms = {gid: (max_ts if eof else max_ts - g.lateness_ms)
+                    for gid, g in self.groups.items()}
         if events and not eof:
             max_ts = max(max_ts, max(ev.ts for ev in events))
-        wms = {rid: (max_ts if eof else max_ts - r.lateness_ms) for rid, r in self.rules.items()}
+        wms = {gid: (max_ts if eof else max_ts - g.lateness_ms) for gid, g in self.groups.items()}
         out = Output()
         wake = store.load_wake()
-        pending: dict[StateKey, list[tuple[int, Any, Mapping[str, Any]]]] = {}
+        pending: dict[StateKey, list[Buffered]] = {}
         by_stream = self.by_stream
         for ev in events:
-            rules = by_stream.get(ev.stream)
-            if not rules:
+            groups = by_stream.get(ev.stream)
+            if not groups:
                 continue
             data = ev.data
-            late_for: list[str] = []
+            late_for: tuple[str, ...] = ()
             late_key = ""
-            for rule in rules:
-                key = data.get(rule.key_field)
+            late_wm = 0
+            route = ev.route
+            for g in groups:
+                if route is not None and g.key_field != route:
+                    continue
+                key = data.get(g.key_field)
                 if key is None:
                     continue
-                if ev.ts < late_wms[rule.rule_id]:
-                    late_for.append(rule.rule_id)
-                    late_key = str(key)
+                if ev.ts < late_wms[g.gid]:
+                    if not late_for:
+                        late_key, late_wm = str(key), late_wms[g.gid]
+                    late_for += g.rule_ids
                     continue
-                sk = (rule.rule_id, str(key))
+                sk = (g.gid, key if isinstance(key, str) else str(key))
                 bucket = pending.get(sk)
                 if bucket is None:
                     pending[sk] = [(ev.ts, ev.seq, data)]
                 else:
                     bucket.append((ev.ts, ev.seq, data))
             if late_for:
-                out.late.append(LateEvent(tuple(late_for), late_key, ev,
-                                          late_wms[late_for[0]]))
+                out.late.append(LateEvent(late_for, late_key, ev, late_wm))
         due = set(pending)
         due.update(wake.pop_all() if eof else wake.pop_due(max_ts))
         for sk in sorted(due):
-            owner = self.rules.get(sk[0])
-            if owner is None:  # the rule was removed while the job ran: drop its state
+            group = self.groups.get(sk[0])
+            if group is None:  # its rules were removed while the job ran: drop the state
                 store.delete(sk)
                 out.keys_reset += 1
                 continue
-            self._advance(store, wake, sk, owner, pending.get(sk, ()), wms[sk[0]], out)
+            self._advance(store, wake, sk, group, pending.get(sk), wms[sk[0]], out)
         store.save_wake(wake)
         return out
 
@@ -276,63 +316,96 @@ class Engine:
         """The smallest max-event-time at which some key of this store has work to do."""
         return store.load_wake().next()
 
-    def _advance(self, store: KeyStore, wake: Wake, sk: StateKey, rule: RuleRuntime,
-                 new: Iterable[tuple[int, Any, Mapping[str, Any]]], wm: int,
-                 out: Output) -> None:
-        matcher = rule.matcher
+    def _advance(self, store: KeyStore, wake: Wake, sk: StateKey, group: RuleGroup,
+                 new: list[Buffered] | None, wm: int, out: Output) -> None:
         key = sk[1]
         loaded = store.get(sk)
-        if loaded is None:
-            buffer, mstate = [], matcher.initial()
-        elif loaded[2] != rule.version:
-            # Written by another version of the rule: its partial matches refer to another NFA.
-            # Buffered events have not been matched yet; they go to the new version.
-            buffer, mstate = loaded[0], matcher.initial()
-            out.keys_reset += 1
-        else:
-            buffer, mstate = loaded[0], loaded[1]
-        for item in new:
-            bisect.insort(buffer, item, key=_order)
+        buffer, parts = loaded if loaded is not None else ([], {})
+        if new:
+            if buffer:
+                buffer.extend(new)
+            else:
+                buffer = new
+            if len(buffer) > 1:
+                buffer.sort(key=_order)
         # Release buffered events the watermark has passed, in (ts, seq) order.
-        n = bisect.bisect_right(buffer, wm, key=_ts) if buffer else 0
-        for ts, seq, data in buffer[:n]:
-            deadline = matcher.next_deadline(mstate)
-            if deadline is not None and deadline < ts:
-                mstate, fired = matcher.on_time(mstate, ts - 1, key)
-                out.matches.extend(fired)
-            mstate, found = matcher.on_event(mstate, data, ts, seq, key)
-            out.matches.extend(found)
+        if not buffer:
+            n = 0
+        elif buffer[-1][0] <= wm:
+            n = len(buffer)
+        else:
+            n = bisect.bisect_right(buffer, wm, key=_ts)
+        released = buffer[:n]
         del buffer[:n]
-        deadline = matcher.next_deadline(mstate)
-        if deadline is not None and deadline <= wm:
-            mstate, fired = matcher.on_time(mstate, wm, key)
-            out.matches.extend(fired)
-        if self._eof:
-            mstate, final = matcher.on_end(mstate, key)
-            out.matches.extend(final)
+        eof = self._eof
+        kept: dict[str, tuple[str, Any]] = {}
+        due: int | None = buffer[0][0] if buffer else None
+        for rule in group.rules:
+            matcher = rule.matcher
+            part = parts.pop(rule.rule_id, None)
+            if part is None:
+                mstate = matcher.initial()
+            elif part[0] != rule.version:
+                # Written by another version of the rule: its partial matches refer to another
+                # NFA. Buffered events have not been matched yet; they go to the new version.
+                mstate = matcher.initial()
+                out.keys_reset += 1
+            else:
+                mstate = part[1]
+            if released:
+                feed = getattr(matcher, "on_events", None)
+                if feed is not None:
+                    mstate = feed(mstate, released, key, out.matches)
+                else:
+                    mstate = _feed_each(matcher, mstate, released, key, out.matches)
+            deadline = matcher.next_deadline(mstate)
+            if deadline is not None and deadline <= wm:
+                mstate, fired = matcher.on_time(mstate, wm, key)
+                out.matches.extend(fired)
+            if eof:
+                mstate, final = matcher.on_end(mstate, key)
+                out.matches.extend(final)
+            if not matcher.is_empty(mstate):
+                kept[rule.rule_id] = (rule.version, mstate)
+                deadline = matcher.next_deadline(mstate)
+                if deadline is not None and (due is None or deadline < due):
+                    due = deadline
+        out.keys_reset += len(parts)  # parts of rules that left the group
         out.keys_touched += 1
-        if not buffer and matcher.is_empty(mstate):
+        if not buffer and not kept:
             if loaded is not None:
                 store.delete(sk)
             wake.discard(sk)
             out.keys_released += 1
             return
-        store.put(sk, (buffer, mstate, rule.version))
-        # The key is due when its rule's watermark reaches the first buffered event or the
-        # matcher's next deadline; stored as the max event time at which that happens.
-        nxt = [t for t in (buffer[0][0] if buffer else None, matcher.next_deadline(mstate))
-               if t is not None]
-        if nxt:
-            wake.set(sk, min(nxt) + rule.lateness_ms)
+        store.put(sk, (buffer, kept))
+        # The key is due when the watermark reaches its first buffered event or a matcher's
+        # next deadline; stored as the max event time at which that happens.
+        if due is not None:
+            wake.set(sk, due + group.lateness_ms)
         else:
             wake.discard(sk)
 
 
-def _order(item: tuple[int, Any, Mapping[str, Any]]) -> tuple[int, Any]:
+def _feed_each(matcher: Matcher, mstate: Any, items: list[Buffered], key: str,
+               out: list[Any]) -> Any:
+    """Events through a matcher without `on_events`: fire the deadlines that fall before each
+    event (`on_time` at ts - 1), then the event."""
+    for ts, seq, data in items:
+        deadline = matcher.next_deadline(mstate)
+        if deadline is not None and deadline < ts:
+            mstate, fired = matcher.on_time(mstate, ts - 1, key)
+            out.extend(fired)
+        mstate, found = matcher.on_event(mstate, data, ts, seq, key)
+        out.extend(found)
+    return mstate
+
+
+def _order(item: Buffered) -> tuple[int, Any]:
     return item[0], item[1]
 
 
-def _ts(item: tuple[int, Any, Mapping[str, Any]] | int) -> int:
+def _ts(item: Buffered | int) -> int:
     return item if isinstance(item, int) else item[0]
 
 
@@ -371,5 +444,5 @@ def run_embedded(engine: Engine, events: Iterable[Event], *, batch_size: int = 1
 
 __all__ = [
     "EOF_TS", "Engine", "Event", "KeyStore", "LateEvent", "MemoryKeyStore", "Output",
-    "RuleRuntime", "content_seq", "events_from_dicts", "run_embedded",
+    "RuleGroup", "RuleRuntime", "group_rules", "content_seq", "events_from_dicts", "run_embedded",
 ]

@@ -186,16 +186,30 @@ class Matcher:
         first event). `pre`, if given, holds precomputed results of local conditions per
         variable (`None` where not precomputed), e.g. from `Expr.eval_columns` over a batch.
         """
-        self.stats.events += 1
         self._key_given = key
         out: list[Result] = []
+        return self._feed(state, event, ts, seq, pre, out), out
+
+    def on_events(self, state: State, items: Sequence[tuple[int, Any, Mapping[str, Any]]],
+                  key: Any, out: list[Result]) -> State:
+        """`on_event` for each `(ts, seq, event)` in order, results appended to `out`: the
+        engine's hot path (one call per key and rule, not per event)."""
+        self._key_given = key
+        feed = self._feed
+        for ts, seq, event in items:
+            state = feed(state, event, ts, seq, None, out)
+        return state
+
+    def _feed(self, state: State, event: Mapping[str, Any], ts: int, seq: Any,
+              pre: Sequence[bool | None] | None, out: list[Result]) -> State:
+        self.stats.events += 1
         if state is not None and state[2] is not None and state[2] <= ts - 1:
             state = self._advance(state, ts - 1, out)
         local: list[Any] = [None] * len(self.vars) if pre is None else list(pre)
         if state is None:
             spawned = self._spawn(event, ts, seq, 0, local)
             if not spawned:
-                return None, out
+                return None
             runs: list[Run] = [(0, spawned, None, False)]
             row = 0
         else:
@@ -207,7 +221,7 @@ class Matcher:
             spawned = self._spawn(event, ts, seq, row, local)
             if spawned:
                 runs.append((row, spawned, None, False))
-        return self._settle(row + 1, runs, out, ts), out
+        return self._settle(row + 1, runs, out, ts)
 
     def on_time(self, state: State, now: float, key: Any = None) -> tuple[State, list[Result]]:
         """Event time has reached `now`: every event with `ts <= now` has been delivered."""
@@ -252,9 +266,10 @@ class Matcher:
         return None, out
 
     @staticmethod
-    def next_deadline(state: State) -> float | None:
-        """The earliest event time at which `on_time` can change this state (for timers)."""
-        return None if state is None else state[2]
+    def next_deadline(state: State) -> int | None:
+        """The earliest event time at which `on_time` can change this state (for timers).
+        Deadlines are event times plus WITHIN / STEP WITHIN: whole milliseconds."""
+        return None if state is None else state[2]  # type: ignore[return-value]
 
     @staticmethod
     def partial_count(state: State) -> int:

@@ -125,7 +125,7 @@ def fan_out(events: DataFrame, plan: Plan) -> DataFrame:
     # `primary`: the event's first fan-out row, so that counts see each event once.
     return (out.withColumn("shard", shard)
             .withColumn("event_time", F.timestamp_millis(F.col("ts")))
-            .select("shard", "stream", "ts", "seq", F.col("value").alias("data"),
+            .select("shard", "stream", "ts", "seq", F.col("value").alias("data"), "key_field",
                     ((F.col("kf_pos") == 0) & (F.col("stream") != EOF_STREAM)).alias("primary"),
                     "event_time"))
 
