@@ -8,6 +8,7 @@ environment variables ``CEP_<FIELD>`` < explicit CLI flags. The same keys are us
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
@@ -33,6 +34,10 @@ class Settings:
     late_topic: str = "cep.late-events"
     # Extra Kafka client settings (SASL/TLS ...) passed through as `kafka.<key>` options.
     kafka_options: tuple[tuple[str, str], ...] = ()
+    # Micro-batch trigger of the live job: "default" (processingTime, `cep run --trigger`
+    # seconds, 1 s unless given), "processingTime:500ms", or "realTime:5s" (Spark's real-time
+    # mode; Spark rejects it for this job's stateful Python operator: docs/spark-runtime.md).
+    trigger: str = "default"
 
     def with_overrides(self, values: Mapping[str, Any]) -> Settings:
         """A copy with the given fields replaced; unknown keys and bad types are errors."""
@@ -44,6 +49,8 @@ class Settings:
             if key not in known:
                 raise ConfigError(f"unknown setting {key!r}; known: {', '.join(sorted(known))}")
             changes[key] = _coerce(key, raw, getattr(self, key))
+        if "trigger" in changes:
+            parse_trigger(changes["trigger"])  # fail at load time, not when the query starts
         return replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:
@@ -66,6 +73,28 @@ def _coerce(key: str, raw: Any, current: Any) -> Any:
         )
         return tuple((str(k), str(v)) for k, v in items)
     return str(raw)
+
+
+_TRIGGER_KINDS = {"processingtime": "processingTime", "realtime": "realTime"}
+_UNITS = {"ms": "milliseconds", "millisecond": "milliseconds", "milliseconds": "milliseconds",
+          "s": "seconds", "second": "seconds", "seconds": "seconds",
+          "m": "minutes", "minute": "minutes", "minutes": "minutes"}
+
+
+def parse_trigger(text: str) -> dict[str, str] | None:
+    """The `trigger` setting as keyword arguments of `DataStreamWriter.trigger`, or None for
+    "default" (the job's own processingTime interval). "processingTime:500ms" →
+    {"processingTime": "500 milliseconds"}; "realTime:5s" → {"realTime": "5 seconds"}."""
+    if text.strip().lower() == "default":
+        return None
+    kind, sep, duration = text.partition(":")
+    name = _TRIGGER_KINDS.get(kind.strip().lower())
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*", duration.lower())
+    if not sep or name is None or m is None or m.group(2) not in _UNITS:
+        raise ConfigError(
+            f"setting 'trigger' must be 'default', 'processingTime:<duration>' or "
+            f"'realTime:<duration>' (duration like 500ms, 2s, 1m), got {text!r}")
+    return {name: f"{m.group(1)} {_UNITS[m.group(2)]}"}
 
 
 def load_settings(

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cep.config import Settings
+from cep.config import Settings, parse_trigger
 from cep.delivery.kafka_sink import ensure_topics
 from cep.delivery.record import OutRecord
 from cep.errors import CepError
@@ -221,8 +221,10 @@ class LiveJob:
         from cep.spark.pipeline import fan_out, parse
         from cep.spark.rules import SnapshotEngineFactory
 
-        trigger = ({"availableNow": True} if self.opts.once
-                   else {"processingTime": f"{self.opts.trigger_seconds} seconds"})
+        # `--once` wins; else the `trigger` setting; else ("default") every trigger_seconds.
+        trigger: dict[str, Any] = ({"availableNow": True} if self.opts.once
+                                   else parse_trigger(self.settings.trigger)
+                                   or {"processingTime": f"{self.opts.trigger_seconds} seconds"})
         parsed = parse(self._source(), self.plan)
         good = parsed.where(F.col("reason").isNull())
         delay = self.plan.watermark_delay_ms
