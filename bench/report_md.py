@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from bench.report import (
@@ -11,6 +12,7 @@ from bench.report import (
     _table,
     alert_rows,
     headline,
+    other_target_rows,
     summary_rows,
 )
 
@@ -29,11 +31,15 @@ def render(res: dict[str, Any], plots: list[str]) -> str:
     out += summary_rows(res, h)
     if "summary.png" in plots:
         out += ["", "![summary](summary.png)"]
+    out += ["", "## Summary (percolator and latency targets)", ""]
+    out += other_target_rows(h)
     out += ["", "Alerts found on the same fraud data (checked against the generator's injected "
             "patterns, as (rule, card, first ts, last ts)):", ""]
     out += alert_rows(res)
     out += _embedded(res, plots) + _spark(res, plots) + _flink(res) + _state(res, plots)
-    out += _percolator(res, plots) + _profile(res) + _missing(res)
+    out += _percolator(res, plots) + _section(res, "mokaccino", _mokaccino_md)
+    out += _section(res, "lucene", _lucene_md) + _section(res, "latency", _latency_md)
+    out += _growth_md(res, plots) + _profile(res) + _missing(res)
     return "\n".join(out) + "\n"
 
 
@@ -92,10 +98,17 @@ def _spark(res: dict[str, Any], plots: list[str]) -> list[str]:
     st = ours.get("operator_stats") or {}
     if st.get("rows"):
         out += ["", f"Our operator over the whole run: {st['calls']:,} shard calls, "
-                f"{st['rows']:,} rows, {st['keys_touched']:,} (rule, key) states advanced, "
-                f"{st['state_writes']:,} MapState writes "
-                f"({st['state_writes'] / st['rows']:.2f} per row), "
-                f"{st['keys_released']:,} released."]
+                f"{st['rows']:,} rows, {st['keys_touched']:,} key states advanced (one per "
+                "key for all rules of a stream and key field), "
+                f"{st.get('state_reads', 0):,} bucket reads and {st['state_writes']:,} bucket "
+                f"writes ({(st.get('state_reads', 0) + st['state_writes']) / st['calls']:.1f} "
+                f"state-server round trips per call), {st['keys_released']:,} released."]
+    kl = sp.get("kafka_load")
+    if kl:
+        out += ["", f"`ours_kafka` read the same {kl['events']:,} events from a topic with "
+                f"{kl['partitions']} partitions on our own broker (loaded in "
+                f"{kl['seconds']:.0f} s before the query started), `maxOffsetsPerTrigger` "
+                f"{kl['max_offsets_per_trigger']:,}."]
     out += ["", *[f"![{p}]({p})" for p in plots if p == "spark_batches.png"]]
     return out
 
@@ -155,10 +168,38 @@ def _percolator(res: dict[str, Any], plots: list[str]) -> list[str]:
     out = ["", "## Percolator (one core)", ""]
     out += _table(["workload", "stored queries", "events", "events/s", "verified/event",
                    "< 1 % target", "index build s", "notifications", "vs scan"], rows)
-    out += ["", "Peers (mokaccino on structured, Lucene Monitor on text) are **not run yet**: "
-            "see 'Not measured' below.", "",
+    out += ["", "Peers in this run: mokaccino on the structured workload and Lucene Monitor on "
+            "the text workload, in the next sections.", "",
             *[f"![{p}]({p})" for p in plots if p == "percolator.png"]]
     return out
+
+
+def _section(res: dict[str, Any], name: str, md: Callable[[dict[str, Any]], str]) -> list[str]:
+    section = res.get(name)
+    return ["", md(section).rstrip()] if section else []
+
+
+def _mokaccino_md(section: dict[str, Any]) -> str:
+    from bench import mokaccino_peer
+    return str(mokaccino_peer.render_md(section))
+
+
+def _lucene_md(section: dict[str, Any]) -> str:
+    from bench import lucene_peer
+    return str(lucene_peer.render_md(section))
+
+
+def _latency_md(section: dict[str, Any]) -> str:
+    from bench import latency
+    return str(latency.render_md(section))
+
+
+def _growth_md(res: dict[str, Any], plots: list[str]) -> list[str]:
+    section = res.get("growth")
+    if not section:
+        return []
+    from bench import growth
+    return ["", str(growth.render_md(section, plots)).rstrip()]
 
 
 def _profile(res: dict[str, Any]) -> list[str]:
@@ -189,14 +230,14 @@ def _profile(res: dict[str, Any]) -> list[str]:
 
 
 def _missing(res: dict[str, Any]) -> list[str]:
-    out = ["", "## Not measured in this run", "",
-           "- End-to-end latency through Kafka (produce → alert in Redis) at 5k/20k/50k ev/s "
-           "and `trigger(realTime=…)`: needs the live job (`cep run`); TODO.",
-           "- Spark path from Kafka (steady state): TODO with the live job.",
-           "- Percolator peers: mokaccino (PyPI, not a project dependency) and Lucene Monitor "
-           "(a Java harness under bench/, not written yet): TODO.",
-           "- Python worker memory growth with keys/rules: only the max PSS per Spark variant "
-           "is sampled."]
+    out = ["", "## Not measured in this run", ""]
+    skipped = [name for name in ("embedded", "scaling", "state", "growth", "profile",
+                                 "percolator", "mokaccino", "lucene", "spark", "flink",
+                                 "latency") if name not in res]
+    if skipped:
+        out.append(f"- Not run (left out by `--only` or failed): {', '.join(skipped)}.")
     for name, msg in (res.get("errors") or {}).items():
         out.append(f"- **{name} failed in this run**: {msg}")
+    if len(out) == 3:
+        out.append("- Nothing: every benchmark ran.")
     return out

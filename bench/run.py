@@ -4,7 +4,8 @@ Runs every benchmark it can in one process, on data generated in this run, and w
 bench/results/latest.md (tables, ratios, machine, command), latest.json (raw figures) and PNG
 plots. A benchmark that fails is reported as failed, with its error; nothing is filled in.
 
-Benchmarks (names for --only): embedded, scaling, state, profile, percolator, spark, flink.
+Benchmarks (names for --only): embedded, scaling, state, growth, profile, percolator, mokaccino,
+lucene, spark, flink, latency.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from bench.workloads import (
     stream_of,
 )
 
-ALL = ("embedded", "scaling", "state", "profile", "percolator", "spark", "flink")
+ALL = ("embedded", "scaling", "state", "growth", "profile", "percolator", "mokaccino", "lucene",
+       "spark", "flink", "latency")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -98,6 +100,27 @@ def machine() -> dict[str, Any]:
     }
 
 
+# Peers and services are imported when their step runs: a missing piece fails its step only.
+def _growth() -> Any:
+    from bench import growth
+    return growth
+
+
+def _mokaccino() -> Any:
+    from bench import mokaccino_peer
+    return mokaccino_peer
+
+
+def _lucene() -> Any:
+    from bench import lucene_peer
+    return lucene_peer
+
+
+def _latency() -> Any:
+    from bench import latency
+    return latency
+
+
 def _step(res: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
     print(f"bench: {name} ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
@@ -131,7 +154,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "scaling": lambda: embedded.run_scaling(sizes, args.rules),
         "state": lambda: embedded.run_state(sizes, args.rules),
         "profile": lambda: embedded.run_profile(sizes, args.rules),
+        "growth": lambda: _growth().run(quick=args.quick),
         "percolator": lambda: percolation.run_percolator(sizes.perc_queries, sizes.perc_events),
+        "mokaccino": lambda: _mokaccino().run(sizes.perc_queries, sizes.perc_events,
+                                              breakdown=not args.quick),
+        "lucene": lambda: _lucene().run(sizes.perc_queries, sizes.perc_events, work),
     }
     for name, fn in steps.items():
         if name in only:
@@ -145,6 +172,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                                                              sizes.spark_warmup, variants))
         if "flink" in only:
             _step(res, "flink", lambda: flink_peer.run(data, runs=sizes.flink_runs))
+    if "latency" in only:
+        _step(res, "latency", lambda: _latency().run(**sizes.latency, work=work / "latency"))
     res["meta"]["seconds"] = time.perf_counter() - started
     res["meta"]["machine"]["load average at end"] = " ".join(
         f"{x:.2f}" for x in os.getloadavg())
@@ -162,6 +191,8 @@ def write(res: dict[str, Any], out: Path) -> Path:
             plots.state(out, res.get("state") or {}),
             plots.spark_batches(out, res.get("spark") or {}),
             plots.percolator(out, res.get("percolator") or {})]
+    if res.get("growth"):
+        made += _growth().plots(out, res["growth"])
     names = [m for m in made if m]
     (out / "latest.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     md = out / "latest.md"

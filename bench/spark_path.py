@@ -10,7 +10,10 @@ the stateful step differs:
 - `ceiling_aipws`: `applyInPandasWithState` with a no-op function (FACTS.md's ceiling);
 - `state_only` (full runs): no engine, but our operator's JSON parsing and MapState traffic
   (`noop_ops.StateOnlyProcessor`): how much of the gap to the ceiling is state access;
-- `ours`: `transformWithStateInPandas` with `cep.spark.operator.CepProcessor` (the engine).
+- `ours`: `transformWithStateInPandas` with `cep.spark.operator.CepProcessor` (the engine);
+- `ours_kafka`: the same, reading the same events from a Kafka topic (4 partitions, loaded
+  before the run, `maxOffsetsPerTrigger` = events / files so batches match the file runs),
+  on a broker of our own (scripts/kafka.sh) — the live job's source.
 
 Steady state: per-batch `numInputRows` and `durationMs.triggerExecution` from the query's
 progress, leaving out the first `warmup` batches (worker start-up, JIT, first state commits).
@@ -30,9 +33,9 @@ from typing import Any
 from bench import noop_ops
 from cep.config import Settings
 
-VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "state_only", "ours")
-QUICK_VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "ours")
-STATE_BLOB_BYTES = 700  # about a fraud (rule, key) state pickled (see the state benchmark)
+VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "state_only", "ours", "ours_kafka")
+QUICK_VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "ours", "ours_kafka")
+STATE_BLOB_BYTES = 200  # about a fraud key state pickled (see the state benchmark)
 SHARDS = 64
 
 
@@ -56,7 +59,8 @@ class Collector:
                 st = json.loads(row.payload)
                 self.events += st["events"]
                 self.stats["calls"] += 1
-                for k in ("rows", "keys_touched", "keys_released", "state_writes", "late"):
+                for k in ("rows", "keys_touched", "keys_released", "state_writes",
+                          "state_reads", "late"):
                     self.stats[k] += int(st.get(k) or 0)
             elif row.kind in ("match", "timeout"):
                 rec = json.loads(row.payload)
@@ -141,8 +145,82 @@ def _stage(src: Path, staged: Path) -> None:
         os.utime(target, (base + i, base + i))
 
 
+KAFKA_PARTITIONS = 4
+
+
+class KafkaInput:
+    """A broker of our own with the staged events in one topic (seq = partition, offset as the
+    live job computes it)."""
+
+    def __init__(self, work: Path) -> None:
+        from bench.latency import Services
+
+        self.services = Services(work / "kafka-services")
+        self.topic = "bench-transactions"
+        self.stream = ""
+        self.per_batch = 0
+
+    def __enter__(self) -> KafkaInput:
+        self.services.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.services.stop()
+
+    def load(self, staged: Path) -> int:
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.services.bootstrap})
+        for f in admin.create_topics([NewTopic(self.topic, KAFKA_PARTITIONS, 1)]).values():
+            f.result(60)
+        producer = Producer({"bootstrap.servers": self.services.bootstrap, "linger.ms": 50,
+                             "batch.size": 1 << 20, "compression.type": "lz4"})
+        files = sorted(p for p in staged.rglob("*") if p.is_file())
+        self.stream = files[0].parent.name
+        n = 0
+        for path in files:
+            with path.open("rb") as fh:
+                for line in fh:
+                    line = line.strip()
+                    if not line:
+                        continue
+                    while True:
+                        try:
+                            producer.produce(self.topic, line, partition=n % KAFKA_PARTITIONS)
+                            break
+                        except BufferError:
+                            producer.poll(0.05)
+                    n += 1
+        if producer.flush(120) != 0:
+            raise RuntimeError("could not load the events into Kafka")
+        self.per_batch = -(-n // max(1, len(files)))
+        return n
+
+
+def _source(spark: Any, staged: Path, kafka: KafkaInput | None) -> Any:
+    from pyspark.sql import functions as F
+
+    from jobs.session import kafka_jars
+
+    if kafka is None:
+        return (spark.readStream.format("text").option("maxFilesPerTrigger", 1)
+                .load(str(staged / "*" / "*"))
+                .select(F.regexp_extract(F.input_file_name(), r"/([^/]+)/[^/]+$", 1)
+                        .alias("stream"), F.col("value"),
+                        F.lit(None).cast("bigint").alias("seq")))
+    assert kafka_jars()  # the connector is on the session's classpath (get_spark(kafka=True))
+    return (spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", kafka.services.bootstrap)
+            .option("subscribe", kafka.topic).option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", kafka.per_batch).load()
+            .select(F.lit(kafka.stream).alias("stream"), F.col("value").cast("string"),
+                    (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset"))
+                    .alias("seq")))
+
+
 def _query(spark: Any, variant: str, staged: Path, plan: Any, factory: Any,
-           checkpoint: Path, collector: Collector) -> Any:
+           checkpoint: Path, collector: Collector, kafka: KafkaInput | None = None) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -150,10 +228,7 @@ def _query(spark: Any, variant: str, staged: Path, plan: Any, factory: Any,
     from cep.spark.operator import OUTPUT_SCHEMA, CepProcessor
     from cep.spark.pipeline import fan_out, parse
 
-    raw = (spark.readStream.format("text").option("maxFilesPerTrigger", 1)
-           .load(str(staged / "*" / "*"))
-           .select(F.regexp_extract(F.input_file_name(), r"/([^/]+)/[^/]+$", 1).alias("stream"),
-                   F.col("value"), F.lit(None).cast("bigint").alias("seq")))
+    raw = _source(spark, staged, kafka if variant == "ours_kafka" else None)
     raw = raw.where(F.length(F.trim("value")) > 0)
     good = parse(raw, plan).where(F.col("reason").isNull())
     delay = f"{plan.watermark_delay_ms} milliseconds"
@@ -162,15 +237,15 @@ def _query(spark: Any, variant: str, staged: Path, plan: Any, factory: Any,
         writer = rows.writeStream.format("noop")
     else:
         grouped = rows.groupBy("shard")
-        if variant == "ours":
+        if variant in ("ours", "ours_kafka"):
             processor = CepProcessor(factory, output_rows, plan.watermark_delay_ms)
             out = grouped.transformWithStateInPandas(
                 statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA,
                 outputMode="Append", timeMode="EventTime")
         elif variant == "state_only":
-            rule_keys = [(r.id, r.key_field or "") for r in factory.ruleset().rules if r.enabled]
+            groups = [(g.gid, g.key_field) for g in factory().groups.values()]
             out = grouped.transformWithStateInPandas(
-                statefulProcessor=noop_ops.StateOnlyProcessor(rule_keys, STATE_BLOB_BYTES),
+                statefulProcessor=noop_ops.StateOnlyProcessor(groups, STATE_BLOB_BYTES),
                 outputStructType=OUTPUT_SCHEMA, outputMode="Append", timeMode="EventTime")
         elif variant == "ceiling_tws":
             out = grouped.transformWithStateInPandas(
@@ -217,7 +292,7 @@ def run_spark(rules_file: Path, input_dir: Path, work: Path, warmup: int,
     factory = RulesEngineFactory.from_path(rules_file)
     plan = plan_for(factory.ruleset(), settings.shards)
     t0 = time.perf_counter()
-    spark = get_spark(settings, "cep-bench")
+    spark = get_spark(settings, "cep-bench", kafka="ours_kafka" in only)
     spark.conf.set("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
     out: dict[str, Any] = {"session_start_s": time.perf_counter() - t0, "shards": SHARDS,
                            "shuffle_partitions": settings.shuffle_partitions,
@@ -225,24 +300,40 @@ def run_spark(rules_file: Path, input_dir: Path, work: Path, warmup: int,
                            "spark_version": spark.version, "variants": {}}
     staged = work / "spark-input"
     _stage(input_dir, staged)
-    for variant in only:
-        checkpoint = work / "checkpoints" / variant
-        shutil.rmtree(checkpoint, ignore_errors=True)
-        collector = Collector()
-        started = time.perf_counter()
-        with WorkerMemory() as mem:
-            q = _query(spark, variant, staged, plan, factory, checkpoint, collector)
-            q.awaitTermination()
-        wall = time.perf_counter() - started
-        if q.exception() is not None:
-            out["variants"][variant] = {"error": str(q.exception())[:2000]}
-            continue
-        res = _steady([dict(p) for p in q.recentProgress], warmup)
-        res.update(wall_seconds=wall, operator_events=collector.events,
-                   operator_stats=dict(collector.stats),
-                   output_rows=dict(collector.kinds), alerts=sorted(collector.alerts),
-                   worker_pss_max_bytes=mem.max_pss_total,
-                   worker_rss_max_bytes=mem.max_rss_single, workers_max=mem.max_workers)
-        out["variants"][variant] = res
-    spark.stop()
+    try:
+        for variant in only:
+            if variant == "ours_kafka":
+                with KafkaInput(work) as kafka:
+                    t1 = time.perf_counter()
+                    loaded = kafka.load(staged)
+                    out["kafka_load"] = {"events": loaded, "seconds": time.perf_counter() - t1,
+                                         "partitions": KAFKA_PARTITIONS,
+                                         "max_offsets_per_trigger": kafka.per_batch}
+                    _variant(spark, variant, staged, plan, factory, work, warmup, out, kafka)
+            else:
+                _variant(spark, variant, staged, plan, factory, work, warmup, out, None)
+    finally:
+        spark.stop()
     return out
+
+
+def _variant(spark: Any, variant: str, staged: Path, plan: Any, factory: Any, work: Path,
+             warmup: int, out: dict[str, Any], kafka: KafkaInput | None) -> None:
+    checkpoint = work / "checkpoints" / variant
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    collector = Collector()
+    started = time.perf_counter()
+    with WorkerMemory() as mem:
+        q = _query(spark, variant, staged, plan, factory, checkpoint, collector, kafka)
+        q.awaitTermination()
+    wall = time.perf_counter() - started
+    if q.exception() is not None:
+        out["variants"][variant] = {"error": str(q.exception())[:2000]}
+        return
+    res = _steady([dict(p) for p in q.recentProgress], warmup)
+    res.update(wall_seconds=wall, operator_events=collector.events,
+               operator_stats=dict(collector.stats),
+               output_rows=dict(collector.kinds), alerts=sorted(collector.alerts),
+               worker_pss_max_bytes=mem.max_pss_total,
+               worker_rss_max_bytes=mem.max_rss_single, workers_max=mem.max_workers)
+    out["variants"][variant] = res

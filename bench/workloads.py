@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from cep.compile import compile_rules
 from cep.datagen import GENERATORS, Dataset, write_jsonl
@@ -39,6 +40,7 @@ class Sizes:
     perc_queries: tuple[int, ...]
     perc_events: int
     inject: int
+    latency: dict[str, Any]       # bench.latency.run's sizes (rates, seconds per rate, warm-up)
 
     @classmethod
     def full(cls) -> Sizes:
@@ -46,7 +48,8 @@ class Sizes:
                    scale_events=200_000, scale_keys=(100, 1_000, 10_000, 100_000),
                    scale_rules=(3, 6, 12, 24), state_points=(50_000, 100_000, 200_000, 400_000),
                    profile_events=100_000, spark_files=10, spark_warmup=2, flink_runs=2,
-                   perc_queries=(1_000, 10_000, 100_000), perc_events=1_000, inject=100)
+                   perc_queries=(1_000, 10_000, 100_000), perc_events=1_000, inject=100,
+                   latency={"rates": (5_000, 20_000, 50_000), "seconds": 30, "warmup": 20})
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -54,7 +57,8 @@ class Sizes:
                    scale_events=20_000, scale_keys=(100, 1_000, 5_000),
                    scale_rules=(3, 6), state_points=(10_000, 20_000),
                    profile_events=10_000, spark_files=2, spark_warmup=1, flink_runs=2,
-                   perc_queries=(1_000, 5_000), perc_events=300, inject=10)
+                   perc_queries=(1_000, 5_000), perc_events=300, inject=10,
+                   latency={"rates": (5_000,), "seconds": 10, "warmup": 10, "quick": True})
 
     def override(self, events: int | None, keys: int | None) -> Sizes:
         from dataclasses import replace

@@ -1,6 +1,7 @@
 """The benchmark harness in a tiny mode, so that it does not rot: it must run, write its results
 and report positive throughput for the embedded engine, the Spark path and its ceiling
-(FACTS.md's applyInPandasWithState no-op; the other Spark variants only add time here).
+(FACTS.md's applyInPandasWithState no-op; the other Spark variants only add time here), and
+the Spark path from Kafka on a broker the harness starts itself.
 Nothing here is timed against a target (issue 7: tests do not time anything); Flink is left to
 `make bench` (building its jar takes too long for a test)."""
 
@@ -21,7 +22,7 @@ def test_quick_bench_writes_results_with_positive_throughput(tmp_path: Path) -> 
     out = tmp_path / "results"
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", "--quick", "--only", "embedded,spark",
-         "--spark-variants", "ceiling_aipws,ours", "--events", "20000", "--keys", "200",
+         "--spark-variants", "ceiling_aipws,ours,ours_kafka", "--events", "20000", "--keys", "200",
          "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
@@ -38,4 +39,9 @@ def test_quick_bench_writes_results_with_positive_throughput(tmp_path: Path) -> 
     ours = res["spark"]["variants"]["ours"]
     assert ours["operator_events"] == res["embedded"]["fraud"]["events"]
     assert sorted(map(tuple, ours["alerts"])) == sorted(map(tuple, res["expected_fraud"]))
+    # The same events read from Kafka (a broker the harness starts) give the same alerts.
+    kafka = res["spark"]["variants"]["ours_kafka"]
+    assert kafka["operator_events"] == ours["operator_events"]
+    assert sorted(map(tuple, kafka["alerts"])) == sorted(map(tuple, res["expected_fraud"]))
+    assert h["spark_kafka"] > 0
     assert (out / "summary.png").is_file()
