@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"comma-separated subset of: {', '.join(ALL)}")
     ap.add_argument("--spark-variants",
                     help="comma-separated subset of: " + ", ".join(spark_path.VARIANTS)
-                    + " (default: all; quick: all but state_only)")
+                    + " (default and quick: all but state_only)")
     ap.add_argument("--rules", type=Path, default=DEFAULT_RULES,
                     help="folder with fraud.cep, trading.cep, machines.cep "
                          "(default bench/rules: fraud as in the Flink harness, "
@@ -167,7 +167,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         data = files_for(ds, stream_of(load_rules(fraud_rules)), work, sizes.spark_files)
         if "spark" in only:
             variants = (tuple(args.spark_variants.split(",")) if args.spark_variants
-                        else spark_path.QUICK_VARIANTS if args.quick else spark_path.VARIANTS)
+                        else spark_path.QUICK_VARIANTS if args.quick
+                        else spark_path.DEFAULT_VARIANTS)
             _step(res, "spark", lambda: spark_path.run_spark(fraud_rules, data, work,
                                                              sizes.spark_warmup, variants))
         if "flink" in only:

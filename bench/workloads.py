@@ -45,11 +45,11 @@ class Sizes:
     @classmethod
     def full(cls) -> Sizes:
         return cls(events=1_000_000, keys=10_000, domain_events=500_000,
-                   scale_events=200_000, scale_keys=(100, 1_000, 10_000, 100_000),
+                   scale_events=100_000, scale_keys=(100, 1_000, 10_000, 100_000),
                    scale_rules=(3, 6, 12, 24), state_points=(50_000, 100_000, 200_000, 400_000),
                    profile_events=100_000, spark_files=10, spark_warmup=2, flink_runs=2,
                    perc_queries=(1_000, 10_000, 100_000), perc_events=1_000, inject=100,
-                   latency={"rates": (5_000, 20_000, 50_000), "seconds": 30, "warmup": 20})
+                   latency={"rates": (5_000, 20_000, 50_000), "seconds": 20, "warmup": 20})
 
     @classmethod
     def quick(cls) -> Sizes:

@@ -35,7 +35,8 @@ class Metrics:
 
     def add_stats(self, stats: dict[str, Any]) -> None:
         with self._lock:
-            for k in ("events", "late", "keys_touched", "keys_released", "state_writes"):
+            for k in ("events", "late", "keys_touched", "keys_released", "state_writes",
+                      "state_reads", "python_us"):
                 self.counters[k] += int(stats.get(k) or 0)
 
     def set_rules(self, versions: dict[str, str]) -> None:
@@ -65,6 +66,8 @@ class Metrics:
                 input_rows_per_s=progress.get("inputRowsPerSecond"),
                 processed_rows_per_s=progress.get("processedRowsPerSecond"),
                 batch_ms=(progress.get("durationMs") or {}).get("triggerExecution"),
+                # Where the batch's time went (addBatch, getBatch, latestOffset, walCommit...).
+                durations_ms=progress.get("durationMs"),
                 watermark=event_time.get("watermark"),
                 max_event_time=event_time.get("max"),
                 state_rows=ops[0].get("numRowsTotal"),
