@@ -82,12 +82,17 @@ def _traced() -> Iterator[Callable[[], tuple[int, int]]]:
             tracemalloc.stop()
 
 
-def _rss() -> int:
+def _status_bytes(field: str) -> int:
+    """A size line of /proc/self/status (VmRSS: now, VmHWM: the high-water mark), in bytes."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def _rss() -> int:
+    return _status_bytes("VmRSS")
 
 
 def _reset_peak_rss() -> bool:
@@ -101,11 +106,7 @@ def _reset_peak_rss() -> bool:
 
 
 def _peak_rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return _status_bytes("VmHWM")
 
 
 def state_sizes(store: MemoryKeyStore) -> dict[str, Any]:

@@ -33,8 +33,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.percolation import text
-from percolator import Percolator
+from bench.percolation import measure, text
 
 LUCENE_DIR = Path(__file__).resolve().parent / "lucene"
 JAR = LUCENE_DIR / "target" / "lucene-monitor-bench.jar"
@@ -93,22 +92,11 @@ def write_workload(queries: list[Any], events: list[dict[str, Any]], qpath: Path
 
 def run_ours(queries: list[Any], events: list[dict[str, Any]], schema: Any
              ) -> tuple[dict[str, Any], dict[int, list[str]]]:
-    """bench.percolation.run_one's measurement, keeping the (event, query) pairs."""
-    t0 = time.perf_counter()
-    perc = Percolator.from_searches(queries, schema=schema)
-    build_s = time.perf_counter() - t0
-    perc.match_batch(events[: max(1, len(events) // 10)])  # warm caches
-    t0 = time.perf_counter()
-    notes = perc.match_batch(events)
-    secs = time.perf_counter() - t0
-    st = perc.last_stats
+    """bench.percolation's measurement, keeping the (event, query) pairs."""
+    row, notes, _ = measure(queries, events, schema)
     pairs: dict[int, list[str]] = defaultdict(list)
     for n in notes:
         pairs[n.position].append(n.search_id)
-    row = {"queries": len(queries), "events": len(events), "seconds": secs,
-           "events_per_s": len(events) / secs, "build_seconds": build_s,
-           "verified_fraction": st.verified_fraction, "candidates": st.candidates,
-           "always_run": st.always_run, "notifications": len(notes)}
     return row, pairs
 
 

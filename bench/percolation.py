@@ -92,8 +92,10 @@ def text(n_queries: int, n_events: int, seed: int = 12) -> tuple[list[SavedSearc
 WORKLOADS = {"structured": structured, "text": text}
 
 
-def run_one(kind: str, n_queries: int, n_events: int, check: bool) -> dict[str, Any]:
-    queries, events, schema = WORKLOADS[kind](n_queries, n_events)
+def measure(queries: list[SavedSearch], events: list[dict[str, Any]], schema: Schema,
+            ) -> tuple[dict[str, Any], list[Any], Percolator]:
+    """Build the index (timed), warm up on the first 10 % of the events, then time one
+    `match_batch` over all of them. Returns the figures, the notifications and the index."""
     t0 = time.perf_counter()
     perc = Percolator.from_searches(queries, schema=schema)
     build_s = time.perf_counter() - t0
@@ -102,10 +104,17 @@ def run_one(kind: str, n_queries: int, n_events: int, check: bool) -> dict[str, 
     notes = perc.match_batch(events)
     secs = time.perf_counter() - t0
     st = perc.last_stats
-    out = {"workload": kind, "queries": n_queries, "events": len(events), "seconds": secs,
+    row = {"queries": len(queries), "events": len(events), "seconds": secs,
            "events_per_s": len(events) / secs, "build_seconds": build_s,
            "verified_fraction": st.verified_fraction, "candidates": st.candidates,
            "always_run": st.always_run, "notifications": len(notes)}
+    return row, notes, perc
+
+
+def run_one(kind: str, n_queries: int, n_events: int, check: bool) -> dict[str, Any]:
+    queries, events, schema = WORKLOADS[kind](n_queries, n_events)
+    row, _, perc = measure(queries, events, schema)
+    out = {"workload": kind, **row}
     if check:
         sample = events[:50]
         got = sorted((i, n.search_id) for i, ev in enumerate(sample)

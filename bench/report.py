@@ -143,8 +143,10 @@ def summary_rows(res: dict[str, Any], h: dict[str, float | None]) -> list[str]:
          _n(h["ceiling_aipws"]), _n(h["ours_over_ceiling_aipws"], 3) + " (ours/this)", "", ""],
         ["**ours / ceiling** (faster no-op)", "", "", _n(h["ours_over_ceiling"], 3),
          f"≥ {TARGET_CEILING}", _met(h["ours_over_ceiling"], TARGET_CEILING)],
-        ["state traffic only: JSON + MapState get/put, no engine", "same source+shuffle",
-         _n(h["state_only"]), _n(h["ours_over_state_only"], 3) + " (ours/this)", "", ""],
+        ["state traffic only: JSON + our state store, no engine (`--spark-variants`)",
+         "same source+shuffle", _n(h["state_only"]),
+         _n(h["ours_over_state_only"], 3) + " (ours/this)" if h["state_only"] else "not run",
+         "", ""],
         ["JVM only (parse+fan-out, noop sink)", "same source", _n(h["jvm_only"]), "", "", ""],
         ["Flink CEP 1.x local, p=2 (warm run)", "same files", _n(h["flink"]), "", "", ""],
         ["Flink CEP (cold first run)", "same files", _n(h["flink_cold"]), "", "", ""],
@@ -164,8 +166,10 @@ def alert_rows(res: dict[str, Any]) -> list[str]:
     exp = set(map(tuple, expected))
     rows = []
     sources = [("embedded engine", ((res.get("embedded") or {}).get("fraud") or {}).get("found")),
-               ("Spark path (ours)", ((res.get("spark") or {}).get("variants") or {})
-                .get("ours", {}).get("alerts")),
+               ("Spark path (ours), from files", ((res.get("spark") or {}).get("variants")
+                                                  or {}).get("ours", {}).get("alerts")),
+               ("Spark path (ours), from Kafka", ((res.get("spark") or {}).get("variants")
+                                                  or {}).get("ours_kafka", {}).get("alerts")),
                ("Flink CEP", (res.get("flink") or {}).get("alerts"))]
     for name, found in sources:
         if found is None:

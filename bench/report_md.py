@@ -76,7 +76,7 @@ def _spark(res: dict[str, Any], plots: list[str]) -> list[str]:
     sp = res.get("spark") or {}
     if not sp:
         return []
-    out = ["", "## Spark path, local[2], from files", "",
+    out = ["", "## Spark path, local[2], from files and from Kafka", "",
            f"Spark {sp.get('spark_version')}, {sp.get('shards')} shards, "
            f"shuffle partitions {sp.get('shuffle_partitions')}, maxFilesPerTrigger=1, "
            f"RocksDB state store; session start {sp.get('session_start_s', 0):.1f} s. Steady "
@@ -147,9 +147,10 @@ def _state(res: dict[str, Any], plots: list[str]) -> list[str]:
              _n(p["max_entry_bytes"]), _n(p["wake_index_bytes"] / 1024, 1)]
             for p in st["points"]]
     out = ["", "## State size (fraud, embedded engine, before end of input)", "",
-           "Pickled bytes as the Spark store writes them (one blob per (rule, key) plus the "
-           "shard's wake index).", ""]
-    out += _table(["events", "keys with state", "(rule,key) entries", "total MiB",
+           "Pickled bytes of the key states (one per key for all rules of a stream and key "
+           "field; the Spark store writes them in buckets of ≤ 32) plus the shards' wake "
+           "index.", ""]
+    out += _table(["events", "keys with state", "key-state entries", "total MiB",
                    "bytes/key", "bytes/entry", "max entry", "wake index KiB"], rows)
     out += ["", *[f"![{p}]({p})" for p in plots if p == "state_vs_events.png"]]
     return out
