@@ -46,14 +46,17 @@ ALL = ("embedded", "scaling", "state", "growth", "profile", "percolator", "mokac
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
+    ap.add_argument("--quick", action="store_true",
+                    help="small sizes, a few Spark variants, no latency (2-3 minutes)")
     ap.add_argument("--events", type=int, help="fraud events (default 1,000,000; quick 60,000)")
     ap.add_argument("--keys", type=int, help="fraud cards (default 10,000; quick 1,000)")
-    ap.add_argument("--only", default=",".join(ALL),
-                    help=f"comma-separated subset of: {', '.join(ALL)}")
+    ap.add_argument("--only",
+                    help=f"comma-separated subset of: {', '.join(ALL)} (default: all; with "
+                         "--quick all but latency, which tests/test_latency_quick.py runs)")
     ap.add_argument("--spark-variants",
                     help="comma-separated subset of: " + ", ".join(spark_path.VARIANTS)
-                    + " (default and quick: all but state_only)")
+                    + " (default: all but state_only; quick: ceiling_aipws, ours, "
+                    "ours_kafka)")
     ap.add_argument("--rules", type=Path, default=DEFAULT_RULES,
                     help="folder with fraud.cep, trading.cep, machines.cep "
                          "(default bench/rules: fraud as in the Flink harness, "
@@ -62,6 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="where latest.md, latest.json and the plots go")
     ap.add_argument("--work", type=Path, help="scratch folder (default OUT/tmp)")
     args = ap.parse_args(argv)
+    if args.only is None:
+        args.only = ",".join(b for b in ALL if not (args.quick and b == "latency"))
     unknown = set(args.only.split(",")) - set(ALL)
     if unknown:
         ap.error(f"unknown benchmark(s) {', '.join(sorted(unknown))}; known: {', '.join(ALL)}")

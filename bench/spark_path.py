@@ -37,7 +37,7 @@ VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "state_only", "ours", "o
 # `make bench` leaves out state_only (it measured the state traffic that led to the bucketed
 # store, docs/spark-runtime.md); `--spark-variants` runs it.
 DEFAULT_VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "ours", "ours_kafka")
-QUICK_VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "ours", "ours_kafka")
+QUICK_VARIANTS = ("ceiling_aipws", "ours", "ours_kafka")
 STATE_BLOB_BYTES = 200  # about a fraud key state pickled (see the state benchmark)
 SHARDS = 64
 
