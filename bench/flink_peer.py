@@ -10,11 +10,12 @@ the figure, the first is kept as the cold one.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.javabuild import build_jar
 
 FLINK_DIR = Path(__file__).resolve().parent / "flink"
 JAR = FLINK_DIR / "target" / "flink-cep-bench.jar"
@@ -25,19 +26,7 @@ class FlinkUnavailable(RuntimeError):
 
 
 def build(timeout: int = 900) -> dict[str, Any]:
-    """`mvn -q package` unless the jar is newer than every source file."""
-    sources = [FLINK_DIR / "pom.xml", *FLINK_DIR.glob("src/**/*.java")]
-    if JAR.is_file() and JAR.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
-        return {"built": False, "seconds": 0.0}
-    if shutil.which("mvn") is None:
-        raise FlinkUnavailable("mvn is not on PATH")
-    t0 = time.perf_counter()
-    proc = subprocess.run(["mvn", "-q", "-B", "package"], cwd=FLINK_DIR, capture_output=True,
-                          text=True, timeout=timeout)
-    if proc.returncode != 0 or not JAR.is_file():
-        tail = (proc.stdout + proc.stderr)[-3000:]
-        raise FlinkUnavailable(f"mvn -q package failed (exit {proc.returncode}):\n{tail}")
-    return {"built": True, "seconds": time.perf_counter() - t0}
+    return build_jar(FLINK_DIR, JAR, FlinkUnavailable, timeout)
 
 
 def run(input_dir: Path, *, parallelism: int = 2, lateness_ms: int = 5_000, runs: int = 2,

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench.javabuild import build_jar
 from bench.percolation import measure, text
 
 LUCENE_DIR = Path(__file__).resolve().parent / "lucene"
@@ -46,24 +46,7 @@ class LuceneUnavailable(RuntimeError):
 
 
 def build(timeout: int = 900) -> dict[str, Any]:
-    """`mvn -q -B package` unless the jar is newer than every source file."""
-    sources = [LUCENE_DIR / "pom.xml", *LUCENE_DIR.glob("src/**/*.java")]
-    if JAR.is_file() and JAR.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
-        return {"built": False, "seconds": 0.0}
-    if shutil.which("mvn") is None:
-        raise LuceneUnavailable("mvn is not on PATH")
-    if shutil.which("java") is None:
-        raise LuceneUnavailable("java is not on PATH")
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(["mvn", "-q", "-B", "package"], cwd=LUCENE_DIR,
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise LuceneUnavailable(f"mvn -q package timed out after {timeout} s") from e
-    if proc.returncode != 0 or not JAR.is_file():
-        tail = (proc.stdout + proc.stderr)[-3000:]
-        raise LuceneUnavailable(f"mvn -q package failed (exit {proc.returncode}):\n{tail}")
-    return {"built": True, "seconds": time.perf_counter() - t0}
+    return build_jar(LUCENE_DIR, JAR, LuceneUnavailable, timeout)
 
 
 def java_version() -> str:
