@@ -255,6 +255,14 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 # -- plots --------------------------------------------------------------------------------------
 
+def _log_x(*axes: Any, xlabel: str, legend_size: int | None = None) -> None:
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=legend_size)
+
+
 def plots(out: Path, section: dict[str, Any]) -> list[str]:
     from bench.plots import _save, plt
 
@@ -272,11 +280,7 @@ def plots(out: Path, section: dict[str, Any]) -> list[str]:
         a2.plot(xs, [r["pickled_per_key"] for r in rows], marker="s", label="pickled")
         a2.set_ylabel("bytes per key state")
         a2.set_ylim(bottom=0)
-        for ax in (a1, a2):
-            ax.set_xscale("log")
-            ax.set_xlabel("distinct keys (cards)")
-            ax.grid(True, alpha=0.3)
-            ax.legend()
+        _log_x(a1, a2, xlabel="distinct keys (cards)")
         fig.suptitle(f"CEP engine state vs keys (fraud, {rows[0]['rules']} rules)")
         names.append(_save(fig, out, "growth_state_keys.png"))
     rows = section.get("state_vs_rules") or []
@@ -310,11 +314,7 @@ def plots(out: Path, section: dict[str, Any]) -> list[str]:
         a1.set_ylabel("index memory, MB")
         a2.set_ylabel("bytes per stored query")
         a2.set_ylim(bottom=0)
-        for ax in (a1, a2):
-            ax.set_xscale("log")
-            ax.set_xlabel("stored queries")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
+        _log_x(a1, a2, xlabel="stored queries", legend_size=8)
         fig.suptitle("Percolator index memory vs stored queries")
         names.append(_save(fig, out, "growth_percolator.png"))
     return names

@@ -75,7 +75,8 @@ class MapStateKeyStore:
         self._cache, self._dirty = {}, set()
         self._loaded = True
 
-    def _bucket(self, sk: StateKey) -> dict[StateKey, KeyState]:
+    def _bucket(self, sk: StateKey) -> tuple[int, dict[StateKey, KeyState]]:
+        """The key's bucket number and contents (read at most once per call)."""
         if not self._loaded:
             self._begin()
         b = self._index(sk)
@@ -83,7 +84,7 @@ class MapStateKeyStore:
         if found is None:
             found = self._read(b)
             self._cache[b] = found
-        return found
+        return b, found
 
     def _index(self, sk: StateKey) -> int:
         return zlib.crc32(f"{sk[0]}\x00{sk[1]}".encode()) % self.n_buckets
@@ -94,20 +95,20 @@ class MapStateKeyStore:
         return {} if row is None else pickle.loads(row[0])  # noqa: S301 - our own state
 
     def get(self, sk: StateKey) -> KeyState | None:
-        return self._bucket(sk).get(sk)
+        return self._bucket(sk)[1].get(sk)
 
     def put(self, sk: StateKey, state: KeyState) -> None:
-        bucket = self._bucket(sk)
+        b, bucket = self._bucket(sk)
         if sk not in bucket:
             self.n_keys += 1
         bucket[sk] = state
-        self._dirty.add(self._index(sk))
+        self._dirty.add(b)
 
     def delete(self, sk: StateKey) -> None:
-        bucket = self._bucket(sk)
+        b, bucket = self._bucket(sk)
         if bucket.pop(sk, None) is not None:
             self.n_keys -= 1
-            self._dirty.add(self._index(sk))
+            self._dirty.add(b)
 
     def load_wake(self) -> Wake:
         if not self._loaded:
