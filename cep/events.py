@@ -1,0 +1,284 @@
+"""What a valid event is: one definition, enforced in one place for every mode.
+
+Replay, the live job, `cep test`, the embedded engine and the percolator all hand raw input to
+this module and get back either an event (a `dict` conforming to the stream's schema, plus its
+event time) or a one-line reason; nothing else parses user input. Spark reads raw bytes and
+never interprets them (docs/spark-runtime.md, "Bad input"), so what the JVM accepts cannot
+disagree with what the engine reads: there is only this parse.
+
+Parsing is strict JSON (RFC 8259), in UTF-8:
+- the message is at most `MAX_BYTES` (1 MiB, Kafka's default message size), not empty;
+- it decodes as UTF-8 (no lone surrogates, no `\\ud800` escapes either);
+- it is exactly one JSON *object*: no trailing garbage, no single quotes, no `NaN`/`Infinity`,
+  no number that overflows a double (`1e400`), no integer of more than 4300 digits;
+- containers nest at most `MAX_DEPTH` levels deep.
+
+Types, by the stream's declared schema (`FIELDS (...)` in the rules); a field that is absent or
+`null` is fine, except the time field and the key fields, which must be present:
+- time field: epoch milliseconds as a JSON integer, or an ISO-8601 string (no zone = UTC); the
+  event carries it as integer milliseconds afterwards, in every mode;
+- `INT`: a JSON integer in the signed 64-bit range (an integral number such as `5.0` too);
+- `FLOAT`: any finite JSON number;
+- `BOOL`: `true` or `false`;
+- `STRING`: a JSON string.
+Nothing is converted between strings and numbers: `"5000"` for a `FLOAT` field is a dead letter
+("field 'amount' is FLOAT, got a string"), never a silently unmatched event. A JSON document has
+number types; a number in quotes is a producer bug that conversion would hide (and `"5,000"` or
+`"5e3"` would be guessed differently by different readers). Undeclared fields pass unchanged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 32
+MIN_TS = -62_135_596_800_000     # 0001-01-01T00:00:00Z
+MAX_TS = 253_402_300_799_000     # 9999-12-31T23:59:59Z: the end-of-input marker, excluded
+_INT64 = 1 << 63
+TYPES = ("STRING", "INT", "FLOAT", "BOOL")
+
+
+@dataclass(frozen=True, slots=True)
+class EventSchema:
+    """What the rules expect of one stream's events."""
+
+    stream: str
+    time_field: str = "ts"
+    key_fields: tuple[str, ...] = ()
+    fields: tuple[tuple[str, str], ...] | None = None  # declared (name, type), or None
+
+    @classmethod
+    def of(cls, spec: Any, key_fields: Iterable[str | None] = ()) -> EventSchema:
+        """From a compiled `StreamSpec` (`cep.nfa`) and the key fields its rules partition by."""
+        fields = None if spec.fields is None else tuple((f.name, f.type) for f in spec.fields)
+        keys = tuple(dict.fromkeys(k for k in key_fields if k))
+        return cls(spec.name, spec.time_field, keys, fields)
+
+
+class _Reject(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _Reject(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _Reject(f"number {_clip(text)} overflows a double")
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
+
+
+def parse_object(raw: bytes | str | None, max_bytes: int = MAX_BYTES,
+                 ) -> tuple[dict[str, Any] | None, str | None]:
+    """Strict JSON object: `(object, None)` or `(None, reason)`. Never raises."""
+    if raw is None or len(raw) == 0:
+        return None, "empty message"
+    if len(raw) > max_bytes:
+        return None, f"message too large: {len(raw)} bytes (limit {max_bytes})"
+    if isinstance(raw, bytes | bytearray | memoryview):
+        try:
+            text = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return None, f"not UTF-8: invalid byte at offset {exc.start}"
+    else:
+        text = raw
+        if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
+            return None, f"message too large (limit {max_bytes} bytes)"
+    if text.startswith("\ufeff"):
+        return None, "malformed JSON: starts with a byte order mark"
+    try:
+        obj, end = _DECODER.raw_decode(text, _skip_ws(text, 0))
+    except _Reject as exc:
+        return None, f"malformed JSON: {exc}"
+    except json.JSONDecodeError as exc:
+        return None, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    except RecursionError:
+        return None, f"malformed JSON: nested more than {MAX_DEPTH} levels"
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        return None, f"malformed JSON: {_clip(str(exc), 120)}"
+    if _skip_ws(text, end) != len(text):
+        return None, (f"malformed JSON: trailing data after the object at character {end}: "
+                      f"{_clip(text[end:].strip())!r}")
+    if not isinstance(obj, dict):
+        return None, f"malformed JSON: the top level is {_json_kind(obj)}, not an object"
+    problem = _check_values(obj)
+    if problem:
+        return None, problem
+    return obj, None
+
+
+def validate(raw: bytes | str | None, schema: EventSchema, max_bytes: int = MAX_BYTES,
+             ) -> tuple[dict[str, Any] | None, int | None, str | None]:
+    """Raw input of `schema.stream` → `(event, ts, None)` or `(None, None, reason)`."""
+    obj, reason = parse_object(raw, max_bytes)
+    if obj is None:
+        return None, None, reason
+    return conform(obj, schema)
+
+
+def conform(data: Mapping[str, Any], schema: EventSchema,
+            ) -> tuple[dict[str, Any] | None, int | None, str | None]:
+    """An event already decoded (a JSON object, or a test file's mapping) → `(event, ts, None)`
+    or `(None, None, reason)`. The event is a new dict: the time field as epoch ms."""
+    tf = schema.time_field
+    if tf not in data or data[tf] is None:
+        return None, None, f"missing time field '{tf}'"
+    ts, reason = event_time(data[tf])
+    if reason:
+        return None, None, f"time field '{tf}' {reason}"
+    assert ts is not None
+    for kf in schema.key_fields:
+        if data.get(kf) is None:
+            return None, None, f"missing key field '{kf}'"
+    event = dict(data)
+    event[tf] = ts
+    if schema.fields is not None:
+        for name, typ in schema.fields:
+            if name == tf:
+                continue
+            value = event.get(name)
+            if value is None:
+                continue
+            ok, converted = _typed(value, typ)
+            if not ok:
+                return None, None, f"field '{name}' is {typ}, got {_describe(value)}"
+            event[name] = converted
+    for kf in schema.key_fields:
+        if isinstance(event[kf], dict | list):
+            return None, None, f"key field '{kf}' is {_json_kind(event[kf])}, not a value"
+    return event, ts, None
+
+
+def event_time(value: Any) -> tuple[int | None, str | None]:
+    """Epoch ms from a JSON integer or an ISO-8601 string: `(ms, None)` or `(None, reason)`."""
+    if isinstance(value, bool):
+        return None, "is a boolean, not a time"
+    if isinstance(value, int):
+        ms = value
+    elif isinstance(value, float):
+        if not value.is_integer():
+            return None, f"is {value!r}: epoch milliseconds are an integer"
+        ms = int(value)
+    elif isinstance(value, str):
+        try:
+            when = dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            return None, (f"is {_clip(value)!r}: neither epoch milliseconds (a JSON integer) "
+                          "nor an ISO-8601 timestamp")
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.UTC)
+        delta = when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+        ms = (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+    else:
+        return None, f"is {_json_kind(value)}, not a time"
+    if not MIN_TS <= ms < MAX_TS:
+        return None, f"is {_clip(str(value))}: outside years 1-9999"
+    return ms, None
+
+
+def _typed(value: Any, typ: str) -> tuple[bool, Any]:
+    if typ == "STRING":
+        return isinstance(value, str), value
+    if typ == "BOOL":
+        return isinstance(value, bool), value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False, value
+    if typ == "INT":
+        if isinstance(value, float):
+            if not value.is_integer():
+                return False, value
+            value = int(value)
+        return -_INT64 <= value < _INT64, value
+    if typ == "FLOAT":
+        try:
+            return math.isfinite(float(value)), value
+        except OverflowError:  # an integer beyond a double's range
+            return False, value
+    return True, value  # an unknown type name: the compiler rejects those
+
+
+def _check_values(obj: Any) -> str | None:
+    """Depth limit and strings that cannot be written back as UTF-8 (lone surrogates)."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"malformed JSON: nested more than {MAX_DEPTH} levels"
+        items: Iterable[Any] = node.values() if isinstance(node, dict) else node
+        for k in (node if isinstance(node, dict) else ()):
+            if _bad_text(k):
+                return "malformed JSON: a key is not valid Unicode (lone surrogate)"
+        for v in items:
+            if isinstance(v, str):
+                if _bad_text(v):
+                    return "malformed JSON: a string is not valid Unicode (lone surrogate)"
+            elif isinstance(v, dict | list):
+                stack.append((v, depth + 1))
+            elif isinstance(v, float) and not math.isfinite(v):
+                return "malformed JSON: a number is not finite"
+    return None
+
+
+def _bad_text(s: str) -> bool:
+    if s.isascii():
+        return False
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _skip_ws(text: str, i: int) -> int:
+    n = len(text)
+    while i < n and text[i] in " \t\n\r":
+        i += 1
+    return i
+
+
+def _json_kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int | float):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, dict):
+        return "an object"
+    return type(v).__name__
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, str):
+        return f"a string {_clip(json.dumps(v))}"
+    if isinstance(v, bool | int | float):
+        return f"{_json_kind(v)} {_clip(json.dumps(v))}"
+    return _json_kind(v)
+
+
+def _clip(text: str, n: int = 40) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def dumps(event: Mapping[str, Any]) -> str:
+    """The canonical text of a valid event (what replay stages and Spark hands the engine)."""
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "EventSchema", "conform", "dumps", "event_time",
+           "parse_object", "validate"]
