@@ -27,6 +27,7 @@ class PatternInfo:
     positive: tuple[str, ...]  # variables that can be part of a match, in first-seen order
     negated: tuple[str, ...]
     first_vars: frozenset[str]  # variables a match can start with
+    single: frozenset[str]  # variables that label at most one event of any match
     unbounded: bool  # some construct can keep a partial match alive without limit
     trailing_relaxed_not: bool
     trailing_not: bool
@@ -64,6 +65,26 @@ def first_vars(alt: ast.PAlt) -> set[str]:
             if not nullable(el, item.quant):
                 break
     return out
+
+
+def max_count(alt: ast.PAlt, name: str) -> float:
+    """How many events a match can label `name` at most (inf when unbounded)."""
+    best = 0.0
+    for branch in alt.branches:
+        total = 0.0
+        for item in branch.items:
+            el = item.element
+            if isinstance(el, ast.PVar):
+                n = 1.0 if el.name == name else 0.0
+            elif isinstance(el, ast.PAlt):
+                n = max_count(el, name)
+            else:
+                n = 0.0
+            if n and item.quant is not None:
+                n *= float("inf") if item.quant.max is None else item.quant.max
+            total += n
+        best = max(best, total)
+    return best
 
 
 def check_pattern(
@@ -141,6 +162,7 @@ def check_pattern(
         tuple(positive),
         tuple(negated),
         frozenset(first_vars(pattern)),
+        frozenset(v for v in positive if max_count(pattern, v) <= 1),
         unbounded,
         trailing_relaxed,
         bool(trailing),

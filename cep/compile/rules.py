@@ -272,4 +272,10 @@ def _skip(
             skip.span,
             f"every match starts with {skip.var}; use TO NEXT ROW or another variable",
         )
+    elif info.first_vars == {skip.var} and skip.var in info.single and kind is N.Skip.TO_LAST:
+        diag.error(
+            f"SKIP TO LAST {skip.var} would restart at the same event forever",
+            skip.span,
+            f"every match starts with its only {skip.var}; use TO NEXT ROW or another variable",
+        )
     return N.SkipStrategy(kind, var_index.get(skip.var), skip.var)

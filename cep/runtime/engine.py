@@ -10,10 +10,19 @@ read and write per call however many rules read it (docs/spark-runtime.md, "Stat
 
 Per call with a watermark W (per stream: max event time - allowed lateness):
 1. new events go to their key's buffer; events older than W are returned as late;
-2. buffered events with ts <= W leave in (ts, seq) order through each rule's matcher, with the
+2. buffered events with ts < W leave in (ts, seq) order through each rule's matcher, with the
    matcher's deadlines that fall before each event fired first;
-3. deadlines <= W fire; 4. a key with nothing buffered and no partial match is deleted.
+3. deadlines < W fire; 4. a key with nothing buffered and no partial match is deleted.
+An event at exactly W is on time (only ts < W is late), so time up to W - 1 is final, not W:
+that is the *safe time* up to which events are released and deadlines fire. A limit is
+inclusive (docs/semantics.md), so an event exactly at a deadline can still arrive in a later
+batch and must be able to cancel an absence or extend a match. At the end of input every event
+has arrived, and the safe time is the last event time itself.
 The order of events into a matcher does not depend on how the stream was cut into batches.
+
+Every key with state is in the wake index: at the max event time at which it next has work, or
+at `AT_END` when only the end of input can decide it (a greedy tail with no time limit, an
+unbounded rule): so the end of input reaches every such key without a per-rule special case.
 """
 
 from __future__ import annotations
@@ -30,6 +39,9 @@ from typing import Any, Protocol
 # timestamp, so the replay job can send it through Spark as an end-of-input marker.
 EOF_TS = 253_402_300_799_000
 NEG_INF = -(2**62)
+# The wake time of a key that only the end of input can decide: beyond any real max event time,
+# below EOF_TS so that the end-of-input marker's watermark passes the Spark timer set for it.
+AT_END = EOF_TS - 1
 
 
 class Matcher(Protocol):
@@ -247,6 +259,9 @@ class Engine:
         `end_of_input`, when given, is the last event time of a finished input: every rule's
         watermark becomes that time (lateness no longer matters: nothing else will come),
         every key with state is advanced, and deadlines after it do not fire.
+
+        A rule without PARTITION BY (key field "") sees the whole stream as one partition,
+        under the key "" (as SQL's MATCH_RECOGNIZE without PARTITION BY).
         """
         eof = end_of_input is not None
         if end_of_input is not None:
@@ -262,7 +277,9 @@ class Engine:
                     for gid, g in self.groups.items()}
         if events and not eof:
             max_ts = max(max_ts, max(ev.ts for ev in events))
-        wms = {gid: (max_ts if eof else max_ts - g.lateness_ms) for gid, g in self.groups.items()}
+        # The safe time per group: every event at or before it has arrived (see the module doc).
+        safe = {gid: (max_ts if eof else max_ts - g.lateness_ms - 1)
+                for gid, g in self.groups.items()}
         out = Output()
         wake = store.load_wake()
         pending: dict[StateKey, list[Buffered]] = {}
@@ -279,7 +296,7 @@ class Engine:
             for g in groups:
                 if route is not None and g.key_field != route:
                     continue
-                key = data.get(g.key_field)
+                key = data.get(g.key_field) if g.key_field else ""
                 if key is None:
                     continue
                 if ev.ts < late_wms[g.gid]:
@@ -303,7 +320,7 @@ class Engine:
                 store.delete(sk)
                 out.keys_reset += 1
                 continue
-            self._advance(store, wake, sk, group, pending.get(sk), wms[sk[0]], out)
+            self._advance(store, wake, sk, group, pending.get(sk), safe[sk[0]], out)
         store.save_wake(wake)
         return out
 
@@ -317,7 +334,8 @@ class Engine:
         return store.load_wake().next()
 
     def _advance(self, store: KeyStore, wake: Wake, sk: StateKey, group: RuleGroup,
-                 new: list[Buffered] | None, wm: int, out: Output) -> None:
+                 new: list[Buffered] | None, safe: int, out: Output) -> None:
+        """Add the key's new events, release what is safe, fire deadlines up to `safe`."""
         key = sk[1]
         loaded = store.get(sk)
         buffer, parts = loaded if loaded is not None else ([], {})
@@ -328,13 +346,13 @@ class Engine:
                 buffer = new
             if len(buffer) > 1:
                 buffer.sort(key=_order)
-        # Release buffered events the watermark has passed, in (ts, seq) order.
+        # Release buffered events up to the safe time, in (ts, seq) order.
         if not buffer:
             n = 0
-        elif buffer[-1][0] <= wm:
+        elif buffer[-1][0] <= safe:
             n = len(buffer)
         else:
-            n = bisect.bisect_right(buffer, wm, key=_ts)
+            n = bisect.bisect_right(buffer, safe, key=_ts)
         released = buffer[:n]
         del buffer[:n]
         eof = self._eof
@@ -359,8 +377,8 @@ class Engine:
                 else:
                     mstate = _feed_each(matcher, mstate, released, key, out.matches)
             deadline = matcher.next_deadline(mstate)
-            if deadline is not None and deadline <= wm:
-                mstate, fired = matcher.on_time(mstate, wm, key)
+            if deadline is not None and deadline <= safe:
+                mstate, fired = matcher.on_time(mstate, safe, key)
                 out.matches.extend(fired)
             if eof:
                 mstate, final = matcher.on_end(mstate, key)
@@ -379,12 +397,10 @@ class Engine:
             out.keys_released += 1
             return
         store.put(sk, (buffer, kept))
-        # The key is due when the watermark reaches its first buffered event or a matcher's
-        # next deadline; stored as the max event time at which that happens.
-        if due is not None:
-            wake.set(sk, due + group.lateness_ms)
-        else:
-            wake.discard(sk)
+        # The key is due when the safe time reaches its first buffered event or a matcher's
+        # next deadline (safe = max event time - lateness - 1), stored as the max event time at
+        # which that happens; a key that only the end of input can decide waits for it.
+        wake.set(sk, AT_END if due is None else due + group.lateness_ms + 1)
 
 
 def _feed_each(matcher: Matcher, mstate: Any, items: list[Buffered], key: str,
@@ -443,6 +459,6 @@ def run_embedded(engine: Engine, events: Iterable[Event], *, batch_size: int = 1
 
 
 __all__ = [
-    "EOF_TS", "Engine", "Event", "KeyStore", "LateEvent", "MemoryKeyStore", "Output",
+    "AT_END", "EOF_TS", "Engine", "Event", "KeyStore", "LateEvent", "MemoryKeyStore", "Output",
     "RuleGroup", "RuleRuntime", "group_rules", "content_seq", "events_from_dicts", "run_embedded",
 ]
