@@ -29,6 +29,7 @@ number types; a number in quotes is a producer bug that conversion would hide (a
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import math
@@ -280,5 +281,33 @@ def dumps(event: Mapping[str, Any]) -> str:
     return json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "EventSchema", "conform", "dumps", "event_time",
-           "parse_object", "validate"]
+
+DEAD_LETTER_VALUE_BYTES = 64 * 1024
+
+
+def dead_letter(reason: str, raw: bytes | str | None, stream: str | None,
+                **position: Any) -> dict[str, Any]:
+    """The dead-letter record, the same in replay (file, line) and live (topic, partition,
+    offset): the reason, where the input was, and the input itself (`value` when it is UTF-8,
+    else `value_base64`), cut at 64 KiB (`truncated`, `size` say so) so that a 5 MB message
+    cannot make an undeliverable dead letter."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    record: dict[str, Any] = {"reason": reason, "stream": stream, **position,
+                              "size": None if data is None else len(data)}
+    if data is None:
+        record["value"] = None
+        return record
+    cut = bytes(data[:DEAD_LETTER_VALUE_BYTES])
+    record["truncated"] = len(data) > len(cut)
+    try:
+        record["value"] = cut.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if record["truncated"] and exc.start >= len(cut) - 3:  # cut inside a character
+            record["value"] = cut[: exc.start].decode("utf-8", "replace")
+        else:
+            record["value_base64"] = base64.b64encode(cut).decode()
+    return record
+
+
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "EventSchema", "conform", "dead_letter", "dumps",
+           "event_time", "parse_object", "validate"]

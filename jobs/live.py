@@ -4,8 +4,10 @@ late topic; rules changed while it runs.
 
 Two streaming queries share the Kafka source, each with its own checkpoint:
 - `alerts`: parse → good events → fan-out by key → transformWithStateInPandas → delivery;
-- `dead-letters`: parse → bad events (with the reason) → the dead-letter topic. A stateless,
-  JVM-only query: bad input can never stall or crash the stateful one.
+- `dead-letters`: validate → bad events (reason, topic, partition, offset) → the dead-letter
+  topic. Both run the same validator (`cep.events`, deterministic: the same bytes get the same
+  verdict in both); the stateful query only ever receives events it has accepted, so bad input
+  can never stall or crash it.
 
 Rules: the driver polls the rules directory between micro-batches (`RulesWatcher`). A change that
 passes `cep check` is written as the accepted snapshot, which every task loads when it starts,
@@ -16,7 +18,6 @@ logged with its errors and the previous rules keep running.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -30,6 +31,7 @@ from cep.config import Settings, parse_trigger
 from cep.delivery.kafka_sink import ensure_topics
 from cep.delivery.record import OutRecord
 from cep.errors import CepError
+from cep.events import MAX_BYTES, dead_letter
 from jobs.metrics import Metrics
 
 log = logging.getLogger("cep.live")
@@ -102,15 +104,13 @@ class AlertRouter:
 
 def dead_letter_records(rows: Iterable[Any], metrics: Metrics, topic: str,
                         ) -> Iterable[OutRecord]:
+    """Bad rows → dead-letter records (`cep.events.dead_letter`: reason, topic, partition,
+    offset, stream, the value cut at 64 KiB)."""
     for r in rows:
         metrics.count("dead_letters")
-        raw: bytes = bytes(r.raw) if r.raw is not None else b""
-        try:
-            original: dict[str, Any] = {"value": raw.decode("utf-8")}
-        except UnicodeDecodeError:
-            original = {"value_base64": base64.b64encode(raw).decode()}
-        payload = {"reason": r.reason, "topic": r.topic, "partition": r.partition,
-                   "offset": r.offset, "stream": r.stream, **original}
+        raw = bytes(r.raw) if r.raw is not None else None
+        payload = dead_letter(r.reason, raw, r.stream, topic=r.topic,
+                              partition=int(r.partition), offset=int(r.offset))
         yield OutRecord(id=f"dlq-{r.topic}-{r.partition}-{r.offset}", payload=payload,
                         key=f"{r.topic}/{r.partition}/{r.offset}", kafka_topic=topic)
 
@@ -207,10 +207,11 @@ class LiveJob:
         stream_col = F.lit(None).cast("string")
         for stream, topic in topic_of.items():
             stream_col = F.when(F.col("topic") == topic, F.lit(stream)).otherwise(stream_col)
+        # The value's bytes as read: only `cep.events` interprets them (cep/spark/pipeline.py).
         return reader.load().select(
-            stream_col.alias("stream"), F.col("value").cast("string").alias("value"),
+            stream_col.alias("stream"), "value",
             (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset")).alias("seq"),
-            F.col("value").alias("raw"), "topic", "partition", "offset")
+            "topic", "partition", "offset")
 
     def _start(self) -> None:
         from pyspark.sql import functions as F
@@ -218,14 +219,15 @@ class LiveJob:
         from cep.runtime.alerts import output_rows
         from cep.spark.delivery import BatchDelivery
         from cep.spark.operator import OUTPUT_SCHEMA, CepProcessor
-        from cep.spark.pipeline import fan_out, parse
+        from cep.spark.pipeline import fan_out, validated
         from cep.spark.rules import SnapshotEngineFactory
 
         # `--once` wins; else the `trigger` setting; else ("default") every trigger_seconds.
         trigger: dict[str, Any] = ({"availableNow": True} if self.opts.once
                                    else parse_trigger(self.settings.trigger)
                                    or {"processingTime": f"{self.opts.trigger_seconds} seconds"})
-        parsed = parse(self._source(), self.plan)
+        parsed = validated(self._source(), self.plan, ("topic", "partition", "offset"),
+                           MAX_BYTES)
         good = parsed.where(F.col("reason").isNull())
         delay = self.plan.watermark_delay_ms
         rows = (fan_out(good, self.plan)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections import Counter
@@ -50,7 +51,7 @@ class Metrics:
                 q = self.queries.setdefault(query, {})
                 q["last_batch"] = batch_id
                 q["last_delivery"] = info
-                self.counters[f"{query}_records"] += int(info.get("records", 0))
+                self.counters[_metric_name(f"{query}_records")] += int(info.get("records", 0))
             self.write()
         return record
 
@@ -59,6 +60,8 @@ class Metrics:
         ops = progress.get("stateOperators") or [{}]
         event_time = progress.get("eventTime") or {}
         with self._lock:
+            if name == "alerts":  # every input record, good or bad, passes the alerts query
+                self.counters["events_read"] += int(progress.get("numInputRows") or 0)
             q = self.queries.setdefault(name, {})
             q.update(
                 batch=progress.get("batchId"),
@@ -100,11 +103,12 @@ class Metrics:
         prom = self.path.with_suffix(".prom")
         lines = []
         for k, v in sorted(snap["counters"].items()):
-            lines.append(f"# TYPE cep_{k}_total counter\ncep_{k}_total {v}")
+            name = _metric_name(f"cep_{k}_total")
+            lines.append(f"# TYPE {name} counter\n{name} {v}")
         for qname, q in sorted(snap["queries"].items()):
             for k in ("input_rows_per_s", "processed_rows_per_s", "state_rows", "state_bytes"):
                 if isinstance(q.get(k), int | float):
-                    lines.append(f'cep_{k}{{query="{qname}"}} {q[k]}')
+                    lines.append(f'cep_{k}{{query="{_label(qname)}"}} {q[k]}')
         tmp = prom.with_suffix(".ptmp")
         tmp.write_text("\n".join(lines) + "\n")
         os.replace(tmp, prom)
@@ -129,3 +133,13 @@ class Metrics:
                     log.error("query terminated with error: %s", event.exception)
 
         spark.streams.addListener(Listener())
+
+
+def _metric_name(name: str) -> str:
+    """A valid Prometheus metric name: `dead-letters_records` → `dead_letters_records`."""
+    out = re.sub(r"[^a-zA-Z0-9_:]", "_", name)
+    return out if out and not out[0].isdigit() else f"_{out}"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -25,9 +25,8 @@ from typing import Any
 
 from cep.config import Settings
 from cep.errors import CepError
+from cep.events import MAX_BYTES
 from cep.runtime.engine import EOF_TS
-
-EOF_LINE = json.dumps({"__end_of_input__": True})
 
 
 class ReplayError(CepError):
@@ -48,6 +47,13 @@ class ReplaySummary:
     seconds: float = 0.0
     out: str = ""
 
+    @property
+    def balanced(self) -> bool:
+        """The accounting invariant: every record read was processed or is a dead letter, and
+        late events are among the processed ones."""
+        return (self.events_read == self.events_processed + self.dead_letters
+                and self.late <= self.events_processed)
+
     def table(self) -> str:
         lines = [f"{'rule':<28} {'alerts':>8}"]
         for rule, n in sorted(self.alerts.items()):
@@ -59,6 +65,10 @@ class ReplaySummary:
                      f"dropped by watermark {self.dropped_by_watermark}, "
                      f"partial matches dropped at the cap {self.partials_dropped}; "
                      f"{self.batches} micro-batches in {self.seconds:.1f} s")
+        verdict = "balances" if self.balanced else "DOES NOT BALANCE"
+        lines.append(f"accounting: read {self.events_read} = processed {self.events_processed}"
+                     f" + dead letters {self.dead_letters} ({verdict}; late {self.late} are "
+                     "among the processed)")
         return "\n".join(lines)
 
 
@@ -77,8 +87,55 @@ def parse_input(text: str, default_stream: str | None) -> InputSpec:
     return InputSpec(stream, path)
 
 
-def _stage_files(spec: InputSpec, dest: Path, spark: Any) -> int:
-    """Link (or convert) the input's files into dest; returns the number of events."""
+@dataclass
+class _Staging:
+    """Every input record, validated once (`cep.events`), then staged in event-time order."""
+
+    plan: Any
+    max_bytes: int
+    events: list[tuple[int, str, str]] = field(default_factory=list)  # (ts, stream, canonical)
+    dead: list[dict[str, Any]] = field(default_factory=list)
+    read: int = 0
+    files: int = 0
+
+    def __post_init__(self) -> None:
+        from cep.events import EventSchema
+
+        self.schemas = {s.name: EventSchema(s.name, s.time_field,
+                                            tuple(k for k in s.key_fields if k), s.schema)
+                        for s in self.plan.streams}
+
+    def add(self, stream: str, raw: bytes | None, **position: Any) -> None:
+        from cep.events import dead_letter, dumps, validate
+
+        self.read += 1
+        event, ts, reason = validate(raw, self.schemas[stream], self.max_bytes)
+        if event is None or ts is None:
+            self.dead.append(dead_letter(reason or "invalid", raw, stream, **position))
+        else:
+            self.events.append((ts, stream, dumps(event)))
+
+    def write(self, dest: Path, chunks: int) -> None:
+        """`chunks` files of about equal size, in event-time order; a chunk never splits one
+        event time, so no batching can put an event after a later one (docs/spark-runtime.md,
+        "Replay order")."""
+        dest.mkdir(parents=True, exist_ok=True)
+        self.events.sort(key=lambda e: e[0])  # stable: ties keep their input order
+        n = len(self.events)
+        size = max(1, -(-n // max(1, chunks)))
+        start, k = 0, 0
+        while start < n:
+            end = min(n, start + size)
+            while end < n and self.events[end][0] == self.events[end - 1][0]:
+                end += 1
+            with (dest / f"{k:06d}.jsonl").open("w", encoding="utf-8") as fh:
+                fh.writelines(f"{st}\t{text}\n" for _, st, text in self.events[start:end])
+            start, k = end, k + 1
+        self.events = []
+
+
+def _stage_files(spec: InputSpec, staging: _Staging, spark: Any) -> None:
+    """Validate every line (JSON lines) or row (CSV, Parquet) of the input's files."""
     src = Path(spec.path)
     if not src.exists():
         raise ReplayError(f"input {spec.path} does not exist")
@@ -86,41 +143,34 @@ def _stage_files(spec: InputSpec, dest: Path, spark: Any) -> int:
                    if p.is_file() and not p.name.startswith((".", "_")))
     if not files:
         raise ReplayError(f"input {spec.path} has no files")
-    dest.mkdir(parents=True, exist_ok=True)
-    jsonl = [p for p in files if p.suffix in (".json", ".jsonl", ".ndjson", ".txt", "")]
-    other = [p for p in files if p not in jsonl]
-    count = 0
-    first = len(list(dest.iterdir()))
-    for i, p in enumerate(jsonl):
-        target = dest / f"{first + i:06d}-{p.name}"
-        shutil.copyfile(p, target)
-        with p.open("rb") as fh:
-            count += sum(1 for line in fh if line.strip())
-    first += len(jsonl)
-    for kind in ("csv", "parquet"):
-        paths = [str(p) for p in other if p.suffix == f".{kind}"]
-        if not paths:
-            continue
-        reader = spark.read.option("header", True).option("inferSchema", True)
-        df = reader.csv(paths) if kind == "csv" else spark.read.parquet(*paths)
-        from pyspark.sql import functions as F
-
-        tmp = dest.parent / f".{dest.name}-{kind}"
-        df.select(F.to_json(F.struct("*")).alias("value")).write.mode("overwrite").text(str(tmp))
-        for j, part in enumerate(sorted(tmp.glob("part-*"))):
-            shutil.move(str(part), dest / f"{first + j:06d}-{kind}.jsonl")
-        first += j + 1
-        shutil.rmtree(tmp)
-        count += df.count()
-    unknown = [p for p in other if p.suffix not in (".csv", ".parquet")]
+    unknown = [p for p in files if p.suffix not in JSONL + (".csv", ".parquet")]
     if unknown:
         raise ReplayError(f"input {spec.path}: cannot read {unknown[0].name} "
                           "(JSON lines, CSV or Parquet)")
-    return count
+    for p in files:
+        staging.files += 1
+        if p.suffix in JSONL:
+            with p.open("rb") as fh:
+                for lineno, line in enumerate(fh, 1):
+                    raw = line.rstrip(b"\r\n")
+                    if raw.strip():  # a blank line is not a record
+                        staging.add(spec.stream, raw, file=str(p), line=lineno)
+            continue
+        from pyspark.sql import functions as F
+
+        reader = spark.read.option("header", True).option("inferSchema", True)
+        df = reader.csv(str(p)) if p.suffix == ".csv" else spark.read.parquet(str(p))
+        rows = df.select(F.to_json(F.struct("*")).alias("value")).toLocalIterator()
+        for i, row in enumerate(rows, 1):
+            staging.add(spec.stream, row.value.encode(), file=str(p), row=i)
 
 
-def _stage_kafka(spec: InputSpec, dest: Path, spark: Any, settings: Settings,
-                 start: str | None, end: str | None) -> int:
+JSONL = (".json", ".jsonl", ".ndjson", ".txt", "")
+
+
+def _stage_kafka(spec: InputSpec, staging: _Staging, spark: Any, settings: Settings,
+                 start: str | None, end: str | None) -> None:
+    """Validate every message of the range, with its topic, partition and offset."""
     topic = spec.path.removeprefix("kafka:")
     reader = (spark.read.format("kafka")
               .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
@@ -129,17 +179,13 @@ def _stage_kafka(spec: InputSpec, dest: Path, spark: Any, settings: Settings,
               .option("endingOffsets", end or "latest"))
     for k, v in settings.kafka_options:
         reader = reader.option(f"kafka.{k}", v)
-    from pyspark.sql import functions as F
-
     df = reader.load().orderBy("partition", "offset").select(
-        F.col("value").cast("string").alias("value"))
-    tmp = dest.parent / f".{dest.name}-kafka"
-    df.coalesce(1).write.mode("overwrite").text(str(tmp))
-    dest.mkdir(parents=True, exist_ok=True)
-    for j, part in enumerate(sorted(tmp.glob("part-*"))):
-        shutil.move(str(part), dest / f"{j:06d}-kafka.jsonl")
-    shutil.rmtree(tmp)
-    return int(df.count())
+        "topic", "partition", "offset", "value")
+    staging.files += 1
+    for row in df.toLocalIterator():
+        raw = None if row.value is None else bytes(row.value)
+        staging.add(spec.stream, raw, topic=row.topic, partition=int(row.partition),
+                    offset=int(row.offset))
 
 
 class _Collector:
@@ -173,14 +219,14 @@ class _Collector:
 
 
 def _raw_lines(lines: Any) -> Any:
-    """Staged text lines as (stream, value, seq): the stream is the staged folder's name; files
-    carry no source position, so seq is left to the operator (a content hash)."""
+    """Staged lines (`STREAM<TAB>canonical JSON`) as (stream, value, seq). Files carry no
+    source position the engine could order by, so seq is left to the operator (a content
+    hash); dead letters were already taken out, with their positions, when staging."""
     from pyspark.sql import functions as F
 
-    return lines.select(
-        F.regexp_extract(F.input_file_name(), r"/([^/]+)/[^/]+$", 1).alias("stream"),
-        F.col("value"), F.lit(None).cast("bigint").alias("seq"),
-    ).where(F.length(F.trim("value")) > 0)
+    parts = F.split(F.col("value"), "\t", 2)
+    return lines.select(parts.getItem(0).alias("stream"), parts.getItem(1).alias("value"),
+                        F.lit(None).cast("bigint").alias("seq"))
 
 
 def _stream_query(spark: Any, staged: Path, plan: Any, factory: Any, checkpoint: Path,
@@ -189,13 +235,15 @@ def _stream_query(spark: Any, staged: Path, plan: Any, factory: Any, checkpoint:
 
     from cep.runtime.alerts import output_rows
     from cep.spark.operator import OUTPUT_SCHEMA, CepProcessor
-    from cep.spark.pipeline import fan_out, parse
+    from cep.spark.pipeline import fan_out, validated
 
     reader = spark.readStream.format("text")
     if max_files:
         reader = reader.option("maxFilesPerTrigger", max_files)
-    raw = _raw_lines(reader.load(str(staged / "*" / "*")))
-    good = parse(raw, plan).where(F.col("reason").isNull())
+    raw = _raw_lines(reader.load(str(staged / "*")))
+    # The staged events are valid (staging validated them); they go through the same
+    # validator again because that is the one way into the plan (cheap on canonical text).
+    good = validated(raw, plan).where(F.col("reason").isNull())
     delay = f"{plan.watermark_delay_ms} milliseconds"
     # The watermark is computed from event_time; the column itself is not handed to the
     # operator (so Spark does not drop late rows there: the engine reports them instead).
@@ -207,17 +255,6 @@ def _stream_query(spark: Any, staged: Path, plan: Any, factory: Any, checkpoint:
     return (out.writeStream.foreachBatch(collector)
             .option("checkpointLocation", str(checkpoint))
             .trigger(availableNow=True).start())
-
-
-def _dead_letters(spark: Any, staged: Path, plan: Any) -> list[dict[str, Any]]:
-    from pyspark.sql import functions as F
-
-    from cep.spark.pipeline import parse
-
-    raw = _raw_lines(spark.read.text(str(staged / "*" / "*")))
-    bad = parse(raw, plan).where(F.col("reason").isNotNull())
-    return [{"stream": r.stream, "reason": r.reason, "value": r.value}
-            for r in bad.select("stream", "reason", "value").collect()]
 
 
 def run_replay(
@@ -246,17 +283,16 @@ def run_replay(
                       kafka=any(s.path.startswith("kafka:") for s in inputs))
     # getOrCreate may hand back a running session: apply the partition count explicitly.
     spark.conf.set("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+    staging = _Staging(plan, MAX_BYTES)
     for spec in inputs:
-        dest = staged / spec.stream
         if spec.path.startswith("kafka:"):
-            summary.events_read += _stage_kafka(spec, dest, spark,
-                                                settings, kafka_from, kafka_to)
+            _stage_kafka(spec, staging, spark, settings, kafka_from, kafka_to)
         else:
-            summary.events_read += _stage_files(spec, dest, spark)
-
+            _stage_files(spec, staging, spark)
+    staging.write(staged, staging.files)
     _order_mtimes(staged)
-    dead = _dead_letters(spark, staged, plan)
-    summary.dead_letters = len(dead)
+    dead = staging.dead
+    summary.events_read, summary.dead_letters = staging.read, len(dead)
     progress = _progress(summary.events_read - len(dead), show_progress)
     collector = _Collector(summary, progress)
     checkpoint = work / "checkpoint"
@@ -268,9 +304,7 @@ def run_replay(
         summary.dropped_by_watermark += _dropped(q)
         if summary.max_ts is not None:
             # End of input: a marker far in event time, then the same query once more.
-            eof_dir = staged / EOF_STREAM
-            eof_dir.mkdir(parents=True)
-            (eof_dir / "end.jsonl").write_text(EOF_LINE + "\n")
+            (staged / "999999-end.jsonl").write_text(f"{EOF_STREAM}\t{{}}\n")
             q = _stream_query(spark, staged, plan, factory, checkpoint, collector,
                               max_files_per_trigger, summary.max_ts)
             q.awaitTermination()
@@ -286,7 +320,7 @@ def run_replay(
 def _order_mtimes(staged: Path) -> None:
     """Spark's file source takes files oldest first: make that the staged name order."""
     base = time.time() - 86_400
-    for i, p in enumerate(sorted(staged.rglob("*"))):
+    for i, p in enumerate(sorted(staged.iterdir())):
         if p.is_file():
             os.utime(p, (base + i, base + i))
 

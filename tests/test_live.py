@@ -132,16 +132,24 @@ def test_kcat_in_cep_run_out_to_kafka_and_redis_exactly_once(live, kafka_bootstr
 
     dlq = kcat_read(kafka_bootstrap, f"{topic}-dlq")
     assert sorted(d["reason"] for d in dlq) == sorted([
-        "malformed JSON: not a JSON object", "missing time field 'ts'",
-        "time field 'ts' is neither epoch milliseconds nor an ISO-8601 timestamp",
-        "field 'amount' is not of type FLOAT"])
+        "malformed JSON: Expecting value at line 1 column 1", "missing time field 'ts'",
+        "time field 'ts' is 'yesterday': neither epoch milliseconds (a JSON integer) nor an "
+        "ISO-8601 timestamp",
+        "field 'amount' is FLOAT, got a string \"lots\""])
     assert all({"topic", "partition", "offset"} <= set(d) for d in dlq)
     assert any(d.get("value") == "this is not json" for d in dlq)
     late_events = kcat_read(kafka_bootstrap, f"{topic}-late")
     assert late_events and all(e["event"].get("late") for e in late_events)
     metrics = json.loads((live["ck"] / "metrics.json").read_text())
-    assert metrics["counters"]["dead_letters"] == 4
-    assert metrics["counters"]["late"] == len(late_events)
+    counters = metrics["counters"]
+    assert counters["dead_letters"] == 4
+    assert counters["late"] == len(late_events)
+    # The accounting invariant: read = processed + dead letters, late among the processed.
+    assert counters["events_read"] == len(lines) == counters["events"] + counters["dead_letters"]
+    prom = (live["ck"] / "metrics.prom").read_text()
+    assert "cep_dead_letters_records_total 4" in prom
+    assert all(re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line.split()[0].split("{")[0])
+               for line in prom.splitlines() if line and not line.startswith("#"))
 
 
 def _metrics(ck: Path) -> dict:
