@@ -106,6 +106,12 @@ def render_failure(test: TestFile, result: CaseResult) -> str:
     for g in result.forbidden:
         lines.append(f"  alert of {g.rule}, which `expect_none` says must not alert:")
         lines.append(f"    + {got_text(g, base)}")
+    for i, reason in result.dead_unexpected:
+        lines.append(f"  event {i} (line {case.events[i].line}) is a dead letter: {reason}")
+        lines.append("    (list it under `dead_letters:` if rejecting it is what the case tests)")
+    for i in result.dead_missing:
+        lines.append(f"  event {i} (line {case.events[i].line}) is valid, but `dead_letters:` "
+                     "expects it rejected")
     scope = ", ".join(case.scope)
     if result.got:
         lines.append(f"  all {len(result.got)} alert(s) raised by {scope}, in time order:")

@@ -50,25 +50,40 @@ class CaseResult:
         default_factory=list)  # expectation, the closest alert (if any) and how it differs
     unexpected: list[GotAlert] = field(default_factory=list)
     forbidden: list[GotAlert] = field(default_factory=list)  # alerts of expect_none rules
+    dead: list[tuple[int, str]] = field(default_factory=list)  # rejected events: index, reason
+
+    @property
+    def dead_unexpected(self) -> list[tuple[int, str]]:
+        return [(i, r) for i, r in self.dead if i not in self.case.dead_letters]
+
+    @property
+    def dead_missing(self) -> list[int]:
+        rejected = {i for i, _ in self.dead}
+        return [i for i in self.case.dead_letters if i not in rejected]
 
     @property
     def passed(self) -> bool:
-        return not (self.missing or self.unexpected or self.forbidden)
+        return not (self.missing or self.unexpected or self.forbidden or self.dead_unexpected
+                    or self.dead_missing)
 
 
 def run_case(test: TestFile, case: Case) -> CaseResult:
     engine = build_engine(test.ruleset)
     streams: dict[str, list[dict[str, Any]]] = {}
     for ev in case.events:
-        streams.setdefault(ev.stream, []).append(ev.data)
+        if ev.reason is None:  # a dead letter never reaches the engine, as in replay and live
+            streams.setdefault(ev.stream, []).append(ev.data)
     time_fields = {s.name: s.time_field for s in test.ruleset.streams}
     records = alerts_for(engine, streams, time_fields=time_fields)
     index = _event_index(case, time_fields)
     got = sorted((_got(r, index) for r in records),
                  key=lambda g: (g.first_ts, g.last_ts, g.rule, g.key, g.events))
     in_scope = [g for g in got if g.rule in case.scope or g.rule in case.forbidden]
-    rep = {i: index[_position(ev, time_fields)] for i, ev in enumerate(case.events)}
-    return compare(_canonical(case, rep), in_scope)
+    rep = {i: index[_position(ev, time_fields)] if ev.reason is None else i
+           for i, ev in enumerate(case.events)}
+    result = compare(_canonical(case, rep), in_scope)
+    result.dead = [(i, ev.reason) for i, ev in enumerate(case.events) if ev.reason is not None]
+    return result
 
 
 def compare(case: Case, got: list[GotAlert]) -> CaseResult:
@@ -174,7 +189,8 @@ def _event_index(case: Case, time_fields: Mapping[str, str]) -> dict[tuple[int, 
     the engine cannot tell them apart either."""
     index: dict[tuple[int, int], int] = {}
     for i, ev in enumerate(case.events):
-        index.setdefault(_position(ev, time_fields), i)
+        if ev.reason is None:
+            index.setdefault(_position(ev, time_fields), i)
     return index
 
 

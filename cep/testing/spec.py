@@ -28,13 +28,14 @@ from typing import Any
 
 from cep.compile import check_paths
 from cep.errors import SourceError, Span
+from cep.events import EventSchema, conform, validate
 from cep.nfa import CompiledRule, RuleSet, StreamSpec
 from cep.testing.source import TestFileError, YList, YMap, line_of, load_yaml
 from cep.testing.times import DEFAULT_BASE_MS, parse_time
 
 FILE_KEYS = {"rules", "rule", "stream", "base", "defaults", "cases", "description"}
 CASE_KEYS = {"name", "description", "rule", "stream", "base", "defaults", "events", "expect",
-             "expect_none", "no_other_alerts"}
+             "expect_none", "no_other_alerts", "events_file", "dead_letters"}
 EXPECT_KEYS = {"rule", "key", "kind", "alert", "first", "last", "events", "measures"}
 STREAM_KEY = "_stream"  # an event's own stream, when a case reads several
 
@@ -58,6 +59,8 @@ class CaseEvent:
     stream: str
     data: dict[str, Any]  # with the time field as epoch milliseconds
     line: int
+    # Why `cep.events` rejects it (a dead letter in replay and live, too), or None.
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ class Case:
     expect: tuple[ExpectedAlert, ...]
     forbidden: tuple[str, ...]  # expect_none: rules that must raise no alert
     exact: bool  # no_other_alerts
+    dead_letters: tuple[int, ...] = ()  # indexes of the events the case expects rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,12 +205,19 @@ class _Parser:
         if not isinstance(exact, bool):
             raise self.error("`no_other_alerts:` is true or false",
                              line_of(raw, "no_other_alerts"))
-        return Case(name.strip(), raw.line, base, scope, events, tuple(expect), forbidden, exact)
+        dead = raw.get("dead_letters", YList())
+        if not isinstance(dead, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(events)
+                for i in dead):
+            raise self.error(f"`dead_letters:` is a list of event indexes (0 to "
+                             f"{len(events) - 1})", line_of(raw, "dead_letters"))
+        return Case(name.strip(), raw.line, base, scope, events, tuple(expect), forbidden, exact,
+                    tuple(sorted(set(dead))))
 
     def events(self, raw: YMap, stream: str | None, base: int,
                defaults: dict[str, Any]) -> tuple[CaseEvent, ...]:
-        items = raw.get("events")
-        if not isinstance(items, YList) or not items:
+        items = raw.get("events", YList() if "events_file" in raw else None)
+        if not isinstance(items, YList) or (not items and "events_file" not in raw):
             raise self.error("`events:` must be a non-empty list of events",
                              line_of(raw, "events", raw.line))
         out = []
@@ -233,28 +244,52 @@ class _Parser:
             except ValueError as exc:
                 raise self.error(f"event {i}: {exc}", line) from None
             self.check_fields(spec, data, i, line)
-            out.append(CaseEvent(spec.name, data, line))
+            # The one definition of a valid event (cep.events), as replay and live apply it.
+            event, _, reason = conform(data, self.schema(spec))
+            out.append(CaseEvent(spec.name, event if event is not None else data, line, reason))
+        if "events_file" in raw:
+            out.extend(self.events_file(raw, stream))
         return tuple(out)
 
+    def events_file(self, raw: YMap, stream: str | None) -> list[CaseEvent]:
+        """JSON lines read as bytes and judged by `cep.events.validate`, exactly as `cep replay`
+        judges a line of an input file (blank lines are not records)."""
+        line = line_of(raw, "events_file")
+        name = raw["events_file"]
+        if not isinstance(name, str):
+            raise self.error("`events_file:` is a path to a JSON-lines file", line)
+        spec = self.streams.get(stream or "")
+        if spec is None:
+            raise self.error("`events_file:` needs the case's or the file's `stream:`", line)
+        path = self.path.parent / name
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise self.error(f"cannot read events file {name!r}: {exc.strerror}", line) from None
+        out = []
+        for raw_line in data.split(b"\n"):
+            raw_line = raw_line.rstrip(b"\r")
+            if not raw_line.strip():
+                continue
+            event, _, reason = validate(raw_line, self.schema(spec))
+            out.append(CaseEvent(spec.name, event or {}, line, reason))
+        return out
+
+    def schema(self, spec: StreamSpec) -> EventSchema:
+        keys = [r.key_field for r in self.rules.values() if r.stream.name == spec.name]
+        return EventSchema.of(spec, keys)
+
     def check_fields(self, spec: StreamSpec, data: dict[str, Any], i: int, line: int) -> None:
+        """A typo check for hand-written events: a field the stream does not declare. Types
+        are `cep.events`' business: a wrong type makes the event a dead letter."""
         if spec.fields is None:
             return
         types = {f.name: f.type for f in spec.fields}
-        for name, value in data.items():
+        for name in data:
             if name not in types:
                 raise self.error(
                     f"event {i}: stream {spec.name!r} has no field {name!r}", line,
                     hint=f"its fields are {', '.join(types)}")
-            if value is None or name == spec.time_field:
-                continue
-            ok = {"STRING": isinstance(value, str),
-                  "INT": isinstance(value, int) and not isinstance(value, bool),
-                  "FLOAT": isinstance(value, int | float) and not isinstance(value, bool),
-                  "BOOL": isinstance(value, bool)}.get(types[name], True)
-            if not ok:
-                raise self.error(f"event {i}: field {name!r} is {types[name]} in stream "
-                                 f"{spec.name!r}, not {value!r}", line,
-                                 hint="quote strings that look like numbers: '007'")
 
     def expected(self, item: Any, line: int, scope: tuple[str, ...], n_events: int,
                  base: int) -> ExpectedAlert:
