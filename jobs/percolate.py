@@ -36,6 +36,7 @@ from cep.config import Settings
 from cep.delivery.kafka_sink import MARKER_TOPIC, ensure_topics
 from cep.delivery.record import OutRecord
 from cep.errors import CepError
+from cep.events import parse_object
 from jobs.live import dead_letter_records
 from jobs.metrics import Metrics
 from percolator.analysis import Schema
@@ -136,25 +137,11 @@ def worker_index(source: IndexSource) -> WorkerIndex:
     return index
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def parse_event(raw: bytes | None) -> tuple[dict[str, Any] | None, str | None]:
-    """(event, None) or (None, reason). Events are JSON objects in UTF-8."""
-    if raw is None:
-        return None, "empty message (null value)"
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None, "not UTF-8"
-    try:
-        event = json.loads(text, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:
-        return None, f"malformed JSON: {exc}"
-    if not isinstance(event, dict):
-        return None, "malformed JSON: not a JSON object"
-    return event, None
+    """(event, None) or (None, reason): the strict JSON object every mode accepts
+    (`cep.events.parse_object`: UTF-8, one object, no NaN, no trailing data, size and depth
+    limits). The percolator's schema, not a stream's, types the fields afterwards."""
+    return parse_object(raw)
 
 
 def notification_id(search_id: str, version: int, topic: str, partition: int,

@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from cep.errors import CepError, ConfigError, QueryError
+from cep.events import parse_object
 from percolator.analysis import Schema
 from percolator.model import Target
 
@@ -163,17 +164,19 @@ def _rm(args: argparse.Namespace) -> int:
 def _test(args: argparse.Namespace) -> int:
     from percolator.explain import explain
 
-    raw = args.event
+    raw: str | bytes = args.event
     try:
-        if raw.startswith("@"):
-            with open(raw[1:], encoding="utf-8") as fh:
+        if isinstance(raw, str) and raw.startswith("@"):
+            with open(raw[1:], "rb") as fh:
                 raw = fh.read()
-        event = json.loads(raw)
-    except (OSError, json.JSONDecodeError) as exc:
-        print(f"error: --event is not valid JSON: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"error: cannot read --event file: {exc}", file=sys.stderr)
         return 2
-    if not isinstance(event, dict):
-        print("error: --event must be a JSON object", file=sys.stderr)
+    # The one definition of a readable event (cep.events), as the percolate job applies it.
+    event, reason = parse_object(raw.encode("utf-8", "surrogatepass")
+                                 if isinstance(raw, str) else raw)
+    if event is None:
+        print(f"error: --event is not a valid event: {reason}", file=sys.stderr)
         return 2
     try:
         result = explain(args.query, event, _schema(args))

@@ -375,9 +375,10 @@ def test_parse_event_reasons():
     from jobs.percolate import parse_event
 
     assert parse_event(b'{"a": [1, {"b": null}]}') == ({"a": [1, {"b": None}]}, None)
-    assert parse_event(None)[1] == "empty message (null value)"
-    assert parse_event(b"\xff")[1] == "not UTF-8"
-    assert parse_event(b"[1]")[1] == "malformed JSON: not a JSON object"
+    assert parse_event(None)[1] == "empty message"
+    assert parse_event(b"\xff")[1] == "not UTF-8: invalid byte at offset 0"
+    assert parse_event(b"[1]")[1] == "malformed JSON: the top level is an array, not an object"
+    assert parse_event(b'{"a": 1} x')[1].startswith("malformed JSON: trailing data")
     assert parse_event(b'{"x": Infinity}')[1] == "malformed JSON: Infinity is not JSON"
     assert parse_event(b"{")[1].startswith("malformed JSON: Expecting")
     assert parse_event(b"[" * 100_000 + b"]" * 100_000)[1].startswith("malformed JSON")
