@@ -153,3 +153,13 @@ def test_parse_object_agrees_with_the_standard_for_standard_json(value):
         assert reason is None and obj == value
     else:
         assert obj is None and "not an object" in reason
+
+
+def test_the_embedded_mode_reads_raw_records_through_the_validator():
+    from cep.runtime.embedded import validate_records
+
+    records = [b'{"ts": 1767225600000, "card": "c1", "amount": 5}', "{'ts': 1}",
+               {"ts": "2026-01-01T00:00:00Z", "card": "c2"}, {"ts": 1, "card": "c3", "n": "5"}]
+    events, dead = validate_records(records, SCHEMA)
+    assert events == [{"ts": T, "card": "c1", "amount": 5}, {"ts": T, "card": "c2"}]
+    assert [i for i, _ in dead] == [1, 3] and "INT" in dead[1][1]

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from cep.events import EventSchema, conform, validate
 from cep.runtime.alerts import alert_record
 from cep.runtime.engine import Engine, Event, LateEvent, events_from_dicts, run_embedded
 from cep.runtime.matcher import Match, Timeout
@@ -24,6 +25,25 @@ def alerts_for(engine: Engine, streams: Mapping[str, Iterable[Mapping[str, Any]]
     return [alert_record(engine, r)
             for r in run_embedded(engine, events, batch_size=batch_size, late=late)
             if isinstance(r, Match | Timeout)]
+
+
+def validate_records(records: Iterable[bytes | str | Mapping[str, Any]], schema: EventSchema,
+                     ) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+    """Raw records (JSON bytes or text, or decoded objects) → the valid events and the dead
+    letters as (index, reason), by the one definition of a valid event (`cep.events`) that
+    replay, the live job and `cep test` apply. Feed the events to `alerts_for`."""
+    events: list[dict[str, Any]] = []
+    dead: list[tuple[int, str]] = []
+    for i, rec in enumerate(records):
+        if isinstance(rec, Mapping):
+            event, _, reason = conform(rec, schema)
+        else:
+            event, _, reason = validate(rec, schema)
+        if event is None:
+            dead.append((i, reason or "invalid"))
+        else:
+            events.append(event)
+    return events, dead
 
 
 def canonical_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
