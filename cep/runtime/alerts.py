@@ -39,12 +39,28 @@ def alert_record(engine: Engine, result: Match | Timeout) -> dict[str, Any]:
         "key": key,
         "first_ts": result.first_ts,
         "last_ts": result.last_ts,
-        "detected_at": result.deadline_ts if isinstance(result, Timeout) else result.last_ts,
+        "detected_at": detected_at(engine, result),
         "measures": _jsonable(result.measures),
         "events": [{"var": e.var, "ts": e.ts, "seq": e.seq, "event": dict(e.event)}
                    for e in result.events],
     }
     return record
+
+
+def detected_at(engine: Engine, result: Match | Timeout) -> int:
+    """The event time at which the alert became final (docs/alerts.md): a timeout's deadline;
+    for a rule ending in an absence (`A -> NOT B WITHIN 2m`), the deadline the absence waited
+    for (the first of `first_ts + WITHIN` and `last_ts` + the per-step limit); else `last_ts`.
+    An absence without a deadline completes at the end of input: `last_ts` too."""
+    if isinstance(result, Timeout):
+        return result.deadline_ts
+    nfa = engine.rules[result.rule_id].meta.nfa
+    if not nfa.has_absence:
+        return result.last_ts
+    limits = [t for t in (None if nfa.within_ms is None else result.first_ts + nfa.within_ms,
+                          None if nfa.step_ms is None else result.last_ts + nfa.step_ms)
+              if t is not None]
+    return min(limits) if limits else result.last_ts
 
 
 def output_rows(engine: Engine, out: Output) -> list[Row]:
