@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 from cep.config import load_settings
+from cep.errors import CepError
 
 
 def _settings(args: argparse.Namespace, **overrides: Any) -> Any:
@@ -38,7 +42,8 @@ def register(sub: Any) -> None:
     p.add_argument("--master", dest="spark_master", help="Spark master (default local[2])")
     p.add_argument("--bootstrap", dest="kafka_bootstrap", help="Kafka bootstrap servers")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=_replay)
+    p.add_argument("--verbose", action="store_true", help="full traces and client logs on error")
+    p.set_defaults(func=verbose(_replay))
 
     p = sub.add_parser("run", help="the live job: Kafka in, alerts to Kafka and Redis",
                        description="Run every rule of a rules directory over Kafka topics, "
@@ -58,7 +63,8 @@ def register(sub: Any) -> None:
     p.add_argument("--max-seconds", type=float, help="stop after this long")
     p.add_argument("--shards", type=int)
     p.add_argument("--master", dest="spark_master")
-    p.set_defaults(func=_run)
+    p.add_argument("--verbose", action="store_true", help="full traces and client logs on error")
+    p.set_defaults(func=verbose(_run))
 
     p = sub.add_parser("tail", help="print live alerts from a Kafka topic or Redis")
     p.add_argument("topic", nargs="?", help="alert topic, e.g. alerts.card_testing")
@@ -71,6 +77,26 @@ def register(sub: Any) -> None:
     p.add_argument("--timeout", type=float, help="stop after N seconds without an alert")
     p.add_argument("--json", action="store_true", help="print raw JSON")
     p.set_defaults(func=_tail)
+
+
+def verbose(handler: Callable[[argparse.Namespace], int],
+            ) -> Callable[[argparse.Namespace], int]:
+    """Errors are one line (`cep` prints a `CepError`'s message); with `--verbose` the full
+    trace (with its cause: the JVM's or the client's) comes first, and Kafka clients log."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        from cep.delivery.preflight import set_verbose
+
+        loud = bool(getattr(args, "verbose", False))
+        set_verbose(loud)
+        try:
+            return handler(args)
+        except CepError:
+            if loud:
+                traceback.print_exc()
+            raise
+    return run
 
 
 def _demo(args: argparse.Namespace) -> int:

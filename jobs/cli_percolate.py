@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from cep.config import load_settings
+from jobs.cli import verbose
 
 
 def register(sub: Any) -> None:
@@ -37,7 +38,8 @@ def register(sub: Any) -> None:
                    help="process what is in the topics now, then stop")
     p.add_argument("--max-seconds", type=float, help="stop after this long")
     p.add_argument("--master", dest="spark_master")
-    p.set_defaults(func=_percolate)
+    p.add_argument("--verbose", action="store_true", help="full traces and client logs on error")
+    p.set_defaults(func=verbose(_percolate))
 
 
 def _percolate(args: argparse.Namespace) -> int:

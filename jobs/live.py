@@ -29,6 +29,7 @@ from typing import Any
 
 from cep.config import Settings, parse_trigger
 from cep.delivery.kafka_sink import ensure_topics
+from cep.delivery.preflight import claim_checkpoint, one_line, require_redis, require_topics
 from cep.delivery.record import OutRecord
 from cep.errors import CepError
 from cep.events import MAX_BYTES, dead_letter
@@ -122,7 +123,7 @@ class LiveJob:
         self.settings = settings
         self.opts = options
         self.ck = Path(options.checkpoint)
-        self.ck.mkdir(parents=True, exist_ok=True)
+        claim_checkpoint(self.ck, "cep run", {})
         self.snapshot = str(self.ck / "rules-snapshot.json")
         self.watcher = RulesWatcher(options.rules, self.snapshot)
         self.metrics = Metrics(self.ck / "metrics.json")
@@ -137,6 +138,7 @@ class LiveJob:
         change = self.watcher.poll()
         if change is None or not change.accepted:
             raise LiveJobError("the rules do not compile; fix them (`cep check`) and start again")
+        self._preflight(change.ruleset)
         self._adopt(change)
         self.spark = get_spark(self.settings, "cep-live", kafka=True)
         self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.shuffle_partitions))
@@ -147,9 +149,7 @@ class LiveJob:
             while True:
                 if all(not q.isActive for q in self.queries):
                     break
-                for q in self.queries:
-                    if q.exception() is not None:
-                        raise LiveJobError(f"query {q.name} failed: {q.exception()}")
+                self._raise_if_failed()
                 time.sleep(self.opts.poll_seconds)
                 change = self.watcher.poll()
                 if change is not None and change.accepted:
@@ -162,10 +162,23 @@ class LiveJob:
                     break
         finally:
             self._stop()
-        for q in self.queries:
-            if q.exception() is not None:
-                raise LiveJobError(f"query {q.name} failed: {q.exception()}")
+        self._raise_if_failed()
         return 0
+
+    def _raise_if_failed(self) -> None:
+        for q in self.queries:
+            exc = q.exception()
+            if exc is not None:  # one line; the JVM trace with --verbose (the cause)
+                raise LiveJobError(f"query {q.name} failed: {one_line(exc)}") from exc
+
+    def _preflight(self, ruleset: Any) -> None:
+        """Kafka, the input topics and Redis are there — else one line naming what is not."""
+        from cep.spark.pipeline import plan_for
+
+        streams = [s.name for s in plan_for(ruleset, self.settings.shards).streams]
+        wanted = {f"stream {s}": self.opts.topics.get(s, s) for s in streams}
+        require_topics(self.settings.kafka_bootstrap, wanted, dict(self.settings.kafka_options))
+        require_redis(self.settings.redis_url)
 
     def _adopt(self, change: Any) -> bool:
         from cep.spark.pipeline import plan_for

@@ -76,7 +76,9 @@ def tail(settings: Settings, topic: str | None, *, redis_channel: str | None = N
             if msg.error():
                 print(f"cep tail: {msg.error()}", file=sys.stderr)
                 continue
-            show(msg.value())
+            value = msg.value()
+            if value is not None:  # a tombstone carries no alert
+                show(value)
     finally:
         consumer.close()
     return 0

@@ -89,15 +89,23 @@ def _settings(args: argparse.Namespace) -> Any:
 def _redis(args: argparse.Namespace) -> Any:
     import redis
 
-    return redis.Redis.from_url(_settings(args).redis_url)
+    from cep.delivery.preflight import require_redis
+
+    url = _settings(args).redis_url
+    require_redis(url)  # one line naming Redis when it is down, not a traceback
+    return redis.Redis.from_url(url)
 
 
 def _registry(args: argparse.Namespace) -> Any:
+    from cep.delivery.preflight import kafka_topics, require_redis
     from percolator.changelog import KafkaChangelog
     from percolator.registry import SearchRegistry
     from percolator.store import RedisSearchStore
 
     settings = _settings(args)
+    # One line naming the service that is down, not librdkafka's retries and a traceback.
+    require_redis(settings.redis_url)
+    kafka_topics(settings.kafka_bootstrap, dict(settings.kafka_options))
     store = RedisSearchStore.from_url(settings.redis_url)
     log = KafkaChangelog(settings.kafka_bootstrap, options=dict(settings.kafka_options))
     return SearchRegistry(store, log, _schema(args))

@@ -1,0 +1,100 @@
+"""A missing topic, an unreachable broker or Redis and a wrong checkpoint are one line naming
+what is missing, before Spark starts; `--verbose` adds the full trace (issue 18: a missing topic
+killed `cep run` after 18 s with ~500 lines that never named it; `cep search` with Kafka down
+printed ~200 librdkafka lines and a traceback). Real broker and Redis; dead ports for "down"."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from cep.cli import main
+
+pytestmark = pytest.mark.services
+ROOT = Path(__file__).resolve().parent.parent
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (INFO|WARNING|DEBUG) ")
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again: nothing listens there
+
+
+def _errors(err: str) -> list[str]:
+    """stderr without the job's own INFO log lines."""
+    return [line for line in err.splitlines() if line.strip() and not LOG_LINE.match(line)]
+
+
+@pytest.fixture
+def rules(tmp_path):
+    d = tmp_path / "rules"
+    d.mkdir()
+    shutil.copy(ROOT / "rules" / "fraud.cep", d / "fraud.cep")
+    return d
+
+
+def _run(capfd, *args: str) -> tuple[int, list[str]]:
+    code = main(["run", *args])
+    return code, _errors(capfd.readouterr().err)
+
+
+def test_missing_input_topic(capfd, rules, tmp_path, kafka_bootstrap, redis_url, topic):
+    code, err = _run(capfd, "--rules", str(rules), "--checkpoint", str(tmp_path / "ck"),
+                     "--bootstrap", kafka_bootstrap, "--redis", redis_url,
+                     "--topic", f"transactions={topic}-nowhere", "--once")
+    assert code == 2 and len(err) == 1, err
+    assert f"topic '{topic}-nowhere' (stream transactions) does not exist" in err[0]
+
+
+def test_unreachable_broker(capfd, rules, tmp_path, redis_url):
+    port = _dead_port()
+    code, err = _run(capfd, "--rules", str(rules), "--checkpoint", str(tmp_path / "ck"),
+                     "--bootstrap", f"127.0.0.1:{port}", "--redis", redis_url, "--once")
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"cannot reach Kafka at 127.0.0.1:{port}")
+
+
+def test_unreachable_redis(capfd, rules, tmp_path, kafka_bootstrap, topic):
+    from cep.delivery.kafka_sink import ensure_topics
+
+    ensure_topics(kafka_bootstrap, [f"{topic}-in"])
+    port = _dead_port()
+    code, err = _run(capfd, "--rules", str(rules), "--checkpoint", str(tmp_path / "ck"),
+                     "--bootstrap", kafka_bootstrap, "--redis", f"redis://127.0.0.1:{port}/0",
+                     "--topic", f"transactions={topic}-in", "--once")
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"cannot reach Redis at redis://127.0.0.1:{port}/0")
+
+
+def test_wrong_checkpoint_and_verbose_trace(capfd, rules, tmp_path, kafka_bootstrap, redis_url):
+    ck = tmp_path / "ck"
+    (ck / "offsets").mkdir(parents=True)  # another Spark query's checkpoint
+    args = ["--rules", str(rules), "--checkpoint", str(ck), "--bootstrap", kafka_bootstrap,
+            "--redis", redis_url, "--once"]
+    code, err = _run(capfd, *args)
+    assert code == 2 and len(err) == 1, err
+    assert f"checkpoint {ck} holds a Spark query checkpoint" in err[0]
+    code, err = _run(capfd, *args, "--verbose")
+    assert code == 2 and err[0] == "Traceback (most recent call last):"
+    assert f"checkpoint {ck} holds a Spark query checkpoint" in err[-1]
+
+
+def test_search_with_kafka_or_redis_down_is_one_line(capfd, monkeypatch, redis_url):
+    port = _dead_port()
+    monkeypatch.setenv("CEP_KAFKA_BOOTSTRAP", f"127.0.0.1:{port}")
+    monkeypatch.setenv("CEP_REDIS_URL", redis_url)
+    code = main(["search", "add", "city:amsterdam", "--owner", "t"])
+    err = _errors(capfd.readouterr().err)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"cannot reach Kafka at 127.0.0.1:{port}")
+
+    monkeypatch.setenv("CEP_REDIS_URL", f"redis://127.0.0.1:{port}/0")
+    code = main(["search", "ls"])
+    err = _errors(capfd.readouterr().err)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"cannot reach Redis at redis://127.0.0.1:{port}/0")
