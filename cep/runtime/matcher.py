@@ -253,7 +253,10 @@ class Matcher:
             return None, out
         row, old_runs, _ = state
         runs: list[Run] = []
-        for start, entries, _tpart, matched in old_runs:
+        for start, entries, tpart, matched in old_runs:
+            # A partial match already cut off by time (tpart) stays a timeout of its start row
+            # unless that row completes a match here: its other partial matches end with the
+            # input, so they no longer stand in the way.
             kept = tuple(
                 (DONE, caps)
                 if pos != DONE and self.table[pos][0] and self._deadline(caps) is None
@@ -261,7 +264,7 @@ class Matcher:
                 for pos, caps in entries
                 if pos == DONE or (self.table[pos][0] and self._deadline(caps) is None)
             )
-            runs.append((start, kept, None, matched))
+            runs.append((start, kept, tpart, matched))
         self._settle(row, runs, out, None)
         return None, out
 

@@ -47,6 +47,8 @@ class Reference:
         self.conds = [c.bind() if c is not None else None for c in rule.nfa.conditions]
         self.within = rule.nfa.within_ms
         self.step = rule.nfa.step_ms
+        self.waiting: list[Caps] | None = None  # set by `timeouts`
+
 
     # -- conditions and time ---------------------------------------------------------------
 
@@ -88,12 +90,34 @@ class Reference:
         else:
             options = [j for j in range(p + 1, n) if self.holds(var, j, caps)]
         d = self.deadline(caps)
+        if self.waiting is not None and self.times_out(var, conn, caps, guards, p, d):
+            self.waiting.append(caps)
         for j in options:
             if d is not None and self.ts(j) > d:
                 continue
             if not self.guards_ok(guards, caps, p, j):
                 continue
             yield from k(caps + (self.entry(var, j),), ())
+
+    def times_out(self, var: int, conn: Conn, caps: Caps, guards: Guards, p: int,
+                  d: int | None) -> bool:
+        """Whether the partial match `caps`, waiting for `var` after row `p`, is still waiting
+        when its deadline `d` passes: no row up to `d` decided it (took it further, or killed
+        it by strict contiguity or a NOT guard), and time reaches `d` before the input ends
+        (`end_ts`; None: time runs to infinity)."""
+        if d is None or (self.end_ts is not None and d > self.end_ts):
+            return False
+        rows = [m for m in range(p + 1, len(self.events)) if self.ts(m) <= d]
+        for kind, x in guards:
+            # NOT x (not next) is decided by the next row; -> NOT x by any row while waiting
+            # (a row both x and the awaited variable is taken, but then it is not waiting).
+            if any(self.holds(x, m, caps) for m in (rows[:1] if kind is Conn.STRICT else rows)):
+                return False
+        if conn is Conn.STRICT:
+            return not rows  # the next row, if it came in time, decided it
+        if conn is Conn.RELAXED:
+            return not any(self.holds(var, m, caps) for m in rows)
+        return True  # ->> keeps waiting beside every row it takes
 
     def guards_ok(self, guards: Guards, caps: Caps, p: int, j: int) -> bool:
         for kind, x in guards:
@@ -207,6 +231,28 @@ class Reference:
                 continue
             out.append(first)
             pos = self.resume(first)
+        return out
+
+    def timeouts(self) -> list[Caps]:
+        """ON TIMEOUT results: for each start row that is reached by the selection (not skipped
+        over by a match; ALL MATCHES: every row) and has no candidate, the longest partial
+        match from it that was still waiting when its deadline passed (if any). Timeouts do not
+        move the skip position."""
+        n = len(self.events)
+        out: list[Caps] = []
+        pos = 0
+        every = self.rule.skip.kind is Skip.ALL_MATCHES
+        while pos < n:
+            if next(self.candidates(pos), None) is not None:
+                pos = pos + 1 if every else self.resume(next(self.candidates(pos)))
+                continue
+            self.waiting = []
+            for _ in self.candidates(pos):
+                pass
+            if self.waiting:
+                out.append(max(self.waiting, key=len))
+            self.waiting = None
+            pos += 1
         return out
 
     def resume(self, caps: Caps) -> int:

@@ -1,0 +1,138 @@
+"""The whole engine against the brute-force reference: random rules (contiguity, quantifiers,
+alternation, PREV/FIRST/aggregates, every skip strategy, with and without WITHIN, STEP WITHIN,
+PARTITION BY, absence, ON TIMEOUT), random multi-key streams that arrive out of order within the
+allowed lateness, through `run_embedded` at batch sizes 1, 2, 3, 7 and all.
+
+The reference (tests/rules/reference.py) reads the pattern's syntax tree and enumerates
+candidates per key over the key's events in (ts, seq) order, with the input ending at the last
+event time of the whole stream (docs/semantics.md, "End of input"). Every batch size must give
+exactly its matches and timeouts, no event may be late, and no state may be left at the end.
+
+Examples: 300 by default (`make test`), HYPOTHESIS_PROFILE=dev 50, HYPOTHESIS_PROFILE=deep 5,000.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+
+from cep import ast
+from cep.compile import compile_file, parse_file
+from cep.nfa import RuleSet
+from cep.runtime.bind import build_engine
+from cep.runtime.engine import Event, MemoryKeyStore, run_embedded
+from cep.runtime.matcher import Match, Timeout
+from tests.rules.reference import Reference
+from tests.rules.test_matcher_property import DEFINES, SKIPS, VARS, top_pattern
+
+EXAMPLES = {"dev": 50, "ci": 300, "deep": 5_000}[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
+KEYS = ("k1", "k1", "k2")
+BATCHES = (1, 2, 3, 7, 10_000)
+
+
+@st.composite
+def one_rule(draw: st.DrawFn, rid: str) -> str:
+    pattern = draw(top_pattern())
+    used = [v for v in (*VARS, "x", "y") if any(v == ch for ch in pattern if ch.isalpha())]
+    defines = [f"{v} AS {c}" for v in used
+               if (c := draw(st.sampled_from(DEFINES[v]))) is not None]
+    within = draw(st.sampled_from((None, 3, 6)))
+    step = draw(st.sampled_from((None, None, 2)))
+    skip = draw(st.sampled_from(SKIPS)).format(v=draw(st.sampled_from(VARS)))
+    parts = [f"RULE {rid} FROM s"]
+    if draw(st.booleans()):
+        parts.append("PARTITION BY k")
+    parts.append(f"PATTERN ({pattern})")
+    if defines:
+        parts.append("DEFINE " + ", ".join(defines))
+    if within:
+        parts.append(f"WITHIN {within}ms")
+    if step:
+        parts.append(f"STEP WITHIN {step}ms")
+    if within is None and step is None:
+        parts.append("ALLOW UNBOUNDED")
+    elif draw(st.booleans()):
+        parts.append("ON TIMEOUT EMIT 'to'")
+    parts.append("ALL MATCHES" if skip == "ALL MATCHES" else f"AFTER MATCH SKIP {skip}")
+    parts.append(f"EMIT '{rid}';")
+    return " ".join(parts)
+
+
+@st.composite
+def case(draw: st.DrawFn) -> tuple[str, int, list[Event]]:
+    lateness = draw(st.sampled_from((0, 2, 5)))
+    rules = [draw(one_rule(f"r{i}")) for i in range(draw(st.integers(1, 2)))]
+    text = (f"STREAM s (ts INT, k STRING, t STRING, v INT) TIME BY ts LATENESS {lateness}ms;\n"
+            + "\n".join(rules))
+    raw = draw(st.lists(st.tuples(st.sampled_from(KEYS), st.sampled_from("abc"),
+                                  st.integers(0, 3), st.integers(0, 3)),
+                        min_size=2, max_size=12))
+    ts, events = 0, []
+    for seq, (k, t, v, gap) in enumerate(raw):
+        ts += gap
+        events.append(Event("s", ts, seq, {"ts": ts, "k": k, "t": t, "v": v}))
+    # Arrival order: shuffled within the lateness, so no event is late whatever the batching.
+    rnd = random.Random(draw(st.integers(0, 2**32)))
+    arrival = sorted(events, key=lambda e: e.ts + rnd.randint(0, lateness))
+    return text, lateness, arrival
+
+
+def expected(text: str, ruleset: RuleSet, events: list[Event]) -> list[tuple]:
+    tree = parse_file(text, "p.cep")
+    end = max((e.ts for e in events), default=None)
+    out: list[tuple] = []
+    for node in tree.rules:
+        rule = ruleset.get(node.id)
+        pattern = next(c.value for c in node.clauses if c.name == "PATTERN")
+        assert isinstance(pattern, ast.PAlt)
+        keys = sorted({e.data["k"] for e in events}) if rule.key_field else [""]
+        for key in keys:
+            mine = sorted((e for e in events if not rule.key_field or e.data["k"] == key),
+                          key=lambda e: (e.ts, e.seq))
+            ref = Reference(rule, pattern, [(dict(e.data), e.ts) for e in mine], end)
+            seqs = [e.seq for e in mine]
+            for caps in ref.matches():
+                out.append((rule.id, key, "match",
+                            tuple((rule.nfa.vars[v], seqs[j]) for v, j, *_ in caps)))
+            if rule.on_timeout is not None:
+                for caps in ref.timeouts():
+                    out.append((rule.id, key, "timeout", (seqs[caps[0][1]], len(caps))))
+    return sorted(out)
+
+
+def engine_run(ruleset: RuleSet, events: list[Event], batch: int,
+               ) -> tuple[list[tuple], int, int]:
+    engine = build_engine(ruleset)
+    store, late = MemoryKeyStore(), []  # type: ignore[var-annotated]
+    out: list[tuple] = []
+    for r in run_embedded(engine, events, batch_size=batch, store=store, late=late):
+        if isinstance(r, Match):
+            out.append((r.rule_id, str(r.key), "match",
+                        tuple((e.var, e.seq) for e in r.events)))
+        elif isinstance(r, Timeout):
+            out.append((r.rule_id, str(r.key), "timeout", (r.events[0].seq, len(r.events))))
+    left = len(store.states) + len(store.wake)
+    return sorted(out), len(late), left
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(case())
+def test_engine_equals_reference_at_every_batch_size(c: tuple[str, int, list[Event]]) -> None:
+    text, _lateness, events = c
+    ruleset, errors = compile_file(text, "p.cep")
+    assume(not errors)
+    assert ruleset is not None
+    want = expected(text, ruleset, events)
+    event(f"results: {min(len(want), 3)}{'+' if len(want) >= 3 else ''}")
+    event("has timeouts" if any(w[2] == "timeout" for w in want) else "no timeouts")
+    event("partitioned" if "PARTITION BY" in text else "unpartitioned")
+    for batch in BATCHES:
+        got, late, left = engine_run(ruleset, events, batch)
+        assert late == 0, (text, batch)
+        assert left == 0, ("state left after the end of input", text, batch)
+        assert got == want, (text, [(e.ts, e.seq, e.data) for e in events], batch)
+
