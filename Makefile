@@ -4,7 +4,11 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup setup-all demo test test-fast lint bench bench-quick chaos cluster-test clean
+# The native core's cargo checks use the venv's Python (pyo3 links it for `cargo test`).
+CORE_ENV = PYO3_PYTHON=$(abspath $(PY)) \
+  LD_LIBRARY_PATH="$$($(abspath $(PY)) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')"
+
+.PHONY: setup setup-all demo test test-fast core-check lint bench bench-quick chaos cluster-test clean
 
 setup:            ## venv + the package (enough for the demo)
 	bash scripts/setup.sh
@@ -16,7 +20,14 @@ demo: setup       ## replay the bundled sample streams through the bundled rules
 	$(VENV)/bin/cep demo
 
 test: setup-all   ## the whole suite, with a real Kafka broker, Redis server and Spark
+	cd core && $(CORE_ENV) cargo clippy --locked --all-targets -- -D warnings
+	cd core && $(CORE_ENV) cargo test --locked
 	$(PY) -m pytest -q
+
+core-check: setup ## the native core alone: clippy (warnings are errors), cargo test, differential test
+	cd core && $(CORE_ENV) cargo clippy --locked --all-targets -- -D warnings
+	cd core && $(CORE_ENV) cargo test --locked
+	$(PY) -m pytest -q tests/core
 
 test-fast: setup  ## tests that need no services or Spark
 	$(PY) -m pytest -q -m "not services and not spark"
@@ -39,4 +50,4 @@ bench-quick: setup-all
 	$(PY) -m bench.run --quick
 
 clean:
-	rm -rf .run out spark-warehouse metastore_db derby.log
+	rm -rf .run out spark-warehouse metastore_db derby.log core/target

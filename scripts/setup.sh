@@ -27,6 +27,8 @@ if (( all )); then
 fi
 
 need_java
+command -v cargo >/dev/null || {
+  echo "setup: cargo (Rust) is required to build the native core (core/): https://rustup.rs" >&2; exit 1; }
 stamp=.venv/.installed
 if [[ ! -x .venv/bin/python ]]; then
   echo "setup: creating .venv" >&2
@@ -36,6 +38,13 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   echo "setup: installing the package and dev tools into .venv (first run downloads PySpark, ~5 min)" >&2
   .venv/bin/pip install -q --upgrade pip >&2
   .venv/bin/pip install -q -e '.[dev]' >&2
+  touch "$stamp"
+fi
+# An editable install does not rebuild the native core when its sources change: rebuild it here
+# (cargo reuses core/target, so this is quick after a small change).
+if [[ -z $(compgen -G 'cep/_core*.so') || -n $(find core/src core/Cargo.toml core/Cargo.lock -newer "$stamp" 2>/dev/null | head -1) ]]; then
+  echo "setup: building the native core (core/)" >&2
+  .venv/bin/pip install -q --no-deps -e . >&2
   touch "$stamp"
 fi
 if (( all )); then

@@ -1,10 +1,18 @@
-"""Bind a compiled `RuleSet` to the engine: one `RuleRuntime` per enabled rule."""
+"""Bind a compiled `RuleSet` to the engine: one `RuleRuntime` per enabled rule.
+
+Each rule runs on the native matcher core (`cep._core`, see `cep.runtime.native`) when the
+extension is built and the rule uses nothing the core does not reproduce exactly; otherwise on
+the Python matcher (`cep.runtime.matcher`). `CEP_ENGINE=python` forces the Python matcher.
+Both give the same results (tests/core/test_native_differential.py).
+"""
 
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from cep.nfa import CompiledRule, RuleSet
+from cep.runtime import native
 from cep.runtime.engine import Engine, RuleRuntime
 from cep.runtime.matcher import Matcher
 
@@ -15,11 +23,40 @@ def rule_hash(rule: CompiledRule) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def build_engine(ruleset: RuleSet, *, max_partial_matches: int | None = None) -> Engine:
+def make_matcher(rule: CompiledRule, *, max_partial_matches: int | None = None,
+                 use_native: bool | None = None) -> Any:
+    """The native matcher for `rule` when possible (and wanted), else the Python one."""
+    if use_native is None:
+        use_native = native.wanted()
+    if use_native:
+        m = native.native_matcher(rule, max_partial_matches=max_partial_matches)
+        if m is not None:
+            return m
+    return Matcher(rule, max_partial_matches=max_partial_matches)
+
+
+def matcher_kind(matcher: Any) -> str:
+    return "python" if isinstance(matcher, Matcher) else "native"
+
+
+def build_engine(ruleset: RuleSet, *, max_partial_matches: int | None = None,
+                 use_native: bool | None = None) -> Engine:
     runtimes = [
         RuleRuntime(rule.id, rule.stream.name, rule.key_field or "", rule.stream.lateness_ms,
-                    Matcher(rule, max_partial_matches=max_partial_matches), meta=rule,
-                    version=rule_hash(rule))
+                    make_matcher(rule, max_partial_matches=max_partial_matches,
+                                 use_native=use_native),
+                    meta=rule, version=rule_hash(rule))
         for rule in ruleset.rules if rule.enabled
     ]
     return Engine(runtimes)
+
+
+def matcher_report(ruleset: RuleSet) -> list[tuple[str, str, str | None]]:
+    """Per enabled rule: (rule id, "native" | "python", why not native)."""
+    out = []
+    for rule in ruleset.rules:
+        if not rule.enabled:
+            continue
+        why = native.why_not_native(rule) if native.wanted() else "CEP_ENGINE=python"
+        out.append((rule.id, "python" if why else "native", why))
+    return out

@@ -1,0 +1,526 @@
+//! Condition and measure expressions: built once from the exported program
+//! (`cep/program.py`), evaluated with `cep.expr`'s semantics.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyFrozenSet, PyList};
+use regex::Regex;
+
+use crate::program::bad;
+use crate::value::{self, ArOp, CmpOp, PyOps, Value};
+
+/// One event as the matcher keeps it: the Python object (returned in results), its sequence
+/// number, its time and the values of the fields the rule reads (filled on first use).
+pub struct Ev {
+    pub obj: Py<PyAny>,
+    pub seq: Py<PyAny>,
+    pub ts: i64,
+    pub vals: std::sync::OnceLock<Vec<Value>>,
+}
+
+#[derive(Clone)]
+pub struct Cap {
+    pub var: u32,
+    pub row: i64,
+    pub ev: Arc<Ev>,
+}
+
+pub type Caps = Arc<Vec<Cap>>;
+
+#[derive(Clone, Copy)]
+pub enum AggF {
+    Sum,
+    Avg,
+    Count,
+    Min,
+    Max,
+}
+
+#[derive(Clone, Copy)]
+pub enum StrOpK {
+    Contains,
+    Starts,
+    Ends,
+    Matches,
+}
+
+#[derive(Clone, Copy)]
+pub enum FuncK {
+    Abs,
+    Lower,
+    Upper,
+    Length,
+    Coalesce,
+}
+
+pub enum Expr {
+    Const(Value),
+    Field(usize),
+    VarRow { var: u32, first: bool, row: Box<Expr>, cur: bool },
+    Prev { row: Box<Expr>, back: usize },
+    Agg { func: AggF, var: Option<u32>, row: Option<Box<Expr>>, cur: bool },
+    Neg(Box<Expr>),
+    Arith(ArOp, Box<Expr>, Box<Expr>),
+    Cmp(CmpOp, Box<Expr>, Box<Expr>),
+    And(Box<Expr>, Box<Expr>),
+    Or(Box<Expr>, Box<Expr>),
+    Not(Box<Expr>),
+    IsNull(Box<Expr>, bool),
+    InConst { e: Box<Expr>, items: Vec<Value>, negated: bool, set: Py<PyAny> },
+    InList { e: Box<Expr>, items: Vec<Expr>, negated: bool },
+    Str { op: StrOpK, e: Box<Expr>, arg: Box<Expr>, negated: bool, regex: Option<Regex> },
+    Func(FuncK, Vec<Expr>),
+}
+
+fn kid(py: Python<'_>, node: &Bound<'_, PyList>, i: usize, nfields: usize) -> PyResult<Box<Expr>> {
+    Ok(Box::new(build(py, &node.get_item(i)?, nfields)?))
+}
+
+/// Build an expression from its exported form.
+pub fn build(py: Python<'_>, obj: &Bound<'_, PyAny>, nfields: usize) -> PyResult<Expr> {
+    let node = obj.downcast::<PyList>().map_err(|_| bad("expression is not a list"))?;
+    let tag: String = node.get_item(0)?.extract()?;
+    let s = |i: usize| -> PyResult<String> { node.get_item(i)?.extract::<String>() };
+    Ok(match tag.as_str() {
+        "const" => {
+            let v = Value::from_py(&node.get_item(1)?);
+            if matches!(v, Value::Py(_)) {
+                return Err(bad("constant of an unsupported type"));
+            }
+            Expr::Const(v)
+        }
+        "field" => {
+            let i: usize = node.get_item(1)?.extract()?;
+            if i >= nfields {
+                return Err(bad("field index out of range"));
+            }
+            Expr::Field(i)
+        }
+        "var_row" => Expr::VarRow {
+            var: node.get_item(1)?.extract()?,
+            first: match s(2)?.as_str() {
+                "FIRST" => true,
+                "LAST" => false,
+                _ => return Err(bad("var_row: FIRST or LAST expected")),
+            },
+            row: kid(py, node, 3, nfields)?,
+            cur: node.get_item(4)?.extract()?,
+        },
+        "prev" => {
+            let n: i64 = node.get_item(2)?.extract()?;
+            let off: i64 = node.get_item(3)?.extract()?;
+            if n + off < 1 {
+                return Err(bad("prev: offset below 1"));
+            }
+            Expr::Prev { row: kid(py, node, 1, nfields)?, back: (n + off) as usize }
+        }
+        "agg" => {
+            let func = match s(1)?.as_str() {
+                "SUM" => AggF::Sum,
+                "AVG" => AggF::Avg,
+                "COUNT" => AggF::Count,
+                "MIN" => AggF::Min,
+                "MAX" => AggF::Max,
+                f => return Err(bad(&format!("unknown aggregate {f}"))),
+            };
+            let var: i64 = node.get_item(2)?.extract()?;
+            let row_obj = node.get_item(3)?;
+            let row = if row_obj.is_none() { None } else { Some(Box::new(build(py, &row_obj, nfields)?)) };
+            if row.is_none() && !matches!(func, AggF::Count) {
+                return Err(bad("aggregate over whole events"));
+            }
+            Expr::Agg { func, var: if var < 0 { None } else { Some(var as u32) }, row, cur: node.get_item(4)?.extract()? }
+        }
+        "neg" => Expr::Neg(kid(py, node, 1, nfields)?),
+        "not" => Expr::Not(kid(py, node, 1, nfields)?),
+        "and" => Expr::And(kid(py, node, 1, nfields)?, kid(py, node, 2, nfields)?),
+        "or" => Expr::Or(kid(py, node, 1, nfields)?, kid(py, node, 2, nfields)?),
+        "is_null" => Expr::IsNull(kid(py, node, 1, nfields)?, node.get_item(2)?.extract()?),
+        "arith" => {
+            let op = match s(1)?.as_str() {
+                "+" => ArOp::Add,
+                "-" => ArOp::Sub,
+                "*" => ArOp::Mul,
+                "/" => ArOp::Div,
+                "%" => ArOp::Mod,
+                o => return Err(bad(&format!("unknown operator {o}"))),
+            };
+            Expr::Arith(op, kid(py, node, 2, nfields)?, kid(py, node, 3, nfields)?)
+        }
+        "cmp" => {
+            let op = match s(1)?.as_str() {
+                "=" => CmpOp::Eq,
+                "!=" => CmpOp::Ne,
+                "<" => CmpOp::Lt,
+                "<=" => CmpOp::Le,
+                ">" => CmpOp::Gt,
+                ">=" => CmpOp::Ge,
+                o => return Err(bad(&format!("unknown comparison {o}"))),
+            };
+            Expr::Cmp(op, kid(py, node, 2, nfields)?, kid(py, node, 3, nfields)?)
+        }
+        "in" => {
+            let e = kid(py, node, 1, nfields)?;
+            let negated: bool = node.get_item(3)?.extract()?;
+            let all_const: bool = node.get_item(4)?.extract()?;
+            let list = node.get_item(2)?;
+            let list = list.downcast::<PyList>().map_err(|_| bad("in: list expected"))?;
+            let mut items = Vec::new();
+            for it in list.iter() {
+                items.push(build(py, &it, nfields)?);
+            }
+            if all_const {
+                let mut values = Vec::new();
+                let mut objs = Vec::new();
+                for it in &items {
+                    match it {
+                        Expr::Const(v) if !v.is_null() => {
+                            objs.push(v.to_py(py)?);
+                            values.push(v.clone());
+                        }
+                        _ => return Err(bad("in: constants expected")),
+                    }
+                }
+                let set = PyFrozenSet::new(py, &objs)?.into_any().unbind();
+                Expr::InConst { e, items: values, negated, set }
+            } else {
+                Expr::InList { e, items, negated }
+            }
+        }
+        "str" => {
+            let op = match s(1)?.as_str() {
+                "CONTAINS" => StrOpK::Contains,
+                "STARTS WITH" => StrOpK::Starts,
+                "ENDS WITH" => StrOpK::Ends,
+                "MATCHES" => StrOpK::Matches,
+                o => return Err(bad(&format!("unknown string operator {o}"))),
+            };
+            let arg = kid(py, node, 3, nfields)?;
+            let regex = if let StrOpK::Matches = op {
+                match arg.as_ref() {
+                    Expr::Const(Value::Str(p)) => Some(
+                        Regex::new(p).map_err(|e| bad(&format!("regex {p:?}: {e}")))?,
+                    ),
+                    _ => return Err(bad("MATCHES needs a literal pattern")),
+                }
+            } else {
+                None
+            };
+            Expr::Str { op, e: kid(py, node, 2, nfields)?, arg, negated: node.get_item(4)?.extract()?, regex }
+        }
+        "func" => {
+            let f = match s(1)?.as_str() {
+                "ABS" => FuncK::Abs,
+                "LOWER" => FuncK::Lower,
+                "UPPER" => FuncK::Upper,
+                "LENGTH" => FuncK::Length,
+                "COALESCE" => FuncK::Coalesce,
+                o => return Err(bad(&format!("unknown function {o}"))),
+            };
+            let list = node.get_item(2)?;
+            let list = list.downcast::<PyList>().map_err(|_| bad("func: list expected"))?;
+            let mut args = Vec::new();
+            for it in list.iter() {
+                args.push(build(py, &it, nfields)?);
+            }
+            if args.is_empty() || (!matches!(f, FuncK::Coalesce) && args.len() != 1) {
+                return Err(bad("wrong number of function arguments"));
+            }
+            Expr::Func(f, args)
+        }
+        t => return Err(bad(&format!("unknown expression tag {t:?}"))),
+    })
+}
+
+/// What evaluation needs besides the expression: Python, its operators, the field names.
+pub struct Cx<'a, 'py> {
+    pub py: Python<'py>,
+    pub ops: &'a PyOps,
+    pub fields: &'a [Py<pyo3::types::PyString>],
+}
+
+impl Cx<'_, '_> {
+    pub fn vals<'e>(&self, ev: &'e Ev) -> PyResult<&'e [Value]> {
+        if let Some(v) = ev.vals.get() {
+            return Ok(v);
+        }
+        let v = extract_fields(self.py, ev.obj.bind(self.py), self.fields)?;
+        let _ = ev.vals.set(v);
+        Ok(ev.vals.get().map(|v| v.as_slice()).unwrap_or(&[]))
+    }
+}
+
+/// `event.get(name)` for every field the rule reads.
+pub fn extract_fields(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    fields: &[Py<pyo3::types::PyString>],
+) -> PyResult<Vec<Value>> {
+    let mut out = Vec::with_capacity(fields.len());
+    if let Ok(d) = obj.downcast::<pyo3::types::PyDict>() {
+        for f in fields {
+            out.push(match d.get_item(f.bind(py))? {
+                Some(v) => Value::from_py(&v),
+                None => Value::Null,
+            });
+        }
+    } else {
+        let get = obj.getattr("get")?;
+        for f in fields {
+            out.push(Value::from_py(&get.call1((f.bind(py),))?));
+        }
+    }
+    Ok(out)
+}
+
+impl Expr {
+    /// The value of this expression for event `e` with the match so far `c`.
+    pub fn eval(&self, cx: &Cx, e: &Ev, c: &[Cap]) -> PyResult<Value> {
+        let py = cx.py;
+        Ok(match self {
+            Expr::Const(v) => v.clone(),
+            Expr::Field(i) => cx.vals(e)?[*i].clone(),
+            Expr::VarRow { var, first, row, cur } => {
+                if !*first {
+                    if *cur {
+                        return row.eval(cx, e, &[]);
+                    }
+                    for cap in c.iter().rev() {
+                        if cap.var == *var {
+                            return row.eval(cx, &cap.ev, &[]);
+                        }
+                    }
+                    Value::Null
+                } else {
+                    for cap in c {
+                        if cap.var == *var {
+                            return row.eval(cx, &cap.ev, &[]);
+                        }
+                    }
+                    if *cur {
+                        row.eval(cx, e, &[])?
+                    } else {
+                        Value::Null
+                    }
+                }
+            }
+            Expr::Prev { row, back } => {
+                if c.len() >= *back {
+                    row.eval(cx, &c[c.len() - back].ev, &[])?
+                } else {
+                    Value::Null
+                }
+            }
+            Expr::Agg { func, var, row, cur } => self.agg(cx, *func, *var, row.as_deref(), *cur, e, c)?,
+            Expr::Neg(x) => {
+                let v = x.eval(cx, e, c)?;
+                value::neg(py, cx.ops, &v)?
+            }
+            Expr::Arith(op, l, r) => {
+                let a = l.eval(cx, e, c)?;
+                if a.is_null() {
+                    return Ok(Value::Null);
+                }
+                let b = r.eval(cx, e, c)?;
+                if b.is_null() {
+                    return Ok(Value::Null);
+                }
+                value::arith(py, cx.ops, *op, &a, &b)?
+            }
+            Expr::Cmp(op, l, r) => {
+                let a = l.eval(cx, e, c)?;
+                if a.is_null() {
+                    return Ok(Value::Null);
+                }
+                let b = r.eval(cx, e, c)?;
+                if b.is_null() {
+                    return Ok(Value::Null);
+                }
+                value::compare(py, cx.ops, *op, &a, &b)?
+            }
+            Expr::And(l, r) => {
+                let a = l.eval(cx, e, c)?;
+                if a.is_false() {
+                    return Ok(Value::Bool(false));
+                }
+                let b = r.eval(cx, e, c)?;
+                if b.is_false() {
+                    return Ok(Value::Bool(false));
+                }
+                if a.is_true() && b.is_true() {
+                    Value::Bool(true)
+                } else {
+                    Value::Null
+                }
+            }
+            Expr::Or(l, r) => {
+                let a = l.eval(cx, e, c)?;
+                if a.is_true() {
+                    return Ok(Value::Bool(true));
+                }
+                let b = r.eval(cx, e, c)?;
+                if b.is_true() {
+                    return Ok(Value::Bool(true));
+                }
+                if a.is_false() && b.is_false() {
+                    Value::Bool(false)
+                } else {
+                    Value::Null
+                }
+            }
+            Expr::Not(x) => {
+                let v = x.eval(cx, e, c)?;
+                if v.is_null() {
+                    Value::Null
+                } else {
+                    Value::Bool(!v.is_true())
+                }
+            }
+            Expr::IsNull(x, negated) => Value::Bool(x.eval(cx, e, c)?.is_null() != *negated),
+            Expr::InConst { e: x, items, negated, set } => {
+                let v = x.eval(cx, e, c)?;
+                match v {
+                    Value::Null => Value::Null,
+                    Value::Py(_) => match value::in_set(py, cx.ops, set, &v)? {
+                        None => Value::Null,
+                        Some(found) => Value::Bool(found != *negated),
+                    },
+                    _ => {
+                        let mut found = false;
+                        for it in items {
+                            if value::py_eq(py, cx.ops, &v, it)? {
+                                found = true;
+                                break;
+                            }
+                        }
+                        Value::Bool(found != *negated)
+                    }
+                }
+            }
+            Expr::InList { e: x, items, negated } => {
+                let v = x.eval(cx, e, c)?;
+                if v.is_null() {
+                    return Ok(Value::Null);
+                }
+                let mut unknown = false;
+                for it in items {
+                    let w = it.eval(cx, e, c)?;
+                    if w.is_null() {
+                        unknown = true;
+                    } else if value::py_eq(py, cx.ops, &w, &v)? {
+                        return Ok(Value::Bool(!*negated));
+                    }
+                }
+                if unknown {
+                    Value::Null
+                } else {
+                    Value::Bool(*negated)
+                }
+            }
+            Expr::Str { op, e: x, arg, negated, regex } => {
+                let v = x.eval(cx, e, c)?;
+                let Some(v) = v.as_str(py) else { return Ok(Value::Null) };
+                let w = arg.eval(cx, e, c)?;
+                let Some(w) = w.as_str(py) else { return Ok(Value::Null) };
+                let t = match op {
+                    StrOpK::Contains => v.contains(w.as_ref()),
+                    StrOpK::Starts => v.starts_with(w.as_ref()),
+                    StrOpK::Ends => v.ends_with(w.as_ref()),
+                    StrOpK::Matches => match regex {
+                        Some(r) => r.is_match(&v),
+                        None => return Ok(Value::Null),
+                    },
+                };
+                Value::Bool(t != *negated)
+            }
+            Expr::Func(f, args) => {
+                if let FuncK::Coalesce = f {
+                    let mut out = Value::Null;
+                    for a in args {
+                        let v = a.eval(cx, e, c)?;
+                        if out.is_null() && !v.is_null() {
+                            out = v;
+                        }
+                    }
+                    return Ok(out);
+                }
+                let v = args[0].eval(cx, e, c)?;
+                if v.is_null() {
+                    return Ok(Value::Null);
+                }
+                match f {
+                    FuncK::Abs => value::abs(py, cx.ops, &v)?,
+                    FuncK::Lower => value::case(py, cx.ops, &v, false)?,
+                    FuncK::Upper => value::case(py, cx.ops, &v, true)?,
+                    FuncK::Length => value::length(py, cx.ops, &v)?,
+                    FuncK::Coalesce => Value::Null,
+                }
+            }
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn agg(
+        &self,
+        cx: &Cx,
+        func: AggF,
+        var: Option<u32>,
+        row: Option<&Expr>,
+        cur: bool,
+        e: &Ev,
+        c: &[Cap],
+    ) -> PyResult<Value> {
+        let py = cx.py;
+        let mut events: Vec<&Ev> = c.iter().filter(|x| var.is_none_or(|v| x.var == v)).map(|x| x.ev.as_ref()).collect();
+        if cur {
+            events.push(e);
+        }
+        let Some(row) = row else {
+            return Ok(Value::Int(events.len() as i64));
+        };
+        let mut vals = Vec::with_capacity(events.len());
+        for ev in events {
+            let v = row.eval(cx, ev, &[])?;
+            if !v.is_null() {
+                vals.push(v);
+            }
+        }
+        if let AggF::Count = func {
+            return Ok(Value::Int(vals.len() as i64));
+        }
+        if vals.is_empty() {
+            return Ok(Value::Null);
+        }
+        Ok(match func {
+            AggF::Sum | AggF::Avg => {
+                // Python 3.11's sum(): 0 + v1 + v2 + ... left to right.
+                let mut acc = Value::Int(0);
+                for v in &vals {
+                    acc = value::arith(py, cx.ops, ArOp::Add, &acc, v)?;
+                    if acc.is_null() {
+                        return Ok(Value::Null);
+                    }
+                }
+                if let AggF::Avg = func {
+                    value::arith(py, cx.ops, ArOp::Div, &acc, &Value::Int(vals.len() as i64))?
+                } else {
+                    acc
+                }
+            }
+            AggF::Min | AggF::Max => {
+                let greater = matches!(func, AggF::Max);
+                let mut best = vals[0].clone();
+                for v in &vals[1..] {
+                    match value::less(py, cx.ops, v, &best, greater)? {
+                        None => return Ok(Value::Null),
+                        Some(true) => best = v.clone(),
+                        Some(false) => {}
+                    }
+                }
+                best
+            }
+            AggF::Count => Value::Null,
+        })
+    }
+}

@@ -1,0 +1,541 @@
+//! The matcher: `cep/runtime/matcher.py` step for step (that file is the specification).
+//!
+//! A key's state is `MState`: the next row number, the runs (one per start row, entries in
+//! preference order) and the earliest deadline. Entry position `DONE` is a complete match
+//! waiting for more preferred alternatives to be decided.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+
+use crate::expr::{Cap, Caps, Cx, Ev};
+use crate::program::{Conn, Program, SkipK, DONE};
+use crate::value::{PyOps, Value};
+
+pub const FOREVER: i64 = i64::MAX;
+
+#[derive(Clone)]
+pub struct Entry {
+    pub pos: i32,
+    pub caps: Caps,
+}
+
+#[derive(Clone)]
+pub struct Run {
+    pub start: i64,
+    pub entries: Vec<Entry>,
+    pub tpart: Option<Caps>,
+    pub matched: bool,
+}
+
+#[derive(Clone, Default)]
+pub struct MState {
+    pub row: i64,
+    pub runs: Vec<Run>,
+    pub deadline: Option<i64>,
+}
+
+#[derive(Default, Clone, Copy)]
+pub struct Stats {
+    pub events: u64,
+    pub matches: u64,
+    pub timeouts: u64,
+    pub dropped: u64,
+    pub max_seen: u64,
+}
+
+/// Python classes results are built from.
+pub struct Classes {
+    pub matched_event: Py<PyAny>,
+    pub match_: Py<PyAny>,
+    pub timeout: Py<PyAny>,
+    pub dropped: Py<PyAny>,
+}
+
+pub struct Core {
+    pub p: Program,
+    pub cap: usize,
+    pub all_matches: bool,
+    pub history_free: bool,
+    pub want_timeouts: bool,
+    pub ops: PyOps,
+    pub classes: Classes,
+    pub rule_id_py: Py<PyAny>,
+    pub version_py: Py<PyAny>,
+    pub emit_py: Py<PyAny>,
+    pub timeout_py: Py<PyAny>,
+    pub var_names: Vec<Py<PyAny>>,
+    pub measure_names: Vec<Py<PyString>>,
+    pub key_field: Option<Py<PyString>>,
+    pub stats: Stats,
+}
+
+#[derive(Hash, PartialEq, Eq)]
+enum Key {
+    Pos(i32),
+    PosRow(i32, i64),
+    Full(i32, Vec<(i64, u32)>),
+}
+
+/// Results of one call, and the key they are reported under.
+pub struct Out<'py> {
+    pub list: Bound<'py, PyList>,
+    pub key: Option<Py<PyAny>>,
+}
+
+impl Core {
+    fn cx<'a, 'py>(&'a self, py: Python<'py>) -> Cx<'a, 'py> {
+        Cx { py, ops: &self.ops, fields: &self.p.fields }
+    }
+
+    // ------------------------------------------------------------------ stepping
+
+    fn test(&self, py: Python<'_>, var: usize, ev: &Ev, caps: &[Cap], local: &mut [Option<bool>]) -> PyResult<bool> {
+        let Some(cond) = &self.p.conds[var] else { return Ok(true) };
+        if self.p.local[var] {
+            if let Some(v) = local[var] {
+                return Ok(v);
+            }
+            let v = cond.eval(&self.cx(py), ev, caps)?.is_true();
+            local[var] = Some(v);
+            return Ok(v);
+        }
+        Ok(cond.eval(&self.cx(py), ev, caps)?.is_true())
+    }
+
+    fn any(&self, py: Python<'_>, vars: &[usize], ev: &Ev, caps: &[Cap], local: &mut [Option<bool>]) -> PyResult<bool> {
+        for &g in vars {
+            if self.test(py, g, ev, caps, local)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn spawn(&self, py: Python<'_>, ev: &Arc<Ev>, row: i64, local: &mut [Option<bool>]) -> PyResult<Vec<Entry>> {
+        let mut out = Vec::new();
+        for (var, nxt) in &self.p.starts {
+            if self.test(py, *var, ev, &[], local)? {
+                let caps: Caps = Arc::new(vec![Cap { var: *var as u32, row, ev: ev.clone() }]);
+                for &t in nxt {
+                    out.push(Entry { pos: t, caps: caps.clone() });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn step(&self, py: Python<'_>, entries: Vec<Entry>, ev: &Arc<Ev>, row: i64, local: &mut [Option<bool>]) -> PyResult<Vec<Entry>> {
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            if entry.pos == DONE {
+                out.push(entry);
+                continue;
+            }
+            let st = &self.p.table[entry.pos as usize];
+            let caps = &entry.caps;
+            if !st.not_next.is_empty() && self.any(py, &st.not_next, ev, caps, local)? {
+                continue;
+            }
+            if st.absence {
+                if !st.not_followed.is_empty() {
+                    if !self.any(py, &st.not_followed, ev, caps, local)? {
+                        out.push(Entry { pos: st.after, caps: entry.caps.clone() });
+                    }
+                } else {
+                    out.push(Entry { pos: DONE, caps: entry.caps.clone() });
+                }
+                continue;
+            }
+            let taken = self.test(py, st.var, ev, caps, local)?;
+            if taken {
+                let mut grown = Vec::with_capacity(caps.len() + 1);
+                grown.extend(caps.iter().cloned());
+                grown.push(Cap { var: st.var as u32, row, ev: ev.clone() });
+                let grown: Caps = Arc::new(grown);
+                for &t in &st.next {
+                    out.push(Entry { pos: t, caps: grown.clone() });
+                }
+                if st.conn != Conn::Any {
+                    continue;
+                }
+            } else if st.conn == Conn::Strict {
+                continue;
+            }
+            if !st.not_followed.is_empty() && self.any(py, &st.not_followed, ev, caps, local)? {
+                continue;
+            }
+            out.push(Entry { pos: st.after, caps: entry.caps.clone() });
+        }
+        Ok(out)
+    }
+
+    /// `_feed`: one event of this key.
+    #[allow(clippy::too_many_arguments)]
+    pub fn feed(
+        &mut self,
+        py: Python<'_>,
+        state: Option<MState>,
+        ev: Arc<Ev>,
+        pre: Option<Vec<Option<bool>>>,
+        out: &Out,
+    ) -> PyResult<Option<MState>> {
+        self.stats.events += 1;
+        let ts = ev.ts;
+        let mut state = state;
+        if let Some(s) = &state {
+            if s.deadline.is_some_and(|d| d < ts) {
+                let s = state.take().unwrap_or_default();
+                state = self.advance(py, s, ts - 1, out)?;
+            }
+        }
+        let mut local: Vec<Option<bool>> = match pre {
+            Some(p) if p.len() == self.p.vars.len() => p,
+            _ => vec![None; self.p.vars.len()],
+        };
+        let (row, mut runs) = match state {
+            None => {
+                let spawned = self.spawn(py, &ev, 0, &mut local)?;
+                if spawned.is_empty() {
+                    return Ok(None);
+                }
+                (0, vec![Run { start: 0, entries: spawned, tpart: None, matched: false }])
+            }
+            Some(s) => {
+                let row = s.row;
+                let mut runs = Vec::with_capacity(s.runs.len() + 1);
+                for r in s.runs {
+                    let stepped = self.step(py, r.entries, &ev, row, &mut local)?;
+                    runs.push(Run { start: r.start, entries: stepped, tpart: r.tpart, matched: r.matched });
+                }
+                let spawned = self.spawn(py, &ev, row, &mut local)?;
+                if !spawned.is_empty() {
+                    runs.push(Run { start: row, entries: spawned, tpart: None, matched: false });
+                }
+                (row, runs)
+            }
+        };
+        runs.shrink_to_fit();
+        self.settle(py, row + 1, runs, out, Some(ts))
+    }
+
+    // ------------------------------------------------------------------ time
+
+    pub fn deadline(&self, caps: &[Cap]) -> Option<i64> {
+        let mut d = None;
+        if let Some(w) = self.p.within {
+            d = Some(caps[0].ev.ts.saturating_add(w));
+        }
+        if let Some(s) = self.p.step {
+            let s = caps[caps.len() - 1].ev.ts.saturating_add(s);
+            d = Some(match d {
+                Some(x) if x <= s => x,
+                _ => s,
+            });
+        }
+        d
+    }
+
+    pub fn advance(&mut self, py: Python<'_>, state: MState, now: i64, out: &Out) -> PyResult<Option<MState>> {
+        let flushing = now == FOREVER;
+        let mut runs = Vec::with_capacity(state.runs.len());
+        for r in state.runs {
+            let mut tpart = r.tpart;
+            let mut kept = Vec::with_capacity(r.entries.len());
+            for entry in r.entries {
+                if entry.pos == DONE {
+                    kept.push(entry);
+                    continue;
+                }
+                let absence = self.p.table[entry.pos as usize].absence;
+                match self.deadline(&entry.caps) {
+                    None => {
+                        if flushing {
+                            if absence {
+                                kept.push(Entry { pos: DONE, caps: entry.caps });
+                            }
+                            continue;
+                        }
+                        kept.push(entry);
+                    }
+                    Some(d) if d <= now => {
+                        if absence {
+                            kept.push(Entry { pos: DONE, caps: entry.caps });
+                        } else if self.want_timeouts && tpart.as_ref().is_none_or(|t| entry.caps.len() > t.len()) {
+                            tpart = Some(entry.caps);
+                        }
+                    }
+                    Some(_) => kept.push(entry),
+                }
+            }
+            runs.push(Run { start: r.start, entries: kept, tpart, matched: r.matched });
+        }
+        self.settle(py, state.row, runs, out, None)
+    }
+
+    pub fn on_end(&mut self, py: Python<'_>, state: MState, out: &Out) -> PyResult<()> {
+        let mut runs = Vec::with_capacity(state.runs.len());
+        for r in state.runs {
+            let mut kept = Vec::new();
+            for entry in r.entries {
+                if entry.pos == DONE {
+                    kept.push(entry);
+                } else if self.p.table[entry.pos as usize].absence && self.deadline(&entry.caps).is_none() {
+                    kept.push(Entry { pos: DONE, caps: entry.caps });
+                }
+            }
+            runs.push(Run { start: r.start, entries: kept, tpart: None, matched: r.matched });
+        }
+        self.settle(py, state.row, runs, out, None)?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ deciding
+
+    fn settle(&mut self, py: Python<'_>, row: i64, runs: Vec<Run>, out: &Out, ts: Option<i64>) -> PyResult<Option<MState>> {
+        let runs: Vec<Run> = runs.into_iter().map(|r| self.prune(r)).collect();
+        let mut runs = self.decide(py, runs, out)?;
+        let total: usize = runs.iter().map(|r| r.entries.len()).sum();
+        if total as u64 > self.stats.max_seen {
+            self.stats.max_seen = total as u64;
+        }
+        if total > self.cap {
+            runs = self.drop_oldest(py, runs, total, out, ts)?;
+            runs = self.decide(py, runs, out)?;
+        }
+        if runs.is_empty() {
+            return Ok(None);
+        }
+        let mut deadline: Option<i64> = None;
+        for r in &runs {
+            for e in &r.entries {
+                if e.pos != DONE {
+                    if let Some(d) = self.deadline(&e.caps) {
+                        if deadline.is_none_or(|x| d < x) {
+                            deadline = Some(d);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Some(MState { row, runs, deadline }))
+    }
+
+    fn full_key(pos: i32, caps: &[Cap]) -> Key {
+        Key::Full(pos, caps.iter().map(|c| (c.row, c.var)).collect())
+    }
+
+    fn prune(&self, run: Run) -> Run {
+        if run.entries.len() < 2 {
+            return run;
+        }
+        let mut kept = Vec::with_capacity(run.entries.len());
+        let mut seen: HashSet<Key> = HashSet::new();
+        for entry in run.entries {
+            if entry.pos == DONE {
+                if self.all_matches {
+                    if seen.insert(Self::full_key(DONE, &entry.caps)) {
+                        kept.push(entry);
+                    }
+                    continue;
+                }
+                kept.push(entry);
+                break;
+            }
+            let key = if self.history_free {
+                if self.p.step.is_some() {
+                    Key::PosRow(entry.pos, entry.caps[entry.caps.len() - 1].row)
+                } else {
+                    Key::Pos(entry.pos)
+                }
+            } else {
+                Self::full_key(entry.pos, &entry.caps)
+            };
+            if seen.insert(key) {
+                kept.push(entry);
+            }
+        }
+        Run { start: run.start, entries: kept, tpart: run.tpart, matched: run.matched }
+    }
+
+    fn decide(&mut self, py: Python<'_>, runs: Vec<Run>, out: &Out) -> PyResult<Vec<Run>> {
+        if self.all_matches {
+            return self.decide_all(py, runs, out);
+        }
+        let mut kept = Vec::with_capacity(runs.len());
+        let mut floor = -1i64;
+        let mut head = true;
+        for run in runs {
+            if run.start < floor {
+                continue;
+            }
+            if head {
+                if run.entries.is_empty() {
+                    if let Some(t) = &run.tpart {
+                        self.emit_timeout(py, t, out)?;
+                    }
+                    continue;
+                }
+                if run.entries[0].pos == DONE {
+                    let caps = run.entries[0].caps.clone();
+                    self.emit_match(py, &caps, out)?;
+                    floor = self.resume(&caps);
+                    continue;
+                }
+                head = false;
+                kept.push(run);
+            } else if !run.entries.is_empty() || run.tpart.is_some() {
+                kept.push(run);
+            }
+        }
+        Ok(kept)
+    }
+
+    fn decide_all(&mut self, py: Python<'_>, runs: Vec<Run>, out: &Out) -> PyResult<Vec<Run>> {
+        let mut kept = Vec::with_capacity(runs.len());
+        for run in runs {
+            let mut matched = run.matched;
+            let mut live = Vec::with_capacity(run.entries.len());
+            for entry in run.entries {
+                if entry.pos == DONE {
+                    self.emit_match(py, &entry.caps, out)?;
+                    matched = true;
+                } else {
+                    live.push(entry);
+                }
+            }
+            if !live.is_empty() {
+                kept.push(Run { start: run.start, entries: live, tpart: run.tpart, matched });
+            } else if let Some(t) = &run.tpart {
+                if !matched {
+                    self.emit_timeout(py, t, out)?;
+                }
+            }
+        }
+        Ok(kept)
+    }
+
+    fn resume(&self, caps: &[Cap]) -> i64 {
+        let start = caps[0].row;
+        match self.p.skip {
+            SkipK::PastLastRow => caps[caps.len() - 1].row + 1,
+            SkipK::ToNextRow | SkipK::AllMatches => start + 1,
+            SkipK::ToFirst | SkipK::ToLast => {
+                let var = self.p.skip_var;
+                let target = if self.p.skip == SkipK::ToFirst {
+                    caps.iter().find(|c| Some(c.var) == var).map(|c| c.row)
+                } else {
+                    caps.iter().rev().find(|c| Some(c.var) == var).map(|c| c.row)
+                };
+                match target {
+                    None => start + 1,
+                    Some(t) if t > start => t,
+                    Some(_) => start + 1,
+                }
+            }
+        }
+    }
+
+    fn drop_oldest(&mut self, py: Python<'_>, mut runs: Vec<Run>, mut total: usize, out: &Out, ts: Option<i64>) -> PyResult<Vec<Run>> {
+        let mut dropped = 0usize;
+        while total > self.cap && runs.len() > 1 {
+            let n = runs[0].entries.len();
+            runs.remove(0);
+            total -= n;
+            dropped += n;
+        }
+        if total > self.cap {
+            let r = &mut runs[0];
+            dropped += r.entries.len() - self.cap;
+            r.entries.truncate(self.cap);
+        }
+        self.stats.dropped += dropped as u64;
+        let mut key = py.None();
+        for r in &runs {
+            if let Some(e) = r.entries.first() {
+                key = self.key(py, &e.caps, out)?;
+                break;
+            }
+        }
+        let d = self.classes.dropped.bind(py).call1((
+            self.rule_id_py.clone_ref(py),
+            self.version_py.clone_ref(py),
+            key,
+            dropped,
+            ts.unwrap_or(0),
+        ))?;
+        out.list.append(d)?;
+        Ok(runs)
+    }
+
+    // ------------------------------------------------------------------ results
+
+    fn key(&self, py: Python<'_>, caps: &[Cap], out: &Out) -> PyResult<Py<PyAny>> {
+        if let Some(k) = &out.key {
+            return Ok(k.clone_ref(py));
+        }
+        match &self.key_field {
+            Some(f) => Ok(caps[0].ev.obj.bind(py).call_method1("get", (f.bind(py),))?.unbind()),
+            None => Ok(py.None()),
+        }
+    }
+
+    fn events<'py>(&self, py: Python<'py>, caps: &[Cap]) -> PyResult<Bound<'py, PyTuple>> {
+        let cls = self.classes.matched_event.bind(py);
+        let mut items = Vec::with_capacity(caps.len());
+        for c in caps {
+            items.push(cls.call1((
+                self.var_names[c.var as usize].clone_ref(py),
+                c.ev.ts,
+                c.ev.seq.clone_ref(py),
+                c.ev.obj.clone_ref(py),
+            ))?);
+        }
+        PyTuple::new(py, items)
+    }
+
+    fn measures<'py>(&self, py: Python<'py>, caps: &[Cap]) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let last = &caps[caps.len() - 1].ev;
+        let cx = self.cx(py);
+        for (name, (_, e)) in self.measure_names.iter().zip(&self.p.measures) {
+            let v: Value = e.eval(&cx, last, caps)?;
+            d.set_item(name.bind(py), v.to_py(py)?)?;
+        }
+        Ok(d)
+    }
+
+    fn emit_match(&mut self, py: Python<'_>, caps: &[Cap], out: &Out) -> PyResult<()> {
+        self.stats.matches += 1;
+        let m = self.classes.match_.bind(py).call1((
+            self.rule_id_py.clone_ref(py),
+            self.version_py.clone_ref(py),
+            self.emit_py.clone_ref(py),
+            self.key(py, caps, out)?,
+            self.events(py, caps)?,
+            caps[0].ev.ts,
+            caps[caps.len() - 1].ev.ts,
+            self.measures(py, caps)?,
+        ))?;
+        out.list.append(m)
+    }
+
+    fn emit_timeout(&mut self, py: Python<'_>, caps: &[Cap], out: &Out) -> PyResult<()> {
+        self.stats.timeouts += 1;
+        let deadline = self.deadline(caps).unwrap_or(caps[caps.len() - 1].ev.ts);
+        let t = self.classes.timeout.bind(py).call1((
+            self.rule_id_py.clone_ref(py),
+            self.version_py.clone_ref(py),
+            self.timeout_py.clone_ref(py),
+            self.key(py, caps, out)?,
+            self.events(py, caps)?,
+            caps[0].ev.ts,
+            caps[caps.len() - 1].ev.ts,
+            deadline,
+            self.measures(py, caps)?,
+        ))?;
+        out.list.append(t)
+    }
+}

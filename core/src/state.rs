@@ -1,0 +1,211 @@
+//! The serialised form of a key's matcher state.
+//!
+//! Layout (little endian): magic `CEPNS`, u16 format VERSION, then the structure with each
+//! event referenced by its index in an event table, then the event table's Python objects
+//! (`(events, seqs)`) pickled. A different magic or version fails with a clear message instead
+//! of misreading an old checkpoint.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+use crate::expr::{Cap, Caps, Ev};
+use crate::matcher::{Entry, MState, Run};
+
+pub const MAGIC: &[u8; 5] = b"CEPNS";
+pub const VERSION: u16 = 1;
+
+struct Enc {
+    buf: Vec<u8>,
+    index: HashMap<*const Ev, u32>,
+    events: Vec<Arc<Ev>>,
+}
+
+impl Enc {
+    fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    fn i64(&mut self, v: i64) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    fn opt(&mut self, v: Option<i64>) {
+        match v {
+            None => self.u8(0),
+            Some(x) => {
+                self.u8(1);
+                self.i64(x);
+            }
+        }
+    }
+    fn caps(&mut self, caps: &[Cap]) {
+        self.u32(caps.len() as u32);
+        for c in caps {
+            let p = Arc::as_ptr(&c.ev);
+            let i = match self.index.get(&p) {
+                Some(&i) => i,
+                None => {
+                    let i = self.events.len() as u32;
+                    self.index.insert(p, i);
+                    self.events.push(c.ev.clone());
+                    i
+                }
+            };
+            self.u32(c.var);
+            self.i64(c.row);
+            self.u32(i);
+        }
+    }
+}
+
+pub fn encode(py: Python<'_>, s: &MState) -> PyResult<Py<PyAny>> {
+    let mut e = Enc { buf: Vec::with_capacity(256), index: HashMap::new(), events: Vec::new() };
+    e.buf.extend_from_slice(MAGIC);
+    e.buf.extend_from_slice(&VERSION.to_le_bytes());
+    e.i64(s.row);
+    e.opt(s.deadline);
+    e.u32(s.runs.len() as u32);
+    for r in &s.runs {
+        e.i64(r.start);
+        e.u8(r.matched as u8);
+        match &r.tpart {
+            None => e.u8(0),
+            Some(t) => {
+                e.u8(1);
+                e.caps(t);
+            }
+        }
+        e.u32(r.entries.len() as u32);
+        for en in &r.entries {
+            e.buf.extend_from_slice(&en.pos.to_le_bytes());
+            e.caps(&en.caps);
+        }
+    }
+    e.u32(e.events.len() as u32);
+    let events: Vec<Arc<Ev>> = std::mem::take(&mut e.events);
+    for ev in &events {
+        e.i64(ev.ts);
+    }
+    let objs = PyList::new(py, events.iter().map(|ev| ev.obj.clone_ref(py)))?;
+    let seqs = PyList::new(py, events.iter().map(|ev| ev.seq.clone_ref(py)))?;
+    let pickled = py.import("pickle")?.getattr("dumps")?.call1((PyTuple::new(py, [objs.into_any(), seqs.into_any()])?, 5))?;
+    let pickled: &[u8] = pickled.downcast::<PyBytes>()?.as_bytes();
+    e.buf.extend_from_slice(pickled);
+    Ok(PyBytes::new(py, &e.buf).into_any().unbind())
+}
+
+struct Dec<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+fn corrupt() -> PyErr {
+    PyValueError::new_err("native matcher state: truncated or corrupt bytes")
+}
+
+impl Dec<'_> {
+    fn take(&mut self, n: usize) -> PyResult<&[u8]> {
+        let end = self.at.checked_add(n).ok_or_else(corrupt)?;
+        let s = self.data.get(self.at..end).ok_or_else(corrupt)?;
+        self.at = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> PyResult<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> PyResult<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().map_err(|_| corrupt())?))
+    }
+    fn i32(&mut self) -> PyResult<i32> {
+        Ok(i32::from_le_bytes(self.take(4)?.try_into().map_err(|_| corrupt())?))
+    }
+    fn i64(&mut self) -> PyResult<i64> {
+        Ok(i64::from_le_bytes(self.take(8)?.try_into().map_err(|_| corrupt())?))
+    }
+    fn opt(&mut self) -> PyResult<Option<i64>> {
+        Ok(if self.u8()? == 0 { None } else { Some(self.i64()?) })
+    }
+    fn raw_caps(&mut self) -> PyResult<Vec<(u32, i64, u32)>> {
+        let n = self.u32()? as usize;
+        let mut v = Vec::with_capacity(n.min(1 << 16));
+        for _ in 0..n {
+            v.push((self.u32()?, self.i64()?, self.u32()?));
+        }
+        Ok(v)
+    }
+}
+
+type RawCaps = Vec<(u32, i64, u32)>;
+type RawRun = (i64, bool, Option<RawCaps>, Vec<(i32, RawCaps)>);
+
+pub fn decode(py: Python<'_>, data: &[u8]) -> PyResult<MState> {
+    if data.len() < 7 || &data[..5] != MAGIC {
+        return Err(PyValueError::new_err("not a native matcher state (cep._core): wrong header"));
+    }
+    let version = u16::from_le_bytes([data[5], data[6]]);
+    if version != VERSION {
+        return Err(PyValueError::new_err(format!(
+            "native matcher state format version {version}, but this cep._core reads version \
+             {VERSION}: the state was written by another release; discard it (reset the \
+             checkpoint) or replay the input"
+        )));
+    }
+    let mut d = Dec { data, at: 7 };
+    let row = d.i64()?;
+    let deadline = d.opt()?;
+    let nruns = d.u32()? as usize;
+    let mut raw: Vec<RawRun> = Vec::new();
+    for _ in 0..nruns {
+        let start = d.i64()?;
+        let matched = d.u8()? != 0;
+        let tpart = if d.u8()? == 0 { None } else { Some(d.raw_caps()?) };
+        let n = d.u32()? as usize;
+        let mut entries = Vec::new();
+        for _ in 0..n {
+            let pos = d.i32()?;
+            entries.push((pos, d.raw_caps()?));
+        }
+        raw.push((start, matched, tpart, entries));
+    }
+    let nev = d.u32()? as usize;
+    let mut ts = Vec::with_capacity(nev.min(1 << 16));
+    for _ in 0..nev {
+        ts.push(d.i64()?);
+    }
+    let rest = &data[d.at..];
+    let loaded = py.import("pickle")?.getattr("loads")?.call1((PyBytes::new(py, rest),))?;
+    let objs = loaded.get_item(0)?;
+    let seqs = loaded.get_item(1)?;
+    let mut events = Vec::with_capacity(nev);
+    for (i, t) in ts.into_iter().enumerate() {
+        events.push(Arc::new(Ev {
+            obj: objs.get_item(i)?.unbind(),
+            seq: seqs.get_item(i)?.unbind(),
+            ts: t,
+            vals: std::sync::OnceLock::new(),
+        }));
+    }
+    let caps = |r: &RawCaps| -> PyResult<Caps> {
+        let mut v = Vec::with_capacity(r.len());
+        for &(var, row, i) in r {
+            let ev = events.get(i as usize).ok_or_else(corrupt)?.clone();
+            v.push(Cap { var, row, ev });
+        }
+        Ok(Arc::new(v))
+    };
+    let mut runs = Vec::with_capacity(raw.len());
+    for (start, matched, tpart, entries) in raw {
+        let tpart = tpart.as_ref().map(&caps).transpose()?;
+        let mut es = Vec::with_capacity(entries.len());
+        for (pos, c) in &entries {
+            es.push(Entry { pos: *pos, caps: caps(c)? });
+        }
+        runs.push(Run { start, entries: es, tpart, matched });
+    }
+    Ok(MState { row, runs, deadline })
+}
