@@ -33,6 +33,7 @@ import base64
 import datetime as dt
 import json
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ MAX_DEPTH = 32
 MIN_TS = -62_135_596_800_000     # 0001-01-01T00:00:00Z
 MAX_TS = 253_402_300_799_000     # 9999-12-31T23:59:59Z: the end-of-input marker, excluded
 _INT64 = 1 << 63
+_MAXF = int(sys.float_info.max)  # larger integers do not fit a double
 TYPES = ("STRING", "INT", "FLOAT", "BOOL")
 
 
@@ -83,82 +85,128 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_flo
 def parse_object(raw: bytes | str | None, max_bytes: int = MAX_BYTES,
                  ) -> tuple[dict[str, Any] | None, str | None]:
     """Strict JSON object: `(object, None)` or `(None, reason)`. Never raises."""
+    obj, _, reason = _parse(raw, max_bytes)
+    return obj, reason
+
+
+def _parse(raw: bytes | str | None, max_bytes: int,
+           ) -> tuple[dict[str, Any] | None, str, str | None]:
+    """`(object, its text, None)` or `(None, "", reason)`."""
     if raw is None or len(raw) == 0:
-        return None, "empty message"
+        return None, "", "empty message"
     if len(raw) > max_bytes:
-        return None, f"message too large: {len(raw)} bytes (limit {max_bytes})"
+        return None, "", f"message too large: {len(raw)} bytes (limit {max_bytes})"
     if isinstance(raw, bytes | bytearray | memoryview):
         try:
             text = bytes(raw).decode("utf-8")
         except UnicodeDecodeError as exc:
-            return None, f"not UTF-8: invalid byte at offset {exc.start}"
+            return None, "", f"not UTF-8: invalid byte at offset {exc.start}"
     else:
         text = raw
         if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
-            return None, f"message too large (limit {max_bytes} bytes)"
+            return None, "", f"message too large (limit {max_bytes} bytes)"
     if text.startswith("\ufeff"):
-        return None, "malformed JSON: starts with a byte order mark"
+        return None, "", "malformed JSON: starts with a byte order mark"
     try:
         obj, end = _DECODER.raw_decode(text, _skip_ws(text, 0))
     except _Reject as exc:
-        return None, f"malformed JSON: {exc}"
+        return None, "", f"malformed JSON: {exc}"
     except json.JSONDecodeError as exc:
-        return None, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        return None, "", f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
     except RecursionError:
-        return None, f"malformed JSON: nested more than {MAX_DEPTH} levels"
+        return None, "", f"malformed JSON: nested more than {MAX_DEPTH} levels"
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
-        return None, f"malformed JSON: {_clip(str(exc), 120)}"
-    if _skip_ws(text, end) != len(text):
-        return None, (f"malformed JSON: trailing data after the object at character {end}: "
+        return None, "", f"malformed JSON: {_clip(str(exc), 120)}"
+    if end != len(text) and text[end:].strip(" \t\n\r"):
+        return None, "", (f"malformed JSON: trailing data after the object at character {end}: "
                       f"{_clip(text[end:].strip())!r}")
-    if not isinstance(obj, dict):
-        return None, f"malformed JSON: the top level is {_json_kind(obj)}, not an object"
-    problem = _check_values(obj)
-    if problem:
-        return None, problem
-    return obj, None
+    if type(obj) is not dict:
+        return None, "", f"malformed JSON: the top level is {_json_kind(obj)}, not an object"
+    # The walk is needed only where C-speed scans of the text cannot rule a problem out:
+    # nesting needs more brackets than the limit; a lone surrogate needs a `\u` escape (or,
+    # for text input, a non-ASCII character); overflow and NaN are refused while parsing.
+    if (text.count("{") + text.count("[") > MAX_DEPTH or "\\u" in text
+            or (not isinstance(raw, bytes | bytearray | memoryview) and not text.isascii())):
+        problem = _check_values(obj)
+        if problem:
+            return None, "", problem
+    return obj, text, None
 
 
 def validate(raw: bytes | str | None, schema: EventSchema, max_bytes: int = MAX_BYTES,
              ) -> tuple[dict[str, Any] | None, int | None, str | None]:
     """Raw input of `schema.stream` → `(event, ts, None)` or `(None, None, reason)`."""
-    obj, reason = parse_object(raw, max_bytes)
+    obj, _, reason = _parse(raw, max_bytes)
     if obj is None:
         return None, None, reason
-    return conform(obj, schema)
+    event, ts, reason, _ = _conform(obj, schema, True)
+    return event, ts, reason
+
+
+def validate_text(raw: bytes | str | None, schema: EventSchema, max_bytes: int = MAX_BYTES,
+                  ) -> tuple[str | None, dict[str, Any] | None, int | None, str | None]:
+    """As `validate`, plus the event's text for the engine: the input text itself when the
+    event is exactly what it says (json.loads of it gives the event: the same parser on the
+    same text), else the canonical text of the converted event (an ISO time, `5.0` as INT)."""
+    obj, text, reason = _parse(raw, max_bytes)
+    if obj is None:
+        return None, None, None, reason
+    event, ts, reason, changed = _conform(obj, schema, True)
+    if event is None:
+        return None, None, None, reason
+    return (dumps(event) if changed else text), event, ts, None
 
 
 def conform(data: Mapping[str, Any], schema: EventSchema,
             ) -> tuple[dict[str, Any] | None, int | None, str | None]:
     """An event already decoded (a JSON object, or a test file's mapping) → `(event, ts, None)`
-    or `(None, None, reason)`. The event is a new dict: the time field as epoch ms."""
+    or `(None, None, reason)`. The event is a new dict, with the time field as epoch ms."""
+    event, ts, reason, _ = _conform(data, schema, False)
+    return event, ts, reason
+
+
+def _conform(data: Mapping[str, Any], schema: EventSchema, owned: bool,
+             ) -> tuple[dict[str, Any] | None, int | None, str | None, bool]:
+    """`conform`, plus whether the event differs from `data` (a converted value). `owned`:
+    `data` is the caller's fresh dict and may become the event."""
+    changed = False
     tf = schema.time_field
-    if tf not in data or data[tf] is None:
-        return None, None, f"missing time field '{tf}'"
-    ts, reason = event_time(data[tf])
-    if reason:
-        return None, None, f"time field '{tf}' {reason}"
+    value = data.get(tf)
+    if type(value) is int and MIN_TS <= value < MAX_TS:
+        ts: int | None = value
+    else:
+        if value is None:
+            return None, None, f"missing time field '{tf}'", False
+        ts, why = event_time(value)
+        changed = True
+        if why:
+            return None, None, f"time field '{tf}' {why}", False
     assert ts is not None
     for kf in schema.key_fields:
-        if data.get(kf) is None:
-            return None, None, f"missing key field '{kf}'"
-    event = dict(data)
+        key = data.get(kf)
+        if key is None:
+            return None, None, f"missing key field '{kf}'", False
+        if type(key) is dict or type(key) is list:
+            return None, None, f"key field '{kf}' is {_json_kind(key)}, not a value", False
+    event = data if owned and type(data) is dict else dict(data)
     event[tf] = ts
     if schema.fields is not None:
         for name, typ in schema.fields:
-            if name == tf:
-                continue
             value = event.get(name)
-            if value is None:
+            if value is None or name == tf:
                 continue
-            ok, converted = _typed(value, typ)
+            t = type(value)
+            if typ == "STRING":
+                ok = t is str
+            elif typ == "FLOAT":
+                ok = (t is float and value - value == 0.0) or (t is int and -_MAXF < value < _MAXF)
+            else:
+                ok, converted = _typed(value, typ)
+                if converted is not value:
+                    event[name], changed = converted, True
             if not ok:
-                return None, None, f"field '{name}' is {typ}, got {_describe(value)}"
-            event[name] = converted
-    for kf in schema.key_fields:
-        if isinstance(event[kf], dict | list):
-            return None, None, f"key field '{kf}' is {_json_kind(event[kf])}, not a value"
-    return event, ts, None
+                return None, None, f"field '{name}' is {typ}, got {_describe(value)}", False
+    return event, ts, None, changed
 
 
 def event_time(value: Any) -> tuple[int | None, str | None]:
@@ -310,4 +358,4 @@ def dead_letter(reason: str, raw: bytes | str | None, stream: str | None,
 
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "EventSchema", "conform", "dead_letter", "dumps",
-           "event_time", "parse_object", "validate"]
+           "event_time", "parse_object", "validate", "validate_text"]

@@ -106,14 +106,15 @@ class _Staging:
                         for s in self.plan.streams}
 
     def add(self, stream: str, raw: bytes | None, **position: Any) -> None:
-        from cep.events import dead_letter, dumps, validate
+        from cep.events import dead_letter, dumps, validate_text
 
         self.read += 1
-        event, ts, reason = validate(raw, self.schemas[stream], self.max_bytes)
-        if event is None or ts is None:
+        text, event, ts, reason = validate_text(raw, self.schemas[stream], self.max_bytes)
+        if event is None or ts is None or text is None:
             self.dead.append(dead_letter(reason or "invalid", raw, stream, **position))
-        else:
-            self.events.append((ts, stream, dumps(event)))
+        else:  # one staged line per event
+            self.events.append((ts, stream, dumps(event) if "\n" in text or "\r" in text
+                                else text))
 
     def write(self, dest: Path, chunks: int) -> None:
         """`chunks` files of about equal size, in event-time order; a chunk never splits one

@@ -14,7 +14,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cep.events import MAX_BYTES, MAX_DEPTH, MAX_TS, EventSchema, dumps, parse_object, validate
+from cep.events import (
+    MAX_BYTES,
+    MAX_DEPTH,
+    MAX_TS,
+    EventSchema,
+    dumps,
+    parse_object,
+    validate,
+    validate_text,
+)
 from cep.runtime.engine import EOF_TS
 
 SCHEMA = EventSchema("transactions", "ts", ("card",),
@@ -128,6 +137,9 @@ def _check_invariant(raw: bytes | str) -> None:
     # The canonical text re-validates to the same event: replay stages it, Spark hands it on.
     again, ts2, reason2 = validate(dumps(event).encode(), SCHEMA)
     assert reason2 is None and again == event and ts2 == ts
+    # The text handed to the engine (the input itself, or canonical) reads back as the event.
+    text, event3, ts3, reason3 = validate_text(raw, SCHEMA)
+    assert reason3 is None and event3 == event and ts3 == ts and json.loads(text) == event
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -22,7 +22,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from cep.events import MAX_BYTES, EventSchema, dumps, validate
+from cep.events import MAX_BYTES, EventSchema, validate_text
 from cep.nfa import RuleSet, StreamSpec
 from cep.runtime.engine import EOF_TS
 
@@ -101,8 +101,8 @@ class Validate:
             raws: list[bytes | None] = []
             for stream, raw in zip(batch.column("stream").to_pylist(),
                                    batch.column("value").to_pylist(), strict=True):
-                event, t, reason = self._one(stream, raw)
-                if event is None:
+                text, event, t, reason = self._one(stream, raw)
+                if event is None or text is None:
                     ts.append(None)
                     data.append(None)
                     keys.append(None)
@@ -110,7 +110,7 @@ class Validate:
                     raws.append(raw)
                     continue
                 ts.append(t)
-                data.append(dumps(event))
+                data.append(text)
                 keys.append([_key(event.get(k)) if k else "" for k in self.key_order[stream]]
                             if stream != EOF_STREAM else [""])
                 reasons.append(None)
@@ -126,13 +126,13 @@ class Validate:
             yield pa.RecordBatch.from_arrays(arrays, names=names)
 
     def _one(self, stream: str | None, raw: bytes | None,
-             ) -> tuple[dict[str, Any] | None, int | None, str | None]:
+             ) -> tuple[str | None, dict[str, Any] | None, int | None, str | None]:
         if stream == EOF_STREAM:
-            return {}, EOF_TS, None
+            return "{}", {}, EOF_TS, None
         schema = self.schemas.get(stream or "")
         if schema is None:
-            return None, None, f"unknown stream {stream!r}"
-        return validate(raw, schema, self.max_bytes)
+            return None, None, None, f"unknown stream {stream!r}"
+        return validate_text(raw, schema, self.max_bytes)
 
 
 def _key(value: Any) -> str:
