@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "percolator.cli",
     "cep.cli_rules",
     "cep.cli_test",
+    "jobs.cli_console",
 )
 
 

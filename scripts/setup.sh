@@ -18,6 +18,7 @@ if (( all )); then
   command -v kcat >/dev/null || missing+=(kcat)
   command -v dot >/dev/null || missing+=(graphviz)
   command -v mvn >/dev/null || missing+=(maven)
+  command -v chromium >/dev/null || missing+=(chromium)  # the console's browser tests
   if (( ${#missing[@]} )); then
     echo "setup: installing Debian packages: ${missing[*]}" >&2
     SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo

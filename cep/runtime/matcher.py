@@ -119,7 +119,10 @@ class MatcherStats:
 class Matcher:
     """Runs one compiled rule. Stateless between calls except for `stats` (counters)."""
 
-    def __init__(self, rule: CompiledRule, *, max_partial_matches: int | None = None) -> None:
+    def __init__(self, rule: CompiledRule, *, max_partial_matches: int | None = None,
+                 near_misses: bool = False) -> None:
+        """`near_misses`: report timed-out partial matches as `Timeout`s (alert "near miss") even
+        for a rule without ON TIMEOUT, as the console's playground shows them."""
         self.rule = rule
         nfa: Nfa = rule.nfa
         self.nfa = nfa
@@ -131,8 +134,8 @@ class Matcher:
         self.step = nfa.step_ms
         self.skip: SkipStrategy = rule.skip
         self.all_matches = rule.skip.kind is Skip.ALL_MATCHES
-        self.want_timeouts = rule.on_timeout is not None
-        self.timeout_alert = rule.on_timeout.alert if rule.on_timeout else ""
+        self.want_timeouts = rule.on_timeout is not None or near_misses
+        self.timeout_alert = rule.on_timeout.alert if rule.on_timeout else "near miss"
         conds = [c.bind() if c is not None else None for c in nfa.conditions]
         self.cond: list[Callable[[Any, Caps], Any] | None] = conds
         self.local = [c is None or c.is_local for c in nfa.conditions]

@@ -1,0 +1,1 @@
+"""The web console: jobs/console/app.py (docs/console.md)."""
