@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -121,6 +122,10 @@ def _replay(args: argparse.Namespace) -> int:
                          show_progress=False if args.no_progress else None)
     print(summary.table())
     print(f"alerts written to {args.out}")
+    if not summary.balanced:  # a record neither processed nor a dead letter: a bug, say so
+        print("error: the counts do not balance (read != processed + dead letters)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -9,11 +9,13 @@ Two streaming queries share the Kafka source, each with its own checkpoint:
   verdict in both); the stateful query only ever receives events it has accepted, so bad input
   can never stall or crash it.
 
-Rules: the driver polls the rules directory between micro-batches (`RulesWatcher`). A change that
-passes `cep check` is written as the accepted snapshot, which every task loads when it starts,
-so it takes effect at the next micro-batch. A change that needs a different query plan (a new
-stream or key field) restarts the query in-process from its checkpoint. A rejected change is
-logged with its errors and the previous rules keep running.
+Rules: the driver polls the rules directory between micro-batches (`RulesWatcher`), per file:
+a file that compiles is accepted, one that does not is rejected (its previous text keeps
+running) and the others are not held back. The accepted texts are written as the snapshot,
+which every task loads when it starts, so a change takes effect at the next micro-batch. A
+change that needs a different query plan (a new stream or key field) restarts the query
+in-process from its checkpoint. Each file's status and errors are in the metrics
+(`rules_files`, `cep_rules_file_accepted`).
 """
 
 from __future__ import annotations
@@ -137,7 +139,10 @@ class LiveJob:
 
         change = self.watcher.poll()
         if change is None or not change.accepted:
-            raise LiveJobError("the rules do not compile; fix them (`cep check`) and start again")
+            first = change.errors[0].render().splitlines()[0] if change and change.errors else ""
+            raise LiveJobError(f"the rules do not compile ({first}); fix them (`cep check`) and "
+                               "start again")
+        self.metrics.set_rule_files(change.files)
         self._preflight(change.ruleset)
         self._adopt(change)
         self.spark = get_spark(self.settings, "cep-live", kafka=True)
@@ -152,6 +157,8 @@ class LiveJob:
                 self._raise_if_failed()
                 time.sleep(self.opts.poll_seconds)
                 change = self.watcher.poll()
+                if change is not None:
+                    self.metrics.set_rule_files(change.files)
                 if change is not None and change.accepted:
                     restart = self._adopt(change)
                     if restart:

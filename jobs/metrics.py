@@ -26,6 +26,7 @@ class Metrics:
         self.counters: Counter[str] = Counter()
         self.queries: dict[str, dict[str, Any]] = {}
         self.rules: dict[str, str] = {}
+        self.rule_files: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         # Both queries' foreachBatch threads and the progress listener write: one at a time.
         self._write_lock = threading.Lock()
@@ -43,6 +44,12 @@ class Metrics:
     def set_rules(self, versions: dict[str, str]) -> None:
         with self._lock:
             self.rules = dict(versions)
+        self.write()
+
+    def set_rule_files(self, files: dict[str, dict[str, Any]]) -> None:
+        """Per rules file: accepted or rejected (with its errors), and which text runs."""
+        with self._lock:
+            self.rule_files = {k: dict(v) for k, v in files.items()}
         self.write()
 
     def on_batch(self, query: str) -> Callable[[int, dict[str, Any]], None]:
@@ -85,7 +92,8 @@ class Metrics:
         with self._lock:
             return {"time": time.time(), "counters": dict(self.counters),
                     "queries": json.loads(json.dumps(self.queries, default=str)),
-                    "rules": dict(self.rules)}
+                    "rules": dict(self.rules),
+                    "rules_files": json.loads(json.dumps(self.rule_files, default=str))}
 
     def write(self) -> None:
         """Never raises: metrics must not be able to stop the job."""
@@ -109,6 +117,16 @@ class Metrics:
             for k in ("input_rows_per_s", "processed_rows_per_s", "state_rows", "state_bytes"):
                 if isinstance(q.get(k), int | float):
                     lines.append(f'cep_{k}{{query="{_label(qname)}"}} {q[k]}')
+        files = snap["rules_files"]
+        if files:
+            lines.append("# TYPE cep_rules_file_accepted gauge")
+            for path, f in sorted(files.items()):
+                ok = 1 if f.get("status") == "accepted" else 0
+                lines.append(f'cep_rules_file_accepted{{file="{_label(path)}"}} {ok}')
+            rejected = sum(1 for f in files.values() if f.get("status") != "accepted")
+            lines.append(f"# TYPE cep_rules_files_rejected gauge\ncep_rules_files_rejected "
+                         f"{rejected}")
+        lines.append(f"# TYPE cep_rules_running gauge\ncep_rules_running {len(snap['rules'])}")
         tmp = prom.with_suffix(".ptmp")
         tmp.write_text("\n".join(lines) + "\n")
         os.replace(tmp, prom)

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cep.compile import check_paths, compile_rules, rule_files
-from cep.errors import SourceError
+from cep.compile import compile_file, compile_rules, rule_files
+from cep.errors import RuleSemanticError, SourceError, Span
 from cep.nfa import CompiledRule, RuleSet, StreamSpec
 from cep.runtime.bind import build_engine, rule_hash
 from cep.runtime.engine import Engine
@@ -83,18 +83,27 @@ class SnapshotEngineFactory:
 
 @dataclass
 class RulesChange:
-    accepted: bool
+    accepted: bool  # the running rules change (some file's new text was accepted)
     versions: dict[str, str] = field(default_factory=dict)  # rule id -> hash (enabled rules)
     added: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     errors: list[SourceError] = field(default_factory=list)
     ruleset: RuleSet | None = None
+    # Per rules file: {"status": "accepted" | "rejected", "errors": [...], "running": which
+    # text runs ("current", "previous" or "none")}.
+    files: dict[str, dict[str, object]] = field(default_factory=dict)
 
 
 class RulesWatcher:
-    """Polls a rules directory; a change that passes `cep check` becomes the new snapshot,
-    one that fails is rejected with the errors logged, and the previous rules keep running."""
+    """Polls a rules directory and reloads it **per file**: a file that compiles is accepted
+    as it is now; a file that does not is rejected with its errors (logged, and in the metrics'
+    `rules_files`), and its previously accepted text, if any, keeps running. So a broken file
+    never blocks valid edits in the other files. A file whose rule id is already defined by
+    another accepted file is rejected (the file that was there first keeps the id).
+
+    `strict` (the first poll, at start-up): any rejected file is an error, as `cep check`
+    would say; the job does not start with rules silently missing."""
 
     def __init__(self, rules_dir: str, snapshot: str) -> None:
         self.rules_dir = rules_dir
@@ -102,6 +111,7 @@ class RulesWatcher:
         self._seen: int | None = None
         self.versions: dict[str, str] = {}
         self.ruleset: RuleSet | None = None
+        self.accepted: dict[str, str] = {}  # path -> the accepted text of that file
 
     def _read(self) -> dict[str, str]:
         return {str(p): p.read_text() for p in rule_files([self.rules_dir])}
@@ -111,13 +121,20 @@ class RulesWatcher:
         key = _digest(sources)
         if key == self._seen:
             return None
+        strict = self._seen is None
         self._seen = key
-        _, errors = check_paths([self.rules_dir])
-        if errors:
+        candidate, files, errors = self._judge(sources)
+        if strict and errors:
             for err in errors:
-                log.error("rules change rejected; the previous rules keep running:\n%s", err)
-            return RulesChange(False, errors=list(errors))
-        ruleset = ruleset_from_sources(sources)
+                log.error("rules rejected:\n%s", err.render())
+            return RulesChange(False, errors=errors, files=files)
+        for err in errors:
+            log.error("rules file rejected; its previous version (if any) keeps running:\n%s",
+                      err.render())
+        if candidate == self.accepted and self.ruleset is not None:
+            return RulesChange(False, dict(self.versions), errors=errors, files=files,
+                               ruleset=self.ruleset)
+        ruleset = ruleset_from_sources(candidate)
         versions = {r.id: rule_hash(r) for r in ruleset.rules if r.enabled}
         change = RulesChange(
             True, versions,
@@ -125,14 +142,50 @@ class RulesWatcher:
             changed=sorted(r for r in versions if r in self.versions
                            and versions[r] != self.versions[r]),
             removed=sorted(set(self.versions) - set(versions)),
-            ruleset=ruleset,
+            errors=errors, ruleset=ruleset, files=files,
         )
         tmp = f"{self.snapshot}.tmp"
         Path(tmp).parent.mkdir(parents=True, exist_ok=True)
-        Path(tmp).write_text(json.dumps({"sources": sources, "versions": versions}))
+        Path(tmp).write_text(json.dumps({"sources": candidate, "versions": versions}))
         os.replace(tmp, self.snapshot)
         self.versions = versions
         self.ruleset = ruleset
+        self.accepted = candidate
         log.info("rules accepted: added %s, changed %s, removed or disabled %s",
                  change.added, change.changed, change.removed)
         return change
+
+    def _judge(self, sources: dict[str, str],
+               ) -> tuple[dict[str, str], dict[str, dict[str, object]], list[SourceError]]:
+        """Each file on its own: (the texts to run, per-file status, every error)."""
+        candidate: dict[str, str] = {}
+        files: dict[str, dict[str, object]] = {}
+        errors: list[SourceError] = []
+        owner: dict[str, str] = {}
+        # Unchanged files first: they keep the rule ids they own.
+        for path in sorted(sources, key=lambda p: (sources[p] != self.accepted.get(p), p)):
+            text = sources[path]
+            rules, errs = compile_file(text, path)
+            if rules is not None and not errs:
+                dup = next((r.id for r in rules if r.id in owner), None)
+                if dup is not None:
+                    errs = [RuleSemanticError(
+                        f"rule id {dup!r} is also defined in {owner[dup]}", Span(path, 1, 1),
+                        source=text, hint="rule ids must be unique across the rules directory")]
+            if rules is not None and not errs:
+                candidate[path] = text
+                owner.update((r.id, path) for r in rules)
+                files[path] = {"status": "accepted", "errors": [], "running": "current"}
+                continue
+            errors.extend(errs)
+            previous = self.accepted.get(path)
+            prev_rules = compile_file(previous, path)[0] if previous is not None else None
+            running = "none"
+            if previous is not None and prev_rules is not None and not any(
+                    r.id in owner for r in prev_rules):
+                candidate[path] = previous
+                owner.update((r.id, path) for r in prev_rules)
+                running = "previous"
+            files[path] = {"status": "rejected", "running": running,
+                           "errors": [e.render().splitlines()[0] for e in errs]}
+        return candidate, files, errors

@@ -1,0 +1,64 @@
+"""The live job's rules reload is per file (issue 18): a broken file is rejected with its
+errors and its previous text keeps running, while valid edits in other files are accepted;
+a duplicate rule id is the newcomer's error; at start-up any broken file is an error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from cep.spark.rules import RulesWatcher
+
+ROOT = Path(__file__).resolve().parent.parent
+BIG = ("STREAM transactions (ts INT, card STRING, amount FLOAT) TIME BY ts LATENESS 5s;\n"
+       "RULE big_charge VERSION 1 FROM transactions PARTITION BY card\n"
+       "  PATTERN (b) DEFINE b AS amount >= 800 WITHIN 1s EMIT 'big-charge';\n")
+
+
+def test_reload_per_file(tmp_path):
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    fraud = rules / "fraud.cep"
+    shutil.copy(ROOT / "rules" / "fraud.cep", fraud)
+    (rules / "broken.cep").write_text("RULE oops FROM transactions PATTERN (a b\n")
+    snapshot = tmp_path / "snapshot.json"
+    watcher = RulesWatcher(str(rules), str(snapshot))
+
+    first = watcher.poll()  # start-up: strict
+    assert first is not None and not first.accepted and first.errors
+    assert first.files[str(rules / "broken.cep")]["status"] == "rejected"
+    (rules / "broken.cep").unlink()
+    start = watcher.poll()
+    assert start is not None and start.accepted and snapshot.exists()
+    v1 = dict(start.versions)
+
+    # A broken file beside valid edits: the edits go through, the broken file is reported.
+    text = fraud.read_text()
+    at = text.index("RULE velocity")
+    fraud.write_text(text[:at] + text[at:].replace("VERSION 1", "VERSION 2", 1))
+    (rules / "big.cep").write_text(BIG)
+    (rules / "broken.cep").write_text("RULE oops FROM transactions PATTERN (a b\n")
+    change = watcher.poll()
+    assert change is not None and change.accepted
+    assert change.added == ["big_charge"] and change.changed == ["velocity"]
+    broken = change.files[str(rules / "broken.cep")]
+    assert broken["status"] == "rejected" and broken["running"] == "none"
+    assert str(broken["errors"][0]).startswith(f"{rules / 'broken.cep'}:2:1: syntax error")
+    assert json.loads(snapshot.read_text())["versions"] == change.versions
+
+    # Breaking an accepted file: its previous text keeps running, nothing else changes.
+    v2 = dict(change.versions)
+    fraud.write_text(fraud.read_text().replace("PATTERN (charge{5})", "PATTERN (charge{5}"))
+    change = watcher.poll()
+    assert change is not None and not change.accepted and change.versions == v2
+    assert change.files[str(fraud)] == {**change.files[str(fraud)], "status": "rejected",
+                                        "running": "previous"}
+
+    # A rule id defined twice: the file that had it keeps it, the newcomer is rejected.
+    (rules / "copy.cep").write_text(BIG)
+    change = watcher.poll()
+    assert change is not None and not change.accepted
+    assert "also defined in" in str(change.files[str(rules / "copy.cep")]["errors"][0])
+    assert change.files[str(rules / "big.cep")]["status"] == "accepted"
+    assert v1 != v2
