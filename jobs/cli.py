@@ -67,6 +67,14 @@ def register(sub: Any) -> None:
     p.add_argument("--verbose", action="store_true", help="full traces and client logs on error")
     p.set_defaults(func=verbose(_run))
 
+    p = sub.add_parser("status", help="a running (or stopped) `cep run`: its rules files, "
+                       "accepted or rejected with their errors, and its counts",
+                       description="Reads CHECKPOINT/metrics.json, which `cep run` rewrites "
+                       "after every micro-batch and every rules change. Exit 1 when a rules "
+                       "file is rejected.")
+    p.add_argument("--checkpoint", dest="checkpoint_dir", help="checkpoint directory")
+    p.set_defaults(func=_status)
+
     p = sub.add_parser("tail", help="print live alerts from a Kafka topic or Redis")
     p.add_argument("topic", nargs="?", help="alert topic, e.g. alerts.card_testing")
     p.add_argument("--bootstrap", dest="kafka_bootstrap")
@@ -144,6 +152,33 @@ def _run(args: argparse.Namespace) -> int:
                        max_offsets_per_trigger=args.max_offsets_per_trigger,
                        starting_offsets=args.starting_offsets)
     return LiveJob(settings, opts).run(max_seconds=args.max_seconds)
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    settings = _settings(args, checkpoint_dir=args.checkpoint_dir)
+    path = Path(settings.checkpoint_dir) / "metrics.json"
+    try:
+        snap = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CepError(f"no metrics at {path} ({exc}): is this the checkpoint of a `cep run`?"
+                       ) from exc
+    files = snap.get("rules_files") or {}
+    for name, f in sorted(files.items()):
+        running = {"current": "", "previous": " (its previous version runs)",
+                   "none": " (none of it runs)"}.get(str(f.get("running")), "")
+        print(f"{f.get('status', '?'):<9} {name}{running}")
+        for err in f.get("errors") or []:
+            print(f"          {err}")
+    print(f"rules running: {', '.join(sorted(snap.get('rules') or {})) or 'none'}")
+    c = snap.get("counters") or {}
+    read, done, dead = c.get("events_read", 0), c.get("events", 0), c.get("dead_letters", 0)
+    print(f"events read {read} = processed {done} + dead letters {dead}"
+          f"{'' if read == done + dead else ' (not balanced yet: a query is behind)'}; "
+          f"late {c.get('late', 0)}, alerts {c.get('alerts', 0)}")
+    return 1 if any(f.get("status") != "accepted" for f in files.values()) else 0
 
 
 def _tail(args: argparse.Namespace) -> int:

@@ -34,6 +34,7 @@ from typing import Any
 
 from cep.config import Settings
 from cep.delivery.kafka_sink import MARKER_TOPIC, ensure_topics
+from cep.delivery.preflight import one_line
 from cep.delivery.record import OutRecord
 from cep.errors import CepError
 from cep.events import parse_object
@@ -397,7 +398,9 @@ class PercolateJob:
             if stop_session:
                 spark.stop()
         if failure is not None:
-            raise PercolateJobError(f"query {QUERY_NAME} failed: {failure}")
+            raise PercolateJobError(  # one line; the JVM trace with --verbose (the cause)
+                f"Error: query {QUERY_NAME} failed: {type(failure).__name__}: "
+                f"{one_line(failure)} (--verbose: the full trace)") from failure
         return 0
 
     def _on_sigterm(self, _signum: int, _frame: Any) -> None:

@@ -62,3 +62,33 @@ def test_reload_per_file(tmp_path):
     assert "also defined in" in str(change.files[str(rules / "copy.cep")]["errors"][0])
     assert change.files[str(rules / "big.cep")]["status"] == "accepted"
     assert v1 != v2
+
+
+def test_cep_status_shows_each_file_and_the_counts(tmp_path, capsys):
+    from cep.cli import main
+    from jobs.metrics import Metrics
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    shutil.copy(ROOT / "rules" / "fraud.cep", rules / "fraud.cep")
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    watcher = RulesWatcher(str(rules), str(ck / "snapshot.json"))
+    metrics = Metrics(ck / "metrics.json")
+    change = watcher.poll()
+    metrics.set_rules(change.versions)
+    metrics.set_rule_files(change.files)
+    (rules / "broken.cep").write_text("RULE oops FROM transactions PATTERN (a b\n")
+    metrics.set_rule_files(watcher.poll().files)
+    metrics.count("events_read", 10)
+    metrics.count("events", 7)
+    metrics.count("dead_letters", 3)
+    metrics.write()
+
+    assert main(["status", "--checkpoint", str(ck)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"rejected  {rules / 'broken.cep'} (none of it runs)"
+    assert "broken.cep:2:1: syntax error" in out[1]
+    assert out[2] == f"accepted  {rules / 'fraud.cep'}"
+    assert out[3] == "rules running: card_testing, impossible_travel, velocity"
+    assert out[4].startswith("events read 10 = processed 7 + dead letters 3; late 0")
