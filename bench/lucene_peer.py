@@ -85,14 +85,15 @@ def run_ours(queries: list[Any], events: list[dict[str, Any]], schema: Any
 
 def run_jar(qpath: Path, epath: Path, *, presearchers: tuple[str, ...] = ("term",),
             batch: int = 0, fuzzy: str = "stock", runs: int = 2,
-            matches_out: Path | None = None, timeout: int = 900) -> dict[str, Any]:
+            matches_out: Path | None = None, timeout: int = 900,
+            extra_args: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run the jar; `batch` 0 = all events in one Monitor.match call. Returns the last run per
     presearcher (with the first run's events/s as `cold_events_per_s`)."""
     n_events = sum(1 for _ in epath.open(encoding="utf-8"))
     cmd = ["java", *JAVA_OPTS, "-jar", str(JAR), "--queries", str(qpath),
            "--events", str(epath), "--presearcher", ",".join(presearchers),
            "--batch", str(batch or max(1, n_events)), "--fuzzy", fuzzy, "--runs", str(runs),
-           "--update-buffer", str(UPDATE_BUFFER)]
+           "--update-buffer", str(UPDATE_BUFFER), *extra_args]
     if matches_out is not None:
         cmd += ["--matches-out", str(matches_out)]
     t0 = time.perf_counter()

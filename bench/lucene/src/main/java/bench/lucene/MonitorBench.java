@@ -15,6 +15,8 @@ import org.apache.lucene.analysis.CharArraySet;
 import org.apache.lucene.analysis.standard.StandardAnalyzer;
 import org.apache.lucene.document.Document;
 import org.apache.lucene.document.Field;
+import org.apache.lucene.document.LongPoint;
+import org.apache.lucene.document.StringField;
 import org.apache.lucene.document.TextField;
 import org.apache.lucene.monitor.MatchingQueries;
 import org.apache.lucene.monitor.Monitor;
@@ -32,6 +34,8 @@ import org.apache.lucene.search.BooleanClause;
 import org.apache.lucene.search.BooleanQuery;
 import org.apache.lucene.search.FuzzyQuery;
 import org.apache.lucene.search.Query;
+import org.apache.lucene.search.TermQuery;
+import org.apache.lucene.index.Term;
 import org.apache.lucene.util.automaton.CompiledAutomaton;
 import org.apache.lucene.util.Version;
 
@@ -50,10 +54,18 @@ import org.apache.lucene.util.Version;
  * per event).
  * With {@code --matches-out FILE} the (event index, query id) pairs of the first presearcher's
  * last run are written there after timing.
+ *
+ * <p>{@code --fields title,body,section:keyword,installed_size:long} (the real-corpus workload,
+ * bench/apt_corpus.py) makes each events line tab-separated values of those fields: text fields
+ * are TextFields (the analyser above), keyword fields StringFields matched whole
+ * ({@code section:libs} is a TermQuery), long fields LongPoints (a range on them is
+ * {@code LongPoint.newRangeQuery}). The default is one text field "body".
  */
 public final class MonitorBench {
 
     private static final String FIELD = "body";
+    /** Event fields in TSV column order: name → "text" | "keyword" | "long". */
+    private static String[][] fields = {{FIELD, "text"}};
 
     private MonitorBench() {
     }
@@ -93,6 +105,7 @@ public final class MonitorBench {
                 case "--passes" -> passes = Integer.parseInt(args[++i]);
                 case "--warm-fraction" -> warmFraction = Double.parseDouble(args[++i]);
                 case "--update-buffer" -> updateBuffer = Integer.parseInt(args[++i]);
+                case "--fields" -> fields = parseFields(args[++i]);
                 case "--fuzzy" -> compiledFuzzy = switch (args[++i]) {
                     case "stock" -> false;
                     case "compiled" -> true;
@@ -121,6 +134,64 @@ public final class MonitorBench {
             Path out = p == 0 ? matchesOut : null;
             benchOne(name, passes, compiledFuzzy, updateBuffer, queries, bodies, warmCount,
                      batch, runs, out);
+        }
+    }
+
+    private static String[][] parseFields(String spec) {
+        String[] parts = spec.split(",");
+        String[][] out = new String[parts.length][];
+        for (int i = 0; i < parts.length; i++) {
+            String[] nk = parts[i].split(":", 2);
+            String kind = nk.length > 1 ? nk[1] : "text";
+            if (!kind.equals("text") && !kind.equals("keyword") && !kind.equals("long")) {
+                throw new IllegalArgumentException("field kind text|keyword|long: " + parts[i]);
+            }
+            out[i] = new String[] {nk[0], kind};
+        }
+        return out;
+    }
+
+    private static String kindOf(String field) {
+        for (String[] f : fields) {
+            if (f[0].equals(field)) {
+                return f[1];
+            }
+        }
+        return "text";
+    }
+
+    /** The classic QueryParser, with whole-value keyword fields and LongPoint ranges. */
+    private static final class FieldsParser extends QueryParser {
+        FieldsParser(Analyzer analyzer) {
+            super(FIELD, analyzer);
+        }
+
+        @Override
+        protected Query getFieldQuery(String field, String text, boolean quoted)
+                throws ParseException {
+            String kind = kindOf(field);
+            if (kind.equals("keyword")) {
+                return new TermQuery(new Term(field, text));
+            }
+            if (kind.equals("long")) {
+                long v = Long.parseLong(text);
+                return LongPoint.newExactQuery(field, v);
+            }
+            return super.getFieldQuery(field, text, quoted);
+        }
+
+        @Override
+        protected Query getRangeQuery(String field, String part1, String part2,
+                                      boolean startInclusive, boolean endInclusive)
+                throws ParseException {
+            if (!kindOf(field).equals("long")) {
+                return super.getRangeQuery(field, part1, part2, startInclusive, endInclusive);
+            }
+            long lo = part1 == null || part1.equals("*") ? Long.MIN_VALUE
+                : Long.parseLong(part1) + (startInclusive ? 0 : 1);
+            long hi = part2 == null || part2.equals("*") ? Long.MAX_VALUE
+                : Long.parseLong(part2) - (endInclusive ? 0 : 1);
+            return LongPoint.newRangeQuery(field, lo, hi);
         }
     }
 
@@ -182,7 +253,7 @@ public final class MonitorBench {
                                  Path matchesOut) throws IOException {
         Analyzer analyzer = analyzer();
         long t0 = System.nanoTime();
-        QueryParser parser = new QueryParser(FIELD, analyzer);
+        QueryParser parser = new FieldsParser(analyzer);
         List<MonitorQuery> mqs = new ArrayList<>(queries.size());
         int parseErrors = 0;
         for (String[] q : queries) {
@@ -293,9 +364,21 @@ public final class MonitorBench {
         return errors;
     }
 
-    private static Document doc(String body) {
+    private static Document doc(String line) {
         Document d = new Document();
-        d.add(new TextField(FIELD, body, Field.Store.NO));
+        if (fields.length == 1) {
+            d.add(new TextField(FIELD, line, Field.Store.NO));
+            return d;
+        }
+        String[] cols = line.split("\t", -1);
+        for (int i = 0; i < fields.length && i < cols.length; i++) {
+            String name = fields[i][0];
+            switch (fields[i][1]) {
+                case "keyword" -> d.add(new StringField(name, cols[i], Field.Store.NO));
+                case "long" -> d.add(new LongPoint(name, Long.parseLong(cols[i])));
+                default -> d.add(new TextField(name, cols[i], Field.Store.NO));
+            }
+        }
         return d;
     }
 
