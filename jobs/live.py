@@ -176,7 +176,8 @@ class LiveJob:
         for q in self.queries:
             exc = q.exception()
             if exc is not None:  # one line; the JVM trace with --verbose (the cause)
-                raise LiveJobError(f"query {q.name} failed: {one_line(exc)}") from exc
+                raise LiveJobError(f"Error: query {q.name} failed: {type(exc).__name__}: "
+                                   f"{one_line(exc)} (--verbose: the full trace)") from exc
 
     def _preflight(self, ruleset: Any) -> None:
         """Kafka, the input topics and Redis are there — else one line naming what is not."""
