@@ -32,12 +32,13 @@ runs that rule on the Python matcher, so the core never changes an answer.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
 from cep import expr as X
 from cep.ast import Conn
-from cep.nfa import CompiledRule, StateKind
+from cep.nfa import CompiledRule, Nfa, SkipStrategy, State, StateKind
 
 FORMAT = "cep-program"
 VERSION = 1
@@ -51,6 +52,40 @@ _STROPS = ("CONTAINS", "STARTS WITH", "ENDS WITH", "MATCHES")
 # names, and escapes of punctuation or of n t r f v. Left out: Perl classes (\d \w \s \b are
 # ASCII in RE2, Unicode in Rust), \< and \> (word boundaries in Rust), flags, named classes.
 _RE_ESCAPE_OK = set("\\.+*?()|[]{}^$-/#&~nrtfv'\"!%,:;=@")
+
+
+# The fields this exporter translates, per class. A class that gains a field (a new option the
+# core would silently ignore) makes every rule fall back to Python until the core learns it.
+_KNOWN_FIELDS: dict[type, tuple[str, ...]] = {
+    X.Const: ("value",),
+    X.Field: ("name",),
+    X.VarRow: ("var", "var_name", "which", "row", "include_current"),
+    X.Prev: ("row", "n", "offset"),
+    X.Agg: ("func", "var", "var_name", "row", "include_current"),
+    X.Neg: ("operand",),
+    X.Arith: ("op", "left", "right"),
+    X.Compare: ("op", "left", "right"),
+    X.And: ("left", "right"),
+    X.Or: ("left", "right"),
+    X.Not: ("operand",),
+    X.IsNull: ("operand", "negated"),
+    X.InList: ("operand", "items", "negated"),
+    X.StrOp: ("op", "operand", "arg", "negated", "regex"),
+    X.Func: ("name", "args"),
+    State: ("id", "kind", "var", "conn", "next", "not_next", "not_followed", "after_first",
+            "label"),
+    Nfa: ("vars", "conditions", "states", "initial", "within_ms", "step_ms", "pattern"),
+    SkipStrategy: ("kind", "var", "var_name"),
+}
+
+
+def _check_shape(obj: Any) -> None:
+    cls = type(obj)
+    known = _KNOWN_FIELDS.get(cls)
+    if known is None:
+        raise Unsupported(f"{cls.__name__} is not known to the native core")
+    if tuple(f.name for f in dataclasses.fields(cls)) != known:
+        raise Unsupported(f"{cls.__name__} has fields the native core does not know")
 
 
 class Unsupported(Exception):  # noqa: N818 - a reason, not a failure
@@ -102,6 +137,7 @@ class _Exporter:
         raise Unsupported(f"literal of type {type(value).__name__}")
 
     def expr(self, e: X.Expr) -> list[Any]:  # noqa: C901 - one branch per node type
+        _check_shape(e)
         if isinstance(e, X.Const):
             return self.const(e.value)
         if isinstance(e, X.Field):
@@ -172,11 +208,14 @@ class _Exporter:
 def export_program(rule: CompiledRule) -> dict[str, Any]:
     """The rule as a plain program; raises `Unsupported` when the core cannot run it exactly."""
     nfa = rule.nfa
+    _check_shape(nfa)
+    _check_shape(rule.skip)
     ex = _Exporter()
     conditions = [ex.expr(c) if c is not None else None for c in nfa.conditions]
     measures = [[name, ex.expr(e)] for name, e in rule.measures]
     states = []
     for st in nfa.states:
+        _check_shape(st)
         if st.conn not in _CONN:
             raise Unsupported(f"connector {st.conn}")
         states.append({
