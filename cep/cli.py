@@ -32,11 +32,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="Complex-event processing and stream search on Apache Spark.",
     )
     parser.add_argument("--config", help="TOML config file (default: ./cep.toml if present)")
+    parser.add_argument("--version", action="version", version=f"cep {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sparkcep")
+    except PackageNotFoundError:  # run from a source tree without installing
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `cep ... | head`: the reader left; nothing to report
+        sys.stderr.close()
+        return 141
     return code
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,9 @@ def register(subparsers: Any) -> None:
     )
     check.add_argument("paths", nargs="+", help="rule files or directories")
     check.add_argument("-q", "--quiet", action="store_true", help="print errors only")
+    check.add_argument("--json", action="store_true",
+                       help="print one JSON document: files, rules and every error with its "
+                       "file, line and column (same exit code)")
     check.set_defaults(func=cmd_check)
 
     explain = subparsers.add_parser(
@@ -28,7 +32,7 @@ def register(subparsers: Any) -> None:
         help="print each rule's compiled NFA",
         description="Print each rule of a rules file as a state table, or as Graphviz DOT.",
     )
-    explain.add_argument("file", help="a rules file")
+    explain.add_argument("file", help="a rules file, or a folder of them")
     explain.add_argument("--rule", help="only this rule id")
     explain.add_argument("--format", choices=("table", "dot"), default="table")
     explain.add_argument(
@@ -38,27 +42,39 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    files = rule_files(args.paths)
+    files = [f for f in rule_files(args.paths) if f.exists()]
     missing = [p for p in map(Path, args.paths) if not p.exists()]
+    sets, errors = check_paths([p for p in args.paths if Path(p).exists()])
+    rules = sum(len(rs) for rs in sets.values())
+    n_errors = len(errors) + len(missing)
+    code = 1 if n_errors else 0
+    if args.json:
+        print(json.dumps({
+            "exit_code": code, "files": [str(f) for f in files], "rules": rules,
+            "missing": [str(p) for p in missing],
+            "errors": [{"file": e.span.path if e.span else None,
+                        "line": e.span.line if e.span else None,
+                        "col": e.span.col if e.span else None, "kind": e.kind,
+                        "message": e.message, "hint": e.hint, "rendered": e.render()}
+                       for e in errors]}, indent=2))
+        return code
     for p in missing:
         print(f"{p}: error: no such file or directory", file=sys.stderr)
-    sets, errors = check_paths([p for p in args.paths if Path(p).exists()])
     for e in errors:
         print(e.render(), file=sys.stderr)
     if not args.quiet:
-        rules = sum(len(rs) for rs in sets.values())
-        status = f"{len(errors)} error{'s' if len(errors) != 1 else ''}" if errors else "ok"
+        status = f"{n_errors} error{'s' if n_errors != 1 else ''}" if n_errors else "ok"
         print(
             f"checked {len(files)} file{'s' if len(files) != 1 else ''}, "
             f"{rules} rule{'s' if rules != 1 else ''}: {status}"
         )
-    return 1 if errors or missing else 0
+    return code
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     path = Path(args.file)
-    if not path.is_file():
-        print(f"{path}: error: no such file", file=sys.stderr)
+    if not path.exists():
+        print(f"{path}: error: no such file or directory", file=sys.stderr)
         return 1
     sets, errors = check_paths([path])
     if errors:
@@ -87,9 +103,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 if i == 0
                 else Path(args.svg).with_stem(f"{Path(args.svg).stem}-{i + 1}")
             )
-            subprocess.run(
-                [exe, "-Tsvg", "-o", str(out)], input=r.nfa.to_dot(r.id), text=True, check=True
+            done = subprocess.run(
+                [exe, "-Tsvg", "-o", str(out)], input=r.nfa.to_dot(r.id), text=True,
+                capture_output=True,
             )
+            if done.returncode != 0:
+                why = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+                print(f"{out}: error: cannot write the SVG: {why[0]}", file=sys.stderr)
+                return 1
             print(f"wrote {out}")
         if args.format == "table":
             return 0

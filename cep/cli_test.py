@@ -4,6 +4,7 @@ timeline of a replay's events and alerts for one rule)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -14,7 +15,8 @@ def register(subparsers: Any) -> None:
         help="run rule test files (events + expected alerts) on the embedded engine",
         description="Run every case of every test file (*.yaml, *.yml) under the given paths "
         "on the embedded engine and compare the alerts with the expected ones. Exit 0 if all "
-        "pass, 1 if a case fails, 2 if a test file or the rules it tests have errors. "
+        "pass, 1 if a case fails, 2 if a test file or the rules it tests have errors, 5 if "
+        "no case was run (as pytest). "
         "Format: docs/rule-testing.md.",
     )
     test.add_argument("paths", nargs="*", default=["rules"],
@@ -23,6 +25,9 @@ def register(subparsers: Any) -> None:
                       help="only cases whose name contains TEXT")
     test.add_argument("-v", "--verbose", action="store_true", help="list every case")
     test.add_argument("-q", "--quiet", action="store_true", help="print failures and errors only")
+    test.add_argument("--json", action="store_true",
+                      help="print one JSON document: every case with its verdict, the errors "
+                      "and the counts (same exit codes)")
     test.set_defaults(func=cmd_test)
 
     report = subparsers.add_parser(
@@ -55,6 +60,10 @@ def cmd_test(args: argparse.Namespace) -> int:
     from cep.testing import render_failure, run_suite
 
     suite = run_suite(args.paths, select=args.select)
+    code = suite.exit_code if suite.results or suite.errors else NO_CASES
+    if args.json:
+        print(json.dumps(_suite_json(suite, code), indent=2, default=str))
+        return code
     for err in suite.errors:
         print(err.render(), file=sys.stderr)
     for test, result in suite.results:
@@ -64,7 +73,7 @@ def cmd_test(args: argparse.Namespace) -> int:
         elif args.verbose:
             print(f"ok   {test.path}:{result.case.line}: {result.case.name}")
     if args.quiet:
-        return suite.exit_code
+        return code
     if suite.uncovered and args.select is None:
         for path, rule in suite.uncovered:
             print(f"note: no case expects an alert from rule {rule!r} ({path})")
@@ -76,7 +85,34 @@ def cmd_test(args: argparse.Namespace) -> int:
     if suite.errors:
         summary += f"; {len(suite.errors)} error{'s' if len(suite.errors) != 1 else ''}"
     print(summary)
-    return suite.exit_code
+    if code == NO_CASES:
+        what = f"matching -k {args.select!r}" if args.select else "in " + " ".join(args.paths)
+        print(f"no case {what}", file=sys.stderr)
+    return code
+
+
+NO_CASES = 5  # pytest's exit code when no test was collected
+
+
+def _suite_json(suite: Any, code: int) -> dict[str, Any]:
+    from cep.testing import render_failure
+
+    cases = []
+    for test, r in suite.results:
+        cases.append({
+            "file": str(test.path), "line": r.case.line, "name": r.case.name,
+            "passed": r.passed, "alerts": len(r.got),
+            "missing": len(r.missing), "unexpected": len(r.unexpected),
+            "forbidden": len(r.forbidden),
+            "failure": None if r.passed else render_failure(test, r)})
+    failed = sum(1 for c in cases if not c["passed"])
+    return {"exit_code": code, "files": len(suite.files), "cases": cases,
+            "passed": len(cases) - failed, "failed": failed,
+            "errors": [{"message": getattr(e, "message", str(e)),
+                        "file": e.span.path if e.span else None,
+                        "line": e.span.line if e.span else None,
+                        "col": e.span.col if e.span else None, "rendered": e.render()}
+                       for e in suite.errors]}
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -28,8 +28,10 @@ def did_you_mean(word: str, choices: Iterable[str], what: str = "") -> str | Non
     if close:
         return f"did you mean {close[0]!r}?"
     if what and options:
-        shown = ", ".join(sorted(options)[:8])
-        return f"known {what}: {shown}"
+        names = sorted(options)
+        shown = ", ".join(names[:24])
+        more = f" and {len(names) - 24} more" if len(names) > 24 else ""
+        return f"known {what}: {shown}{more}"
     return None
 
 

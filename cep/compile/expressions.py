@@ -36,6 +36,10 @@ SCHEMA_TYPES = {
 AGGREGATES = ("SUM", "AVG", "COUNT", "MIN", "MAX")
 NAVIGATION = ("PREV", "FIRST", "LAST")
 
+# RE2 would log a rejected pattern to stderr (through absl); the error says it already.
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+
 
 class _Bad(Exception):
     """Raised inside resolution after an error was reported, to abandon the expression."""
@@ -204,10 +208,13 @@ class _Resolver:
                 if not isinstance(arg, X.Const) or not isinstance(arg.value, str):
                     raise self.fail("MATCHES needs a literal regular expression", node.arg)
                 try:
-                    regex = re2.compile(arg.value)
+                    regex = re2.compile(arg.value, options=_RE2_OPTIONS)
                 except re2.error as exc:
+                    reason = exc.args[0] if exc.args else str(exc)
+                    if isinstance(reason, bytes):
+                        reason = reason.decode("utf-8", "replace")
                     raise self.fail(
-                        f"invalid regular expression: {exc}",
+                        f"invalid regular expression: {reason}",
                         node.arg,
                         "the syntax is RE2's (no backreferences or lookaround)",
                     ) from None

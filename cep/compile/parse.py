@@ -190,6 +190,16 @@ def _span(text: str, offset: int, path: str, length: int = 0) -> Span:
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|->>|->|\S")
 
 
+def _word_at(text: str, loc: int) -> str:
+    """The whole (possibly non-ASCII) word around `loc`, for a hint."""
+    start, end = loc, loc
+    while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+        start -= 1
+    while end < len(text) and (text[end].isalnum() or text[end] == "_"):
+        end += 1
+    return text[start:end] or text[loc:loc + 1]
+
+
 def _syntax_error(exc: pp.ParseBaseException, chunk: Chunk, text: str, path: str) -> SourceError:
     loc = min(max(exc.loc, 0), len(chunk.text))
     # pyparsing reports the position before skipping blanks; point at the offending token.
@@ -207,12 +217,20 @@ def _syntax_error(exc: pp.ParseBaseException, chunk: Chunk, text: str, path: str
     else:
         message = f"expected {expected}, found {found!r}"
     hint = None
-    if found and found[0].isalpha():
-        close = difflib.get_close_matches(found.upper(), CLAUSE_WORDS, n=1, cutoff=0.75)
-        if close and close[0] != found.upper():
+    word = found.upper()
+    if found and not found.isascii():
+        hint = (f"names are ASCII letters, digits and '_'; quote any other name in backticks, "
+                f"e.g. `{_word_at(chunk.text, loc)}`")
+    elif word in ("RULE", "STREAM") and "';'" in expected:
+        hint = "the statement before it is missing its ';'"
+    elif "')'" in expected and word in CLAUSE_WORDS:
+        hint = f"a '(' is not closed before {word}"
+    elif found and found[0].isalpha():
+        close = difflib.get_close_matches(word, CLAUSE_WORDS, n=1, cutoff=0.75)
+        if close and close[0] != word:
             hint = f"did you mean {close[0]}?"
-        elif found.upper() in grammar.RESERVED:
-            hint = f"{found.upper()} is a reserved word; quote a field of that name as `{found}`"
+        elif word in grammar.RESERVED:
+            hint = f"{word} is a reserved word; quote a field of that name as `{found}`"
     if hint is None and found == ";":
         hint = "a clause is incomplete before the ';'"
     return RuleSyntaxError(

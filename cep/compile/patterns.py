@@ -121,7 +121,7 @@ def check_pattern(
                 q.span,
                 "use {n,} with a WITHIN limit, or an aggregate such as COUNT",
             )
-        if q.min > MAX_REPEAT:
+        if q.min > MAX_REPEAT and (q.max is None or q.max < q.min):  # else reported above
             diag.error(f"quantifier bound {q.min} is larger than {MAX_REPEAT}", q.span)
 
     _check_negations(pattern, diag)
