@@ -177,11 +177,11 @@ class Nfa:
                 )
                 out.append(f"  q{st.id} -> ACCEPT [style=dashed label={q('deadline passes')}];")
                 continue
-            guards = [f"not next {self.vars[v]}" for v in st.not_next]
-            guards += [f"not followed by {self.vars[v]}" for v in st.not_followed]
-            text = f"q{st.id}: {self.vars[st.var]}" + "".join(f"\n{g}" for g in guards)
+            notes = [f"not next {self.vars[v]}" for v in st.not_next]
+            notes += [f"not followed by {self.vars[v]}" for v in st.not_followed]
+            text = f"q{st.id}: {self.vars[st.var]}" + "".join(f"\n{g}" for g in notes)
             label = q(text).replace("\n", "\\n")  # DOT's line break inside a label
-            out.append(f"  q{st.id} [label={label}{' shape=box' if guards else ''}];")
+            out.append(f"  q{st.id} [label={label}{' shape=box' if notes else ''}];")
             if st.conn is not Conn.STRICT:
                 out.append(
                     f"  q{st.id} -> q{st.id} [style=dotted label={q('skip ' + st.conn.symbol)}];"
