@@ -22,7 +22,7 @@ from luqum.exceptions import IllegalCharacterError, ParseError
 from luqum.thread import parse as luqum_parse
 
 from cep.errors import QueryError, Span
-from percolator import ast, wildcards
+from percolator import ast, geo, wildcards
 
 MAX_QUERY_CHARS = 16_384
 MAX_CLAUSES = 1_024
@@ -31,6 +31,7 @@ SCORERS = ("wratio", "ratio", "partial", "token_sort", "token_set", "qratio")
 DEFAULT_SIMILARITY = 80.0
 _PLACEHOLDER = "\ue000"
 _PAD = "\ue001"
+_GEO = "\ue002"
 _SIM_RE = re.compile(r'~([a-z_]*)"((?:[^"\\]|\\.)*)"(?:@(\d+(?:\.\d+)?))?')
 _BOUNDARY = set(" \t\r\n(:+-!")
 _POS_RE = re.compile(r"position (\d+)")
@@ -41,6 +42,15 @@ def parse(text: str, *, default_operator: str = "OR", path: str = "<query>") -> 
     """Parse Lucene query `text`; raise `QueryError` (with span and hint) if it is not valid."""
     if default_operator not in ("OR", "AND"):
         raise ValueError("default_operator must be 'OR' or 'AND'")
+    fast = parse_fast(text)  # the common shapes without luqum; None for everything else
+    if fast is not None:
+        return fast
+    return _Parser(text, default_operator, path).run()
+
+
+def parse_luqum(text: str, *, default_operator: str = "OR", path: str = "<query>"
+                ) -> ast.Query:
+    """`parse` without the fast path (tests compare the two)."""
     return _Parser(text, default_operator, path).run()
 
 
@@ -50,6 +60,7 @@ class _Parser:
         self.default_and = default_operator == "AND"
         self.path = path
         self.similar: list[tuple[int, int, str, str, float]] = []
+        self.geo: list[tuple[str, tuple[float, ...]]] = []
         self.clauses = 0
 
     def error(self, message: str, start: int, end: int | None = None, hint: str | None = None
@@ -67,7 +78,7 @@ class _Parser:
                              "saved searches")
         if not text.strip():
             raise self.error("empty query", 0, hint="to match every event, write *:*")
-        for bad in (_PLACEHOLDER, _PAD):
+        for bad in (_PLACEHOLDER, _PAD, _GEO):
             if bad in text:
                 raise self.error("reserved character in query", text.index(bad))
         prepared = self._cut_similarity(text)
@@ -97,6 +108,10 @@ class _Parser:
                 out.append(text[i:j])
                 i = j
                 continue
+            if c == "g" and at_start and text.startswith(("geo_distance(", "geo_box("), i):
+                out.append(self._cut_geo(text, i))
+                i += len(out[-1])
+                continue
             if c == "~" and at_start:
                 m = _SIM_RE.match(text, i)
                 if m is None:
@@ -124,6 +139,34 @@ class _Parser:
             out.append(c)
             i += 1
         return "".join(out)
+
+    def _cut_geo(self, text: str, i: int) -> str:
+        """A geo clause at `i` → a placeholder of the same width (see percolator.geo)."""
+        is_box = text.startswith("geo_box(", i)
+        m = (geo.BOX_RE if is_box else geo.DISTANCE_RE).match(text, i)
+        if m is None:
+            raise self.error("malformed geo clause", i, hint="write field:geo_distance(52.37, "
+                             "4.89, 10km) or field:geo_box(top, left, bottom, right)")
+        nums = [float(g) for g in m.groups()[:4 if is_box else 3]]
+        lats = (nums[0], nums[2]) if is_box else (nums[0],)
+        lons = (nums[1], nums[3]) if is_box else (nums[1],)
+        if any(not -90 <= v <= 90 for v in lats) or any(not -180 <= v <= 180 for v in lons):
+            raise self.error("latitude must be in [-90, 90] and longitude in [-180, 180]",
+                             i, m.end(), hint="geo_distance(lat, lon, radius)")
+        if is_box and nums[0] < nums[2]:
+            raise self.error("geo_box top latitude is below its bottom", i, m.end(),
+                             hint="geo_box(top, left, bottom, right)")
+        if not is_box:
+            unit = m.group(4) or "m"
+            nums[2] *= geo.UNITS[unit]
+            if nums[2] <= 0:
+                raise self.error("geo_distance radius must be positive", i, m.end())
+        marker = _GEO + str(len(self.geo))
+        width = m.end() - i
+        if len(marker) > width:  # pragma: no cover - a geo clause is longer than its marker
+            raise self.error("too many geo clauses", i)
+        self.geo.append(("box" if is_box else "distance", tuple(nums)))
+        return marker + _PAD * (width - len(marker))
 
     def _luqum_error(self, exc: ParseError, illegal: bool) -> QueryError:
         message = str(exc)
@@ -262,6 +305,15 @@ class _Parser:
                                      end, hint='put a space after it: title:~"blue bike"@85 x')
                 _, _, text, scorer, threshold = self.similar[int(body)]
                 return ast.Similar(field, text, threshold, scorer, **meta)
+            if value.startswith(_GEO):
+                body = value[1:].rstrip(_PAD)
+                if not (body.isdigit() and int(body) < len(self.geo)) or field is None:
+                    raise self.error("a geo clause needs a field and a space after it", start,
+                                     end, hint="location:geo_distance(52.37, 4.89, 10km)")
+                kind, nums = self.geo[int(body)]
+                if kind == "box":
+                    return ast.GeoBox(field, *nums, **meta)
+                return ast.GeoDistance(field, *nums, **meta)
             return self._word(value, field, start, end, meta)
         if isinstance(node, lt.Phrase):
             return ast.Phrase(field, _ESCAPE_RE.sub(r"\1", node.value[1:-1]), 0, **meta)
@@ -366,3 +418,7 @@ def _and(kids: list[ast.Query], meta: dict[str, Any]) -> ast.Query:
 def _or(kids: list[ast.Query], meta: dict[str, Any]) -> ast.Query:
     flat = _flatten(kids, ast.Or)
     return flat[0] if len(flat) == 1 else ast.Or(flat, **meta)
+
+
+# Last: fastparse reuses this module's limits and AST helpers.
+from percolator.fastparse import parse_fast  # noqa: E402
