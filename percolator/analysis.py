@@ -97,6 +97,7 @@ class FieldType(StrEnum):
     NUMBER = "number"
     DATE = "date"
     BOOLEAN = "boolean"
+    GEO_POINT = "geo_point"
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,18 @@ class AnalysedEvent:
     def dates(self, path: str) -> list[int]:
         result: list[int] = self._get("dates", path)
         return result
+
+    def points(self, path: str) -> list[tuple[float, float]]:
+        """(lat, lon) of the field's geo_point values (declared geo_point fields only)."""
+        result: list[tuple[float, float]] = self._get("points", path)
+        return result
+
+    def _compute_points(self, path: str) -> list[tuple[float, float]]:
+        if self.schema.type_of(path) is not FieldType.GEO_POINT:
+            return []
+        from percolator.geo import points
+
+        return points(self.event, path)
 
     def bools(self, path: str) -> list[bool]:
         result: list[bool] = self._get("bools", path)

@@ -104,6 +104,28 @@ class Similar(Node):
 
 
 @dataclass(frozen=True, slots=True)
+class GeoDistance(Node):
+    """`field:geo_distance(lat, lon, 10km)` — a geo_point within `meters` (arc distance)."""
+
+    field: FieldName
+    lat: float
+    lon: float
+    meters: float
+
+
+@dataclass(frozen=True, slots=True)
+class GeoBox(Node):
+    """`field:geo_box(top, left, bottom, right)` — a geo_point in the box (edges included;
+    left > right crosses the antimeridian)."""
+
+    field: FieldName
+    top: float
+    left: float
+    bottom: float
+    right: float
+
+
+@dataclass(frozen=True, slots=True)
 class MatchAll(Node):
     """`*` or `*:*`."""
 
@@ -123,10 +145,12 @@ class Not(Node):
     child: Query
 
 
-Leaf = Term | Phrase | Prefix | Wildcard | Regexp | Fuzzy | Range | Exists | Similar | MatchAll
+Leaf = (Term | Phrase | Prefix | Wildcard | Regexp | Fuzzy | Range | Exists | Similar | MatchAll
+        | GeoDistance | GeoBox)
 Query = Leaf | And | Or | Not
 LEAF_TYPES: tuple[type, ...] = (
     Term, Phrase, Prefix, Wildcard, Regexp, Fuzzy, Range, Exists, Similar, MatchAll,
+    GeoDistance, GeoBox,
 )
 
 

@@ -8,6 +8,7 @@ Keys are tuples, produced identically by `percolator.index.event_keys` from an e
   ("p", field, prefix)    some term of the field starts with `prefix`
   ("f", field, variant, k)  a deletion variant (≤ k deletions) of some term (fuzzy)
   ("e", field)            the field is present
+  ("g", field, (level, x, y))  a grid cell holding one of the field's geo_points
   ("r", field, kind, lo, hi, include_lo, include_hi)   kind: num | date | str (range index)
 A leaf's anchor is a tuple of keys, one of which any matching event produces; `()` means the
 leaf can never match; None means it cannot be anchored (match-all).
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cep.errors import QueryError, Span
-from percolator import ast
+from percolator import ast, geo
 from percolator import match as m
 from percolator.analysis import (
     AnalysedEvent,
@@ -50,6 +51,8 @@ class PLeaf:
     fields: tuple[str, ...]
     fn: m.Matcher
     anchor: tuple[Key, ...] | None
+    source: ast.Leaf | None = None           # the AST leaf (for highlighting)
+    field_fns: tuple[m.Matcher, ...] = ()    # the matcher per field, aligned with `fields`
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -125,7 +128,7 @@ class _Compiler:
             anchor = tuple(k for a in anchors if a is not None for k in a)
         fn = fns[0] if len(fns) == 1 else m.any_of(fns)
         return PLeaf(parts[0][0] if len(parts) == 1 else -1, q.label or type(q).__name__,
-                     tuple(fields), fn, anchor)
+                     tuple(fields), fn, anchor, q, tuple(fns))
 
     def fields_of(self, q: ast.Leaf) -> list[str]:
         field = getattr(q, "field", None)
@@ -148,6 +151,12 @@ class _Compiler:
             return m.always, None
         if isinstance(q, ast.Exists):
             return m.exists(field), (("e", field),)
+        if isinstance(q, (ast.GeoDistance, ast.GeoBox)):
+            return self.geo(q, field, kind)
+        if kind is FieldType.GEO_POINT:
+            raise self.error(q, f"{type(q).__name__.lower()} query on geo_point field {field!r}",
+                             hint="geo_point fields take geo_distance(lat, lon, 10km), "
+                                     "geo_box(top, left, bottom, right) or _exists_")
         if isinstance(q, ast.Term):
             return self.term(q, field, kind, q.value)
         if isinstance(q, ast.Phrase):
@@ -186,6 +195,20 @@ class _Compiler:
             keys = tuple(("f", field, v, q.distance) for v in variants)
             return m.fuzzy(field, term, q.distance), keys
         raise self.error(q, f"unsupported clause {type(q).__name__}")  # pragma: no cover
+
+    def geo(self, q: ast.GeoDistance | ast.GeoBox, field: str, kind: FieldType | None
+            ) -> tuple[m.Matcher, tuple[Key, ...]]:
+        if kind is not FieldType.GEO_POINT:
+            raise self.error(q, f"geo query on {'undeclared' if kind is None else kind} field "
+                             f"{field!r}", hint="declare it in the schema: "
+                             f"fields: {{{field}: geo_point}}")
+        if isinstance(q, ast.GeoDistance):
+            fn = m.geo_distance(field, q.lat, q.lon, q.meters)
+            box = geo.circle_box(q.lat, q.lon, q.meters)
+        else:
+            box = (q.top, q.left, q.bottom, q.right)
+            fn = m.geo_box(field, box)
+        return fn, tuple(("g", field, c) for c in geo.box_cells(box))
 
     def need_string(self, q: ast.Node, field: str, kind: FieldType | None, what: str) -> None:
         if kind not in STRING_KINDS:

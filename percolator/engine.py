@@ -16,6 +16,7 @@ from typing import Any
 from percolator import ast
 from percolator.analysis import AnalysedEvent, Schema
 from percolator.compile import LeafTable, PAnd, PLeaf, PNode, PNot, plan
+from percolator.highlight import Highlight, hits
 from percolator.index import QueryIndex, Weigher, anchor_of, default_cost
 from percolator.match import Matcher, all_of, any_of, negate
 from percolator.model import Change, SavedSearch, Target
@@ -47,6 +48,21 @@ class CompiledQuery:
 
     def matched_clauses(self, ev: AnalysedEvent) -> tuple[str, ...]:
         return self.matched(ev)[0]
+
+    def highlights(self, ev: AnalysedEvent) -> tuple[Highlight, ...]:
+        """Every hit (field, value, offsets, text) of the positive clauses true for `ev`."""
+        out: list[Highlight] = []
+        seen: set[Highlight] = set()
+        for leaf in self.positive:
+            if leaf.source is None or not leaf.fn(ev):
+                continue
+            for f, ffn in zip(leaf.fields, leaf.field_fns, strict=True):
+                if ffn(ev):
+                    for h in hits(leaf.source, ffn, f, ev):
+                        if h not in seen:
+                            seen.add(h)
+                            out.append(h)
+        return tuple(out)
 
 
 def compile_query(text: str, schema: Schema | None = None, *, default_operator: str = "OR",
@@ -88,6 +104,7 @@ class Notification:
     metadata: Mapping[str, Any]
     position: Any = None              # the event's source position (or index in the batch)
     search_version: int = 1
+    highlights: tuple[Highlight, ...] = ()  # terms/fields that matched, with offsets
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,6 +112,7 @@ class Notification:
             "matched": list(self.matched), "fields": list(self.fields),
             "targets": [t.to_dict() for t in self.targets], "metadata": dict(self.metadata),
             "position": self.position, "search_version": self.search_version,
+            "highlights": [h.to_dict() for h in self.highlights],
         }
 
 
@@ -139,6 +157,7 @@ class Percolator:
     schema: Schema = field(default_factory=Schema)
     default_operator: str = "OR"
     cost: Weigher = default_cost
+    highlight: bool = True   # notifications carry Highlights (off: labels and fields only)
 
     def __post_init__(self) -> None:
         self._table = LeafTable()
@@ -232,6 +251,7 @@ class Percolator:
         out: list[Notification] = []
         by_slot, fns, schema = self._by_slot, self._fns, self.schema
         candidates = self._index.candidates
+        highlight = self.highlight
         for i, event in enumerate(events):
             ev = AnalysedEvent(event, schema)
             slots = candidates(ev)
@@ -244,8 +264,9 @@ class Percolator:
             for entry in hits:
                 s = entry.search
                 labels, fields = entry.compiled.matched(ev)
+                hl = entry.compiled.highlights(ev) if highlight else ()
                 out.append(Notification(s.id, s.owner, event, labels, fields, s.targets,
-                                        s.metadata, pos, s.version))
+                                        s.metadata, pos, s.version, hl))
         stats.matched = len(out)
         stats.seconds = time.perf_counter() - started
         self.last_stats = stats

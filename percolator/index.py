@@ -16,6 +16,7 @@ from typing import Any
 
 from percolator.analysis import AnalysedEvent, canonical_number
 from percolator.compile import Key, PLeaf, PNode, PNot, POr
+from percolator.geo import cell
 from percolator.ranges import RangeIndex
 from percolator.terms import deletion_variants
 
@@ -37,6 +38,8 @@ def default_cost(key: Key) -> float:
         return 2.0 + 8.0 / (len(key[2]) + 1)
     if kind == "r":
         return 6.0
+    if kind == "g":
+        return 2.5
     if kind == "b":
         return 25.0
     return 40.0  # "e": field present
@@ -81,6 +84,7 @@ class QueryIndex:
         self.ranges: dict[tuple[str, str], RangeIndex] = {}
         self._keys: dict[int, tuple[Key, ...] | None] = {}
         self._prefix_lengths: dict[str, Counter[int]] = {}
+        self._geo_levels: dict[str, Counter[int]] = {}
         self._fuzzy: dict[str, Counter[tuple[int, int]]] = {}  # field → (k, variant length)
         self._fuzzy_spec: dict[str, tuple[int, int, int]] = {}  # field → (max k, min, max len)
 
@@ -126,13 +130,15 @@ class QueryIndex:
                     del group[value]
             if not group:
                 del self.postings[(kind, field)]
-        if kind == "p":
-            lengths = self._prefix_lengths.setdefault(field, Counter())
-            lengths[len(value)] += delta
-            if lengths[len(value)] <= 0:
-                del lengths[len(value)]
+        if kind in ("p", "g"):
+            per = self._prefix_lengths if kind == "p" else self._geo_levels
+            lengths = per.setdefault(field, Counter())
+            size = len(value) if kind == "p" else value[0]
+            lengths[size] += delta
+            if lengths[size] <= 0:
+                del lengths[size]
                 if not lengths:
-                    del self._prefix_lengths[field]
+                    del per[field]
         elif kind == "f":
             spec = self._fuzzy.setdefault(field, Counter())
             key_k = (key[3], len(value))
@@ -162,6 +168,10 @@ class QueryIndex:
                 found = group.keys() & {"true" if b else "false" for b in ev.bools(field)}
             elif kind == "e":
                 found = (None,) if ev.present(field) else ()
+            elif kind == "g":
+                levels = self._geo_levels[field]
+                found = group.keys() & {cell(lat, lon, k) for lat, lon in ev.points(field)
+                                        for k in levels}
             elif kind == "p":
                 lengths = self._prefix_lengths[field]
                 found = group.keys() & {t[:n] for t in ev.terms(field) for n in lengths

@@ -178,6 +178,22 @@ def exists(field: str) -> Matcher:
     return match
 
 
+def geo_distance(field: str, lat: float, lon: float, meters: float) -> Matcher:
+    from percolator.geo import haversine_m
+
+    def match(ev: AnalysedEvent) -> bool:
+        return any(haversine_m(lat, lon, a, b) <= meters for a, b in ev.points(field))
+    return match
+
+
+def geo_box(field: str, box: tuple[float, float, float, float]) -> Matcher:
+    from percolator.geo import in_box
+
+    def match(ev: AnalysedEvent) -> bool:
+        return any(in_box(a, b, box) for a, b in ev.points(field))
+    return match
+
+
 def similar(field: str, text: str, scorer: str, threshold: float) -> Matcher:
     fn = SCORERS[scorer]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from percolator.analysis import FieldType, Schema
+from percolator.analysis import FieldType, Schema, flatten
 from percolator.engine import Percolator
 from percolator.model import SavedSearch
 
@@ -142,6 +142,15 @@ def _check(perc: Percolator, events: list[dict]) -> None:
         got = sorted(n.search_id for n in notes if n.position == i)
         assert got == expected, (ev, got, expected)
         assert set(expected) <= set(perc.candidates(ev))
+    for n in notes:  # highlights point into the event at text the matched clauses name
+        flat = flatten(n.event)
+        for h in n.highlights:
+            assert h.clause in n.matched, (h, n.matched)
+            if h.start is not None:
+                value = flat[h.field][h.value_index]
+                shown = value if isinstance(value, str) else (
+                    ("true" if value else "false") if isinstance(value, bool) else str(value))
+                assert shown[h.start:h.end] == h.text, (h, value)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
