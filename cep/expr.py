@@ -17,6 +17,7 @@ whole columns (numpy arrays) at once, which the engine uses to precompute per-ba
 
 from __future__ import annotations
 
+import datetime as dt
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import re2
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 Caps = tuple[tuple[int, int, Any, int, Any], ...]
 Fn = Callable[[Mapping[str, Any], Caps], Any]
@@ -540,13 +542,93 @@ def _coalesce(*xs: Any) -> Any:
     return next((x for x in xs if x is not None), None)
 
 
+def _int(x: Any) -> int:
+    if isinstance(x, bool) or not isinstance(x, int | float) or x != x:
+        raise TypeError("not a number")
+    return int(x)
+
+
+def _substr(s: str, start: Any, length: Any = None) -> str:
+    """SQL's SUBSTRING: 1-based; positions before 1 count towards the length."""
+    first = _int(start)
+    end = None if length is None else first + _int(length)
+    if end is not None and end <= max(first, 1):
+        return ""
+    return s[max(first, 1) - 1 : None if end is None else end - 1]
+
+
+def _split_part(s: str, delim: str, n: Any) -> str:
+    """The n-th (1-based) piece of `s` split on `delim`; '' past the last piece."""
+    k = _int(n)
+    if k < 1 or not delim:
+        raise ValueError("SPLIT_PART takes a non-empty delimiter and a position from 1")
+    parts = s.split(delim)
+    return parts[k - 1] if k <= len(parts) else ""
+
+
+def _concat(*xs: Any) -> str:
+    if not all(isinstance(x, str) for x in xs):
+        raise TypeError("CONCAT joins strings")
+    return "".join(xs)
+
+
+_ZONES: dict[str, Any] = {}
+
+
+def zone(name: str) -> Any:
+    """An IANA time zone by name (cached); raises ValueError for an unknown one."""
+    found = _ZONES.get(name)
+    if found is None:
+        try:
+            found = _ZONES[name] = ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {name!r}") from exc
+    return found
+
+
+def _moment(t: Any, tz: str) -> dt.datetime:
+    """Event time (epoch ms) or an ISO-8601 string (no offset = UTC), in the zone `tz`."""
+    if isinstance(t, str):
+        parsed = dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=dt.UTC)
+        return parsed.astimezone(zone(tz))
+    return dt.datetime.fromtimestamp(_int(t) / 1000, tz=zone(tz))
+
+
+def _part(get: Callable[[dt.datetime], int]) -> Callable[..., int]:
+    def part(t: Any, tz: str = "UTC") -> int:
+        return get(_moment(t, tz))
+    return part
+
+
+# Date parts of an event time (epoch ms) or ISO-8601 string, in UTC or a given IANA zone.
+DATE_PARTS: dict[str, Callable[[dt.datetime], int]] = {
+    "YEAR": lambda d: d.year,
+    "MONTH": lambda d: d.month,
+    "DAY_OF_MONTH": lambda d: d.day,
+    "DAY_OF_WEEK": lambda d: d.isoweekday(),  # ISO: Monday 1 ... Sunday 7
+    "HOUR": lambda d: d.hour,
+    "MINUTE": lambda d: d.minute,
+}
+
 FUNCS: dict[str, tuple[int, int, Callable[..., Any]]] = {
-    # name: (min args, max args, implementation on non-NULL arguments)
+    # name: (min args, max args, implementation on non-NULL arguments). An argument that is
+    # NULL makes the result NULL (except COALESCE); so does an argument of the wrong runtime
+    # type or value (an event must not stop the stream).
     "ABS": (1, 1, abs),
     "LOWER": (1, 1, str.lower),
     "UPPER": (1, 1, str.upper),
     "LENGTH": (1, 1, len),
     "COALESCE": (1, 16, _coalesce),
+    "SUBSTR": (2, 3, _substr),
+    "REPLACE": (3, 3, str.replace),
+    "TRIM": (1, 1, str.strip),
+    "LTRIM": (1, 1, str.lstrip),
+    "RTRIM": (1, 1, str.rstrip),
+    "CONCAT": (2, 16, _concat),
+    "SPLIT_PART": (3, 3, _split_part),
+    **{name: (1, 2, _part(get)) for name, get in DATE_PARTS.items()},
 }
 
 
@@ -563,18 +645,30 @@ class Func(Expr):
         fs = [a.bind() for a in self.args]
         if self.name == "COALESCE":
             return lambda e, c: _coalesce(*(g(e, c) for g in fs))
-        (f,) = fs
+        if len(fs) == 1:
+            (f,) = fs
 
-        def call(e: Mapping[str, Any], c: Caps) -> Any:
-            v = f(e, c)
-            if v is None:
+            def call(e: Mapping[str, Any], c: Caps) -> Any:
+                v = f(e, c)
+                if v is None:
+                    return None
+                try:
+                    return impl(v)
+                except (TypeError, ValueError, OverflowError, OSError):
+                    return None
+
+            return call
+
+        def call_n(e: Mapping[str, Any], c: Caps) -> Any:
+            vs = [g(e, c) for g in fs]
+            if any(v is None for v in vs):
                 return None
             try:
-                return impl(v)
-            except TypeError:
+                return impl(*vs)
+            except (TypeError, ValueError, OverflowError, OSError, AttributeError):
                 return None
 
-        return call
+        return call_n
 
     def __str__(self) -> str:
         return f"{self.name}({', '.join(map(str, self.args))})"

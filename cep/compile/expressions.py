@@ -34,6 +34,13 @@ SCHEMA_TYPES = {
     "BOOLEAN": BOOL,
 }
 AGGREGATES = ("SUM", "AVG", "COUNT", "MIN", "MAX")
+# Argument types of the string functions that take more than a string (CONCAT: all strings).
+STRING_SIGNATURES = {
+    "SUBSTR": ("string", "number", "number"),
+    "REPLACE": ("string", "string", "string"),
+    "SPLIT_PART": ("string", "string", "number"),
+    "CONCAT": (),
+}
 NAVIGATION = ("PREV", "FIRST", "LAST")
 
 # RE2 would log a rejected pattern to stderr (through absl); the error says it already.
@@ -290,9 +297,33 @@ class _Resolver:
             if func == "ABS":
                 self.want(types[0], NUM, args[0], func)
                 return X.Func(func, exprs), NUM
-            if func in ("LOWER", "UPPER", "LENGTH"):
+            if func in ("LOWER", "UPPER", "LENGTH", "TRIM", "LTRIM", "RTRIM"):
                 self.want(types[0], STR, args[0], func)
                 return X.Func(func, exprs), (NUM if func == "LENGTH" else STR)
+            if func in STRING_SIGNATURES:
+                for arg, typ, expected in zip(args, types, STRING_SIGNATURES[func],
+                                              strict=False):
+                    self.want(typ, expected, arg, func)
+                if func == "CONCAT":
+                    for arg, typ in zip(args, types, strict=True):
+                        self.want(typ, STR, arg, func)
+                return X.Func(func, exprs), STR
+            if func in X.DATE_PARTS:
+                if types[0] not in (NUM, STR, ANY, NULL):
+                    raise self.fail(f"{func} needs an event time (epoch milliseconds) or an "
+                                    f"ISO-8601 string, got a {types[0]}", args[0])
+                if len(args) == 2:
+                    tz = exprs[1]
+                    if not isinstance(tz, X.Const) or not isinstance(tz.value, str):
+                        raise self.fail(f"{func}'s time zone must be a literal, e.g. "
+                                        "'Europe/Paris'", args[1])
+                    try:
+                        X.zone(tz.value)
+                    except ValueError as exc:
+                        raise self.fail(str(exc), args[1],
+                                        "an IANA zone name such as 'UTC' or "
+                                        "'America/New_York'") from None
+                return X.Func(func, exprs), NUM
             known = [t for t in types if t not in (ANY, NULL)]
             if any(t != known[0] for t in known):
                 raise self.fail("COALESCE mixes types: " + ", ".join(types), node)
