@@ -22,10 +22,10 @@ import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
 import re2
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 Caps = tuple[tuple[int, int, Any, int, Any], ...]
 Fn = Callable[[Mapping[str, Any], Caps], Any]
