@@ -286,7 +286,9 @@ impl Core {
                     kept.push(Entry { pos: DONE, caps: entry.caps });
                 }
             }
-            runs.push(Run { start: r.start, entries: kept, tpart: None, matched: r.matched });
+            // A partial match already cut off by time stays its start row's timeout unless
+            // that row completes a match here (the Python spec's on_end does the same).
+            runs.push(Run { start: r.start, entries: kept, tpart: r.tpart, matched: r.matched });
         }
         self.settle(py, state.row, runs, out, None)?;
         Ok(())
