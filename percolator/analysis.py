@@ -57,7 +57,8 @@ _WORD_PATTERN = (
     r"\ua947-\ua953\ua980-\ua983\ua9b3-\ua9c0\ua9e5\uaa29-\uaa36\uaa43\uaa4c-\uaa4d\uaa7b-"
     r"\uaa7d\uaab0\uaab2-\uaab4\uaab7-\uaab8\uaabe-\uaabf\uaac1\uaaeb-\uaaef\uaaf5-\uaaf6"
     r"\uabe3-\uabea\uabec-\uabed\ufb1e\ufe00-\ufe0f\ufe20-\ufe2f\u200d]+(?:(?:[.'’]|(?<=\d),"
-    r"(?=\d))[\w\u0300-\u036f\u0483-\u0489\u0591-\u05bd\u05bf\u05c1-\u05c2\u05c4-\u05c5"
+    r"(?=\d)|(?<=[^\W\d_]):(?=[^\W\d_]))[\w\u0300-\u036f\u0483-\u0489\u0591-\u05bd\u05bf\u05c1-"
+    r"\u05c2\u05c4-\u05c5"
     r"\u05c7\u0610-\u061a\u064b-\u065f\u0670\u06d6-\u06dc\u06df-\u06e4\u06e7-\u06e8\u06ea-"
     r"\u06ed\u0711\u0730-\u074a\u07a6-\u07b0\u07eb-\u07f3\u07fd\u0816-\u0819\u081b-\u0823"
     r"\u0825-\u0827\u0829-\u082d\u0859-\u085b\u0898-\u089f\u08ca-\u08e1\u08e3-\u0903\u093a-"
@@ -85,6 +86,23 @@ _WORD_PATTERN = (
     r"\uaaf5-\uaaf6\uabe3-\uabea\uabec-\uabed\ufb1e\ufe00-\ufe0f\ufe20-\ufe2f\u200d]+)*"
 )
 _TOKEN_RE = re.compile(_WORD_PATTERN)
+# Pictographic symbols (Unicode Extended_Pictographic, as emoji-data.txt lists it; BMP ranges
+# and the emoji planes): each is a token of its own, before normalisation (NFKC would turn ™
+# into "tm"), as Lucene's StandardTokenizer emits them. Literal pattern (see above).
+_PICTO_RE = re.compile(
+    "[\u00a9\u00ae\u203c\u2049\u2122\u2139\u2194-\u2199\u21a9-\u21aa\u231a-\u231b"
+    "\u2328\u2388\u23cf\u23e9-\u23f3\u23f8-\u23fa\u25aa-\u25ab\u25b6\u25c0"
+    "\u25fb-\u25fe\u2600-\u2605\u2607-\u2612\u2614-\u2685\u2690-\u2705\u2708-\u2712"
+    "\u2714\u2716\u271d\u2721\u2728\u2733-\u2734\u2744\u2747\u274c\u274e\u2753-\u2755"
+    "\u2757\u2763-\u2767\u2795-\u2797\u27a1\u27b0\u27bf\u2934-\u2935\u2b05-\u2b07"
+    "\u2b1b-\u2b1c\u2b50\u2b55\u3030\u303d\u3297\u3299\U0001f000-\U0001f0ff"
+    "\U0001f10d-\U0001f10f\U0001f12f\U0001f16c-\U0001f171\U0001f17e-\U0001f17f"
+    "\U0001f18e\U0001f191-\U0001f19a\U0001f1ad-\U0001f1e5\U0001f201-\U0001f20f"
+    "\U0001f21a\U0001f22f\U0001f232-\U0001f23a\U0001f23c-\U0001f23f\U0001f249-\U0001f3fa"
+    "\U0001f400-\U0001f53d\U0001f546-\U0001f64f\U0001f680-\U0001f6ff\U0001f774-\U0001f77f"
+    "\U0001f7d5-\U0001f7ff\U0001f80c-\U0001f80f\U0001f848-\U0001f84f\U0001f85a-\U0001f85f"
+    "\U0001f888-\U0001f88f\U0001f8ae-\U0001f8ff\U0001f90c-\U0001f93a\U0001f93c-\U0001f945"
+    "\U0001f947-\U0001faff\U0001fc00-\U0001fffd]")
 _NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _DATE_RE = re.compile(r"\d{4}-\d{2}(?:-\d{2})?(?:[T ]\d{2}(?::\d{2}(?::\d{2}(?:\.\d+)?)?)?)?"
                       r"(?:Z|[+-]\d{2}:?\d{2})?")
@@ -152,7 +170,30 @@ def normalise(text: str) -> str:
 
 
 def tokenise(text: str) -> list[str]:
-    return _TOKEN_RE.findall(normalise(text))
+    if _PICTO_RE.search(text) is None:
+        return _TOKEN_RE.findall(normalise(text))
+    out: list[str] = []
+    pos = 0
+    for m in _PICTO_RE.finditer(text):
+        out += _TOKEN_RE.findall(normalise(text[pos:m.start()]))
+        out.append(m.group())
+        pos = m.end()
+    out += _TOKEN_RE.findall(normalise(text[pos:]))
+    return out
+
+
+def segments(text: str) -> list[tuple[int, str, bool]]:
+    """(offset, piece, is a pictograph) of `text`, split at pictographic symbols."""
+    out: list[tuple[int, str, bool]] = []
+    pos = 0
+    for m in _PICTO_RE.finditer(text):
+        if m.start() > pos:
+            out.append((pos, text[pos:m.start()], False))
+        out.append((m.start(), m.group(), True))
+        pos = m.end()
+    if pos < len(text):
+        out.append((pos, text[pos:], False))
+    return out
 
 
 @lru_cache(maxsize=65_536)

@@ -141,8 +141,8 @@ class _Compiler:
         return ["*"]
 
     def leaf(self, q: ast.Leaf, field: str) -> tuple[int, m.Matcher, tuple[Key, ...] | None]:
-        key = (type(q).__name__, field, *(getattr(q, s) for s in q.__slots__ if s != "field"))
-        return self.table.get(key, lambda: self.build(q, field))
+        # AST leaves compare by meaning (type and values; positions and labels left out).
+        return self.table.get((q, field), lambda: self.build(q, field))
 
     # -- per leaf type -------------------------------------------------------------------------
     def build(self, q: ast.Leaf, field: str) -> tuple[m.Matcher, tuple[Key, ...] | None]:

@@ -26,6 +26,7 @@ from percolator.analysis import (
     AnalysedEvent,
     FieldType,
     normalise,
+    segments,
     tokenise,
 )
 from percolator.terms import compile_regex, map_wildcard_literals, wildcard_to_regex
@@ -48,6 +49,17 @@ class Highlight:
 def token_spans(value: str) -> list[tuple[str, int | None, int | None]]:
     """Analysed tokens of `value` with offsets into `value` (None when normalisation changed
     the text in a way that cannot be mapped back character by character)."""
+    out: list[tuple[str, int | None, int | None]] = []
+    for off, piece, picto in segments(value):
+        if picto:
+            out.append((piece, off, off + len(piece)))
+            continue
+        for t, a, b in _piece_spans(piece):
+            out.append((t, None if a is None else a + off, None if b is None else b + off))
+    return out
+
+
+def _piece_spans(value: str) -> list[tuple[str, int | None, int | None]]:
     norm = normalise(value)
     if norm == value or (len(norm) == len(value) and norm == value.lower()):
         return [(m.group(), m.start(), m.end()) for m in _TOKEN_RE.finditer(norm)]

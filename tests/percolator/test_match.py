@@ -164,3 +164,11 @@ def test_token_pattern_covers_every_combining_mark() -> None:
              if unicodedata.category(chr(cp)).startswith("M")]
     assert [m for m in marks if not _TOKEN_RE.fullmatch("a" + m)] == []
     assert _TOKEN_RE.fullmatch("a\u0301b") and not _TOKEN_RE.fullmatch("a-b")
+
+
+def test_tokens_follow_lucene_standard_tokenizer_on_colons_and_pictographs() -> None:
+    # UAX #29: a colon between letters joins (MidLetter), not between digits; Extended_
+    # Pictographic symbols are tokens of their own, before NFKC (which would make ™ "tm").
+    assert tokenise("the micro:bit at 10:30") == ["the", "micro:bit", "at", "10", "30"]
+    assert tokenise("Enforcement®, Role a™ b x😀y") == [
+        "enforcement", "®", "role", "a", "™", "b", "x", "😀", "y"]
