@@ -103,7 +103,7 @@ def render_md(section: dict[str, Any]) -> str:
     out = ["### Percolator vs Lucene Monitor (real corpus: Debian package descriptions)", "",
            "| stored searches | ours events/s | Lucene best events/s (presearcher) | "
            "ours / Lucene | matches / event | ours verified / event | build searches/s ours "
-           "| same pairs |", "|---|---|---|---|---|---|---|---|"]
+           "| RSS bytes / search ours | same pairs |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         o = r["ours"]
         agree = "yes" if r["agree"] else (
@@ -112,7 +112,8 @@ def render_md(section: dict[str, Any]) -> str:
         out.append(f"| {r['queries']:,} | {o['events_per_s']:,.0f} | "
                    f"{r['lucene_best_events_per_s']:,.0f} ({r['lucene_best']}) | "
                    f"{r['ours_over_lucene']:.2f} | {r['matches_per_event']:.1f} | "
-                   f"{o['verified_fraction']:.3%} | {r['build_rate_ours']:,.0f} | {agree} |")
+                   f"{o['verified_fraction']:.3%} | {r['build_rate_ours']:,.0f} | "
+                   f"{o.get('rss_bytes_per_search', 0):,.0f} | {agree} |")
     out += ["", f"Corpus: {section['corpus']} ({section['corpus_events']:,} packages), "
             f"{section['n_events']:,} events per run; Java {section['java_version']}; "
             f"e.g. `{rows[-1]['command']}`; load average before/after each size: "

@@ -38,7 +38,8 @@ def render(res: dict[str, Any], plots: list[str]) -> str:
     out += alert_rows(res)
     out += _embedded(res, plots) + _spark(res, plots) + _flink(res) + _state(res, plots)
     out += _percolator(res, plots) + _section(res, "mokaccino", _mokaccino_md)
-    out += _section(res, "lucene", _lucene_md) + _section(res, "latency", _latency_md)
+    out += _section(res, "lucene", _lucene_md) + _section(res, "corpus", _corpus_md)
+    out += _section(res, "latency", _latency_md)
     out += _growth_md(res, plots) + _profile(res) + _missing(res)
     return "\n".join(out) + "\n"
 
@@ -185,6 +186,11 @@ def _mokaccino_md(section: dict[str, Any]) -> str:
     return str(mokaccino_peer.render_md(section))
 
 
+def _corpus_md(section: dict[str, Any]) -> str:
+    from bench import corpus_peer
+    return str(corpus_peer.render_md(section))
+
+
 def _lucene_md(section: dict[str, Any]) -> str:
     from bench import lucene_peer
     return str(lucene_peer.render_md(section))
@@ -233,7 +239,8 @@ def _profile(res: dict[str, Any]) -> list[str]:
 def _missing(res: dict[str, Any]) -> list[str]:
     out = ["", "## Not measured in this run", ""]
     skipped = [name for name in ("embedded", "scaling", "state", "growth", "profile",
-                                 "percolator", "mokaccino", "lucene", "spark", "flink",
+                                 "percolator", "mokaccino", "lucene", "corpus", "spark",
+                                 "flink",
                                  "latency") if name not in res]
     if skipped:
         out.append(f"- Not run (left out by `--only` or failed): {', '.join(skipped)}.")

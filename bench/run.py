@@ -5,7 +5,7 @@ bench/results/latest.md (tables, ratios, machine, command), latest.json (raw fig
 plots. A benchmark that fails is reported as failed, with its error; nothing is filled in.
 
 Benchmarks (names for --only): embedded, scaling, state, growth, profile, percolator, mokaccino,
-lucene, spark, flink, latency.
+lucene, corpus (real-text percolator vs Lucene Monitor), spark, flink, latency.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from bench.workloads import (
 )
 
 ALL = ("embedded", "scaling", "state", "growth", "profile", "percolator", "mokaccino", "lucene",
-       "spark", "flink", "latency")
+       "corpus", "spark", "flink", "latency")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -121,6 +121,11 @@ def _lucene() -> Any:
     return lucene_peer
 
 
+def _corpus() -> Any:
+    from bench import corpus_peer
+    return corpus_peer
+
+
 def _latency() -> Any:
     from bench import latency
     return latency
@@ -164,6 +169,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "mokaccino": lambda: _mokaccino().run(sizes.perc_queries, sizes.perc_events,
                                               breakdown=not args.quick),
         "lucene": lambda: _lucene().run(sizes.perc_queries, sizes.perc_events, work),
+        # Real corpus vs Lucene Monitor (bench/corpus_peer.py): 10k and 100k searches (quick:
+        # 1k on the committed sample).
+        "corpus": lambda: _corpus().run((1_000,) if args.quick else (10_000, 100_000),
+                                        300 if args.quick else 3_000, work / "corpus",
+                                        source="sample" if args.quick else "auto"),
     }
     for name, fn in steps.items():
         if name in only:
