@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
+import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cep.config import Settings
 from cep.errors import ConfigError
@@ -68,7 +70,7 @@ def get_spark(
 
     builder = (
         SparkSession.builder.appName(app_name)
-        .master(settings.spark_master)
+        .master(with_task_retries(settings.spark_master))
         .config("spark.pyspark.python", sys.executable)
         .config("spark.pyspark.driver.python", sys.executable)
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
@@ -88,6 +90,57 @@ def get_spark(
         builder = builder.config("spark.submit.pyFiles", package_zip())
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = _start(builder)
     spark.sparkContext.setLogLevel(os.environ.get("CEP_SPARK_LOG_LEVEL", "WARN"))
     return spark
+
+
+TASK_ATTEMPTS = 4  # Spark's default on a cluster (spark.task.maxFailures)
+
+
+def with_task_retries(master: str) -> str:
+    """`local[N]` → `local[N,4]`. Local mode ignores spark.task.maxFailures and gives a task
+    one attempt, so one Python worker that misses Spark's fixed 10 s connect-back window on a
+    loaded machine ('Python worker failed to connect back', seen here at load 10) fails the
+    whole query; a cluster would retry the task. A retried task re-reads the same input and
+    state version, so alerts are unchanged. `local[N,F]` and cluster masters pass as given."""
+    m = re.fullmatch(r"local\[(\d+|\*)\]", master.strip())
+    return f"local[{m.group(1)},{TASK_ATTEMPTS}]" if m else master
+
+
+_QUIET = True
+
+
+def set_quiet(quiet: bool) -> None:
+    """Quiet (the default): the JVM's console output (log4j, Spark's warnings, the Python
+    workers' chatter) goes to `spark_log_path()` instead of the terminal. `--verbose` turns it
+    off, so everything shows as Spark prints it."""
+    global _QUIET
+    _QUIET = quiet
+
+
+def spark_log_path() -> Path:
+    return Path(os.environ.get("CEP_SPARK_LOG")
+                or Path(tempfile.gettempdir()) / f"cep-spark-{os.getpid()}.log")
+
+
+def _start(builder: Any) -> SparkSession:
+    """getOrCreate; when it starts the JVM and we are quiet, the JVM (and the Python workers it
+    starts) inherit a standard error that is the log file, while this process keeps its own."""
+    from pyspark import SparkContext
+
+    if not _QUIET or SparkContext._active_spark_context is not None:
+        return builder.getOrCreate()
+    path = spark_log_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    saved = os.dup(2)
+    try:
+        sys.stderr.flush()
+        os.dup2(log_fd, 2)
+        return builder.getOrCreate()
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(log_fd)
