@@ -20,7 +20,9 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> Any:
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="replay the bundled sample streams through the bundled rules")
     p.add_argument("--out", default="out/demo", help="output directory (default: out/demo)")
-    p.set_defaults(func=_demo)
+    p.add_argument("--verbose", action="store_true",
+                   help="Spark's own console output too (by default it goes to a log file)")
+    p.set_defaults(func=verbose(_demo))
 
     p = sub.add_parser(
         "replay", help="run the rules over historical events (files or a Kafka range) on Spark",
@@ -96,9 +98,11 @@ def verbose(handler: Callable[[argparse.Namespace], int],
     @functools.wraps(handler)
     def run(args: argparse.Namespace) -> int:
         from cep.delivery.preflight import set_verbose
+        from jobs.session import set_quiet
 
         loud = bool(getattr(args, "verbose", False))
         set_verbose(loud)
+        set_quiet(not loud)  # Spark's console output to a log file unless --verbose
         try:
             return handler(args)
         except CepError:

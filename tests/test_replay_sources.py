@@ -20,11 +20,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _replay(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    spark_log = Path(args[args.index("--out") + 1]).with_suffix(".spark.log")
     proc = subprocess.run([sys.executable, "-m", "cep.cli", "replay", "--rules", "rules",
                            "--no-progress", "--shards", "8", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, **(env or {})})
+                          env={**__import__("os").environ, "CEP_SPARK_LOG": str(spark_log),
+                               **(env or {})})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # Quiet by default: Spark's console output (log4j, warnings, the Python workers' chatter)
+    # is in the log file, not on the terminal.
+    assert " WARN " not in proc.stderr and "Python worker" not in proc.stdout + proc.stderr
+    assert "log4j" in spark_log.read_text()
     return proc
 
 
