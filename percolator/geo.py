@@ -98,11 +98,13 @@ def box_cells(box: Box) -> tuple[tuple[int, int, int], ...]:
     return best
 
 
-_NUM = r"([+-]?\d+(?:\.\d+)?)"
+# Literal patterns (tests/test_architecture.py): a number is [+-]?\d+(?:\.\d+)?
 DISTANCE_RE = re.compile(
-    r"geo_distance\(\s*" + _NUM + r"\s*,\s*" + _NUM + r"\s*,\s*" + _NUM
-    + r"\s*(km|mi|m)?\s*\)")
-BOX_RE = re.compile(r"geo_box\(\s*" + r"\s*,\s*".join([_NUM] * 4) + r"\s*\)")
+    r"geo_distance\(\s*([+-]?\d+(?:\.\d+)?)\s*,\s*([+-]?\d+(?:\.\d+)?)\s*,"
+    r"\s*([+-]?\d+(?:\.\d+)?)\s*(km|mi|m)?\s*\)")
+BOX_RE = re.compile(
+    r"geo_box\(\s*([+-]?\d+(?:\.\d+)?)\s*,\s*([+-]?\d+(?:\.\d+)?)\s*,"
+    r"\s*([+-]?\d+(?:\.\d+)?)\s*,\s*([+-]?\d+(?:\.\d+)?)\s*\)")
 
 
 def parse_point(value: Any) -> tuple[float, float] | None:
