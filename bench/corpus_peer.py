@@ -50,7 +50,11 @@ def index_bytes(queries: list[Any], schema: Any) -> dict[str, float]:
 
 def run(sizes: tuple[int, ...], n_events: int, work: Path, *, source: str = "auto",
         presearchers: tuple[str, ...] = PRESEARCHERS, runs: int = 1, memory: bool = False,
-        timeout: int = 1800) -> dict[str, Any]:
+        batches: tuple[int, ...] = (0, 1), timeout: int = 1800) -> dict[str, Any]:
+    """`batches`: Lucene events per Monitor.match call, 0 = all in one call (a batch index,
+    every query whose terms occur anywhere in the batch runs), 1 = one document per call (a
+    MemoryIndex per event); every (presearcher, batch) runs, the fastest is the yardstick and
+    every one's pairs are compared with ours."""
     info = build()
     work.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
@@ -67,13 +71,27 @@ def run(sizes: tuple[int, ...], n_events: int, work: Path, *, source: str = "aut
                 f.write(f"{q.id}\t{q.query}\n")
         apt_corpus.write_tsv(events, epath)
         ours, ours_pairs = run_ours(queries, events, apt_corpus.SCHEMA)
-        mpath = work / f"corpus_q{n}_lucene_matches.tsv"
-        luc = run_jar(qpath, epath, presearchers=presearchers, runs=runs, matches_out=mpath,
-                      timeout=timeout, extra_args=FIELDS_ARG)
-        by_ps = luc["by_presearcher"]
+        by_ps: dict[str, dict[str, Any]] = {}
+        cmps: dict[str, dict[str, Any]] = {}
+        commands: dict[str, str] = {}
+        for batch in batches:
+            tag = "all" if batch == 0 else str(batch)
+            mpath = work / f"corpus_q{n}_lucene_b{tag}_matches.tsv"
+            luc = run_jar(qpath, epath, presearchers=presearchers, runs=runs, batch=batch,
+                          matches_out=mpath, timeout=timeout, extra_args=FIELDS_ARG)
+            for p, r in luc["by_presearcher"].items():
+                by_ps[f"{p}/batch={tag}"] = r
+                commands[f"{p}/batch={tag}"] = luc["command"]
+            # The jar writes the first presearcher's pairs; the others' counts are compared.
+            cmps[f"batch={tag}"] = compare(ours_pairs, read_matches(mpath), queries, events)
         best_name = max(by_ps, key=lambda p: by_ps[p]["events_per_s"])
         best = by_ps[best_name]
-        cmp = compare(ours_pairs, read_matches(mpath), queries, events)
+        cmp = {"agree": all(c["agree"] for c in cmps.values()),
+               "only_ours": sum(c["only_ours"] for c in cmps.values()),
+               "only_lucene": sum(c["only_lucene"] for c in cmps.values()),
+               "only_ours_by_kind": {k: c["only_ours_by_kind"] for k, c in cmps.items()},
+               "only_lucene_by_kind": {k: c["only_lucene_by_kind"] for k, c in cmps.items()},
+               "by_batch": cmps}
         row: dict[str, Any] = {
             "queries": n, "events": len(events), "ours": ours, "lucene": by_ps,
             "lucene_best": best_name, "lucene_best_events_per_s": best["events_per_s"],
@@ -85,7 +103,9 @@ def run(sizes: tuple[int, ...], n_events: int, work: Path, *, source: str = "aut
                                           for r in by_ps.values()),
             "matches_per_event": ours["notifications"] / len(events),
             "build_rate_ours": n / ours["build_seconds"],
-            "command": luc["command"], "load_before": load_before, "load_after": _load(),
+            "command": commands[best_name], "commands": commands,
+            "lucene_events_per_s": {k: r["events_per_s"] for k, r in by_ps.items()},
+            "load_before": load_before, "load_after": _load(),
         }
         if memory:
             row["memory"] = index_bytes(queries, apt_corpus.SCHEMA)
@@ -101,7 +121,7 @@ def render_md(section: dict[str, Any]) -> str:
     if not rows:
         return ""
     out = ["### Percolator vs Lucene Monitor (real corpus: Debian package descriptions)", "",
-           "| stored searches | ours events/s | Lucene best events/s (presearcher) | "
+           "| stored searches | ours events/s | Lucene best events/s (presearcher/batch) | "
            "ours / Lucene | matches / event | ours verified / event | build searches/s ours "
            "| RSS bytes / search ours | same pairs |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -114,6 +134,10 @@ def render_md(section: dict[str, Any]) -> str:
                    f"{r['ours_over_lucene']:.2f} | {r['matches_per_event']:.1f} | "
                    f"{o['verified_fraction']:.3%} | {r['build_rate_ours']:,.0f} | "
                    f"{o.get('rss_bytes_per_search', 0):,.0f} | {agree} |")
+    out += ["", "Lucene events/s per configuration: " + "; ".join(
+        f"{r['queries']:,}: " + ", ".join(f"{k} {v:,.0f}"
+                                           for k, v in r["lucene_events_per_s"].items())
+        for r in rows) + "."]
     out += ["", f"Corpus: {section['corpus']} ({section['corpus_events']:,} packages), "
             f"{section['n_events']:,} events per run; Java {section['java_version']}; "
             f"e.g. `{rows[-1]['command']}`; load average before/after each size: "
@@ -132,12 +156,13 @@ def main() -> None:  # pragma: no cover - manual runs
     ap.add_argument("--presearchers", default=",".join(PRESEARCHERS))
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--batches", default="0,1", help="Lucene events per match call (0: all)")
     ap.add_argument("--work", default="/tmp/corpus_peer")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     sec = run(tuple(int(s) for s in a.sizes.split(",")), a.events, Path(a.work),
               source=a.source, presearchers=tuple(a.presearchers.split(",")), runs=a.runs,
-              memory=a.memory)
+              memory=a.memory, batches=tuple(int(b) for b in a.batches.split(",")))
     if a.json:
         Path(a.json).write_text(json.dumps(sec, indent=1, default=str))
     print(render_md(sec))
