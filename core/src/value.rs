@@ -9,7 +9,7 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyOverflowError, PyTypeError, PyZeroDivisionError};
+use pyo3::exceptions::{PyOSError, PyOverflowError, PyTypeError, PyValueError, PyZeroDivisionError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
@@ -406,17 +406,34 @@ fn soft_only_type(py: Python<'_>, r: PyResult<Bound<'_, PyAny>>) -> PyResult<Val
     })
 }
 
+/// One-argument functions (`cep.expr.Func`): TypeError, ValueError, OverflowError and OSError
+/// become NULL.
+fn soft_func(py: Python<'_>, r: PyResult<Bound<'_, PyAny>>) -> PyResult<Value> {
+    match r {
+        Ok(v) => Ok(Value::from_py(&v)),
+        Err(e)
+            if e.is_instance_of::<PyTypeError>(py)
+                || e.is_instance_of::<PyValueError>(py)
+                || e.is_instance_of::<PyOverflowError>(py)
+                || e.is_instance_of::<PyOSError>(py) =>
+        {
+            Ok(Value::Null)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 pub fn abs(py: Python<'_>, ops: &PyOps, v: &Value) -> PyResult<Value> {
     Ok(match v {
         Value::Null => Value::Null,
         Value::Bool(b) => Value::Int(*b as i64),
         Value::Int(i) => match i.checked_abs() {
             Some(n) => Value::Int(n),
-            None => soft_only_type(py, call1(py, &ops.abs, v))?,
+            None => soft_func(py, call1(py, &ops.abs, v))?,
         },
         Value::Float(f) => Value::Float(f.abs()),
         Value::Str(_) => Value::Null,
-        Value::Py(_) => soft_only_type(py, call1(py, &ops.abs, v))?,
+        Value::Py(_) => soft_func(py, call1(py, &ops.abs, v))?,
     })
 }
 
@@ -429,7 +446,7 @@ pub fn case(py: Python<'_>, ops: &PyOps, v: &Value, upper: bool) -> PyResult<Val
         })),
         Value::Str(_) | Value::Py(_) => {
             let f = if upper { &ops.upper } else { &ops.lower };
-            soft_only_type(py, call1(py, f, v))?
+            soft_func(py, call1(py, f, v))?
         }
         _ => Value::Null,
     })
@@ -438,7 +455,7 @@ pub fn case(py: Python<'_>, ops: &PyOps, v: &Value, upper: bool) -> PyResult<Val
 pub fn length(py: Python<'_>, ops: &PyOps, v: &Value) -> PyResult<Value> {
     Ok(match v {
         Value::Str(s) => Value::Int(s.chars().count() as i64),
-        Value::Py(_) => soft_only_type(py, call1(py, &ops.len, v))?,
+        Value::Py(_) => soft_func(py, call1(py, &ops.len, v))?,
         _ => Value::Null,
     })
 }
