@@ -61,18 +61,25 @@ def load_rule(rules: str | Path, rule_id: str) -> CompiledRule:
     raise ReportError(f"no rule {rule_id!r} in {rules} (rules: {known})")
 
 
-def read_jsonl(paths: Iterable[Path]) -> Iterable[dict[str, Any]]:
+def read_jsonl(paths: Iterable[Path], skipped: list[str] | None = None,
+               ) -> Iterable[dict[str, Any]]:
+    """JSON objects, one per line. With `skipped`, a line that is not a valid event (by the one
+    definition, `cep.events`) is listed there as `file:line: reason` and passed over, as
+    `cep replay` dead-letters it; without, it is an error (our own files: the alerts)."""
+    from cep.events import parse_object
+
     for path in paths:
-        with path.open(encoding="utf-8") as fh:
+        with path.open("rb") as fh:
             for n, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ReportError(f"{path}:{n}: not a JSON line ({exc.msg})") from None
-                if isinstance(record, dict):
-                    yield record
+                record, reason = parse_object(line.rstrip(b"\r\n"))
+                if record is None:
+                    if skipped is None:
+                        raise ReportError(f"{path}:{n}: not a JSON line ({reason})")
+                    skipped.append(f"{path}:{n}: {reason}")
+                    continue
+                yield record
 
 
 def event_files(inputs: Sequence[str | Path]) -> list[Path]:
@@ -201,7 +208,7 @@ def draw_key(rule: CompiledRule, view: KeyView, value: str | None) -> bytes:
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=utc))
     ax.set_title(f"{rule.key_field} = {view.key}: {len(view.events)} events, "
                  f"{len(view.alerts)} alert{'s' if len(view.alerts) != 1 else ''} (UTC)",
-                 loc="left", fontsize=10)
+                 loc="left", fontsize=10, pad=14)  # room for the #n labels above the axes
     for side in ("left", "right", "top"):
         ax.spines[side].set_visible(False)
 
@@ -372,7 +379,9 @@ def build_report(*, alerts: str | Path, inputs: Sequence[str | Path], rule_id: s
     if not alerts_path.is_file():
         raise ReportError(f"{alerts_path}: no such file")
     records = [a for a in read_jsonl([alerts_path]) if a.get("rule_id") == rule_id]
-    views = select_keys(rule, records, read_jsonl(event_files(inputs)), keys, only_keys)
+    skipped: list[str] = []
+    views = select_keys(rule, records, read_jsonl(event_files(inputs), skipped), keys,
+                        only_keys)
     field = value_field(rule, value)
     pngs = [draw_key(rule, v, field) for v in views]
     if png_dir is not None:
@@ -382,6 +391,9 @@ def build_report(*, alerts: str | Path, inputs: Sequence[str | Path], rule_id: s
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in v.key)
             (folder / f"{rule_id}-{i + 1:02d}-{safe}.png").write_bytes(png)
     source = f"Alerts: {alerts_path}; events: {', '.join(map(str, inputs))}."
+    if skipped:
+        source += (f" {len(skipped)} line{'s' if len(skipped) != 1 else ''} that are not valid "
+                   f"events skipped (replay dead-letters them), e.g. {skipped[0]}.")
     page = render_html(rule, views, pngs, n_alerts=len(records),
                        n_keys=len({str(a['key']) for a in records}), source=source)
     path = Path(out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import sys
 import traceback
 from collections.abc import Callable
@@ -45,6 +46,8 @@ def register(sub: Any) -> None:
     p.add_argument("--master", dest="spark_master", help="Spark master (default local[2])")
     p.add_argument("--bootstrap", dest="kafka_bootstrap", help="Kafka bootstrap servers")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary as one JSON document (no progress bar)")
     p.add_argument("--verbose", action="store_true", help="full traces and client logs on error")
     p.set_defaults(func=verbose(_replay))
 
@@ -131,7 +134,10 @@ def _replay(args: argparse.Namespace) -> int:
     summary = run_replay(settings, args.rules, inputs, args.out,
                          max_files_per_trigger=args.max_files_per_trigger,
                          kafka_from=args.kafka_from, kafka_to=args.kafka_to,
-                         show_progress=False if args.no_progress else None)
+                         show_progress=False if (args.no_progress or args.json) else None)
+    if args.json:
+        print(json.dumps(summary.to_json(), indent=2))
+        return 0 if summary.balanced else 1
     print(summary.table())
     print(f"alerts written to {args.out}")
     if not summary.balanced:  # a record neither processed nor a dead letter: a bug, say so

@@ -54,6 +54,15 @@ class ReplaySummary:
         return (self.events_read == self.events_processed + self.dead_letters
                 and self.late <= self.events_processed)
 
+    def to_json(self) -> dict[str, Any]:
+        return {"events_read": self.events_read, "events_processed": self.events_processed,
+                "dead_letters": self.dead_letters, "late": self.late,
+                "dropped_by_watermark": self.dropped_by_watermark,
+                "partials_dropped": self.partials_dropped, "alerts": dict(self.alerts),
+                "alerts_total": sum(self.alerts.values()), "max_ts": self.max_ts,
+                "batches": self.batches, "seconds": round(self.seconds, 3), "out": self.out,
+                "balanced": self.balanced}
+
     def table(self) -> str:
         lines = [f"{'rule':<28} {'alerts':>8}"]
         for rule, n in sorted(self.alerts.items()):

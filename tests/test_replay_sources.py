@@ -69,6 +69,9 @@ def test_replay_csv_and_parquet(tmp_path):
     (tmp_path / "pq").mkdir()
     df.iloc[half:].to_parquet(tmp_path / "pq" / "b.parquet", index=False)
     out = tmp_path / "alerts.jsonl"
-    _replay(["--input", f"transactions={tmp_path / 'csv'}",
-             "--input", f"transactions={tmp_path / 'pq'}", "--out", str(out)])
+    proc = _replay(["--input", f"transactions={tmp_path / 'csv'}",
+                    "--input", f"transactions={tmp_path / 'pq'}", "--out", str(out), "--json"])
     assert _alerts(out) == _expected(ds)
+    summary = json.loads(proc.stdout)  # --json: the summary alone, as one document
+    assert summary["events_read"] == summary["events_processed"] == len(ds.events)
+    assert summary["balanced"] and summary["alerts_total"] == len(ds.expected)

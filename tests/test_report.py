@@ -91,3 +91,15 @@ def test_report_unknown_rule_is_an_error(tmp_path, capsys):
                  "--rules", RULES, "--out", str(tmp_path / "r.html")])
     assert code == 2
     assert "no rule 'nope'" in capsys.readouterr().err
+
+
+def test_report_reads_a_folder_with_malformed_lines_as_replay_does(tmp_path, capsys):
+    ds = fraud(n_events=1500, n_keys=20, seed=5, inject=1)
+    events, alerts = replay(tmp_path, "fraud", "transactions", ds.events)
+    part = sorted(events.iterdir())[0]
+    part.write_text(part.read_text() + "{'ts': 1, 'card': 'c1'}\nnot json at all\n")
+    out = tmp_path / "report.html"
+    assert main(["report", "--alerts", str(alerts), "--input", str(events), "--rule",
+                 "card_testing", "--rules", RULES, "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "2 lines that are not valid events skipped" in page and images(page)
