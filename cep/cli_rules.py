@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cep.colour import diagnostic
 from cep.compile import check_paths, rule_files
 
 
@@ -61,7 +62,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     for p in missing:
         print(f"{p}: error: no such file or directory", file=sys.stderr)
     for e in errors:
-        print(e.render(), file=sys.stderr)
+        print(diagnostic(e.render(), sys.stderr), file=sys.stderr)
     if not args.quiet:
         status = f"{n_errors} error{'s' if n_errors != 1 else ''}" if n_errors else "ok"
         print(
@@ -79,7 +80,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     sets, errors = check_paths([path])
     if errors:
         for e in errors:
-            print(e.render(), file=sys.stderr)
+            print(diagnostic(e.render(), sys.stderr), file=sys.stderr)
         return 1
     rules = [r for rs in sets.values() for r in rs if args.rule in (None, r.id)]
     if not rules:

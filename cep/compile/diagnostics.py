@@ -29,8 +29,8 @@ def did_you_mean(word: str, choices: Iterable[str], what: str = "") -> str | Non
         return f"did you mean {close[0]!r}?"
     if what and options:
         names = sorted(options)
-        shown = ", ".join(names[:24])
-        more = f" and {len(names) - 24} more" if len(names) > 24 else ""
+        shown = ", ".join(names[:40])
+        more = f" and {len(names) - 40} more" if len(names) > 40 else ""
         return f"known {what}: {shown}{more}"
     return None
 

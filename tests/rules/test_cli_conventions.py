@@ -108,3 +108,15 @@ def test_semantic_errors_once_each_with_every_function_and_no_re2_log(tmp_path, 
     assert "known functions:" in err and "UPPER" in err and "SUM" in err
     assert "invalid regular expression: missing ): (ab" in err
     assert "b'missing" not in err and "re2.cc" not in err and "absl" not in err
+
+
+def test_colour_only_on_a_terminal_or_when_forced(tmp_path, capsys, monkeypatch):
+    bad = write(tmp_path, "c.cep", STREAM + "RULE a FROM s PATTERN (x) DEFINE x AS vv > 1 "
+                                            "EMIT 'a';\n")
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    assert main(["check", bad]) == 1
+    assert "\x1b[" not in capsys.readouterr().err  # not a TTY: plain text
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert main(["check", bad]) == 1
+    err = capsys.readouterr().err
+    assert "\x1b[1m\x1b[31merror\x1b[0m:" in err and "\x1b[36m  hint:" in err
