@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import threading
 import time
 import uuid
@@ -180,3 +181,42 @@ def test_health_view_reads_the_jobs_metrics(console_url, page):
     table = page.wait_for_selector("#health").inner_text()
     assert "1234.5" in table and "dead letters\t2" in table
     _shot(page, "health")
+
+
+@pytest.mark.spark
+def test_an_alert_of_a_running_job_appears_in_the_alerts_view(console_url, page, kafka_bootstrap,
+                                                               redis_url, topic, tmp_path):
+    """The whole path: kcat → Kafka → `cep run` (its own process) → Redis → the console's
+    server-sent events → the page, while the job runs."""
+    from cep.datagen import fraud
+    from cep.delivery.kafka_sink import ensure_topics
+    from tests.test_live import cep_run, kcat_produce
+
+    page.goto(f"{console_url}/alerts")
+    page.wait_for_selector("#alerts-status:text('following')")
+    rules = tmp_path / "job-rules"
+    rules.mkdir()
+    shutil.copy(ROOT / "rules" / "fraud.cep", rules / "fraud.cep")
+    ds = fraud(n_events=600, n_keys=6, inject=1, seed=7)
+    # This test's own cards: the Redis server and its alert streams are shared with others.
+    tag = uuid.uuid4().hex[:6]
+    events = [{**e, "card": f"{e['card']}-{tag}"} for e in ds.events]
+    ensure_topics(kafka_bootstrap, [f"{topic}-in"], partitions=1)
+    kcat_produce(kafka_bootstrap, f"{topic}-in", [f"{e['card']}\t{json.dumps(e)}\n"
+                                                   for e in events])
+    env = {"CEP_KAFKA_BOOTSTRAP": kafka_bootstrap, "CEP_REDIS_URL": redis_url,
+           "CEP_SHARDS": "4", "CEP_SHUFFLE_PARTITIONS": "2",
+           "CEP_DEAD_LETTER_TOPIC": f"{topic}-dlq", "CEP_LATE_TOPIC": f"{topic}-late"}
+    log = tmp_path / "run.log"
+    proc = cep_run(env, ["--rules", str(rules), "--checkpoint", str(tmp_path / "ck"),
+                         "--topic", f"transactions={topic}-in"], log)
+    try:
+        expected = {(e.rule, f"{e.key}-{tag}") for e in ds.expected}
+        first_rule, first_key = sorted(expected)[0]
+        row = page.wait_for_selector(
+            f"#alerts tr.alert[data-rule={first_rule}]:has-text('{first_key}')", timeout=300_000)
+        assert first_key in row.inner_text()
+        assert proc.poll() is None, log.read_text()[-3000:]  # seen while the job runs
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
