@@ -19,7 +19,7 @@ from percolator.analysis import AnalysedEvent, Schema
 from percolator.compile import LeafTable, PAnd, PLeaf, PNode, PNot, plan
 from percolator.highlight import Highlight, hits
 from percolator.index import QueryIndex, Weigher, anchor_of, default_cost
-from percolator.match import Matcher, all_of, any_of, negate
+from percolator.match import Matcher, all_of, any_of, negate, term_of, term_sets
 from percolator.model import Change, SavedSearch, Target
 from percolator.syntax import parse
 
@@ -79,6 +79,23 @@ def _closure(node: PNode) -> Matcher:
         return node.fn
     if isinstance(node, PNot):
         return negate(_closure(node.child))
+    if isinstance(node, PAnd):
+        # Plain-term children (and negated plain terms) become set tests per field.
+        required: dict[str, set[str]] = {}
+        forbidden: dict[str, set[str]] = {}
+        rest: list[Matcher] = []
+        for c in node.children:
+            t = term_of(c.fn) if isinstance(c, PLeaf) else None
+            nt = (term_of(c.child.fn) if isinstance(c, PNot) and isinstance(c.child, PLeaf)
+                  else None)
+            if t is not None:
+                required.setdefault(t[0], set()).add(t[1])
+            elif nt is not None:
+                forbidden.setdefault(nt[0], set()).add(nt[1])
+            else:
+                rest.append(_closure(c))
+        if required:
+            return term_sets(required, forbidden, rest)
     kids = [_closure(c) for c in node.children]
     return all_of(kids) if isinstance(node, PAnd) else any_of(kids)
 

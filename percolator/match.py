@@ -26,7 +26,14 @@ def always(ev: AnalysedEvent) -> bool:
 def term_in(field: str, term: str) -> Matcher:
     def match(ev: AnalysedEvent) -> bool:
         return term in ev.terms(field)
+    match.term = (field, term)  # type: ignore[attr-defined]  # see engine._closure
     return match
+
+
+def term_of(fn: Matcher) -> tuple[str, str] | None:
+    """(field, term) when `fn` is exactly "term in the field's terms" (term_in, memoised)."""
+    t: tuple[str, str] | None = getattr(fn, "term", None)
+    return t
 
 
 def number_eq(field: str, value: float) -> Matcher:
@@ -83,6 +90,33 @@ def memoised(leaf_id: int, m: Matcher) -> Matcher:
         if r is None:
             r = memo[leaf_id] = m(ev)
         return r
+    if hasattr(m, "term"):
+        match.term = m.term  # type: ignore[attr-defined]
+    return match
+
+
+def term_sets(required: dict[str, set[str]], forbidden: dict[str, set[str]],
+              rest: Sequence[Matcher]) -> Matcher:
+    """A conjunction whose plain-term children are set tests on the field's terms (one C-level
+    subset / disjointness test per field instead of a closure call per term)."""
+    req = tuple((f, frozenset(ts)) for f, ts in required.items())
+    forb = tuple((f, frozenset(ts)) for f, ts in forbidden.items())
+    others = tuple(rest)
+    if len(req) == 1 and not forb and not others:
+        (f, ts), = req
+
+        def match1(ev: AnalysedEvent) -> bool:
+            return ts <= ev.terms(f)
+        return match1
+
+    def match(ev: AnalysedEvent) -> bool:
+        for f, ts in req:
+            if not ts <= ev.terms(f):
+                return False
+        for f, ts in forb:
+            if not ts.isdisjoint(ev.terms(f)):
+                return False
+        return all(r(ev) for r in others)
     return match
 
 
