@@ -28,14 +28,12 @@ from cep import _core  # built by `pip install -e .`: a missing build fails here
 from cep.compile import CompileErrors, compile_rules
 from cep.runtime import Matcher
 from cep.runtime.native import native_matcher, why_not_native
+from tests.rules.strategies import rule_statement
 
 EXAMPLES = int(os.environ.get("CEP_DIFF_EXAMPLES")
                or {"dev": 10, "ci": 100, "deep": 1_000}[os.environ.get("HYPOTHESIS_PROFILE", "ci")])
 STREAMS_PER_RULE = 20
 
-VARS = ("a", "b", "c")
-QUANTS = ("", "", "", "?", "*", "+", "{2}", "{1,}", "{,2}", "{1,2}", "{0,2}", "{2,3}")
-CONNS = ("", "", "-> ", "->> ")
 DEFINES = {
     "a": ("t = 'a'", "t IN ('a', 'b')", "v >= 2", "SUM(a.v) <= 3", None, "v / 2 > 0.5",
           "v % 2 = 1", "f IS NULL", "COALESCE(n, v) > 1", "s CONTAINS 'b'", "LENGTH(s) >= 2",
@@ -54,84 +52,13 @@ MEASURES = ("COUNT(*) AS k", "SUM(a.v) AS sa", "AVG(v) AS av", "FIRST(a.s) AS fs
             "LAST(b.v) AS lb", "MAX(f) AS mf", "MIN(s) AS ms", "PREV(v) AS pv", "v * 2 AS v2",
             "COALESCE(n, f, v) AS co", "b.v - a.v AS d", "v / PREV(v) AS q", "UPPER(a.s) AS us",
             "LENGTH(s) AS ls", "ABS(v) AS av2", "a.v > b.v AS gt", "SUM(f) AS sf")
-SKIPS = ("PAST LAST ROW", "TO NEXT ROW", "TO FIRST {v}", "TO LAST {v}", "ALL MATCHES")
-
-
-@st.composite
-def element(draw: st.DrawFn, depth: int) -> str:
-    if depth <= 0 or draw(st.integers(0, 3)) > 0:
-        text = draw(st.sampled_from(VARS))
-    else:
-        lead = draw(st.sampled_from(("", "", "", "-> ", "->> ")))
-        text = f"({lead}{draw(alternation(depth - 1))})"
-    q = draw(st.sampled_from(QUANTS))
-    if q and draw(st.integers(0, 2)) == 0:
-        q += "?"
-    return text + q
-
-
-@st.composite
-def sequence(draw: st.DrawFn, depth: int) -> str:
-    items = [draw(element(depth))]
-    for _ in range(draw(st.integers(0, 2))):
-        items.append(draw(st.sampled_from(CONNS)) + draw(element(depth)))
-    return " ".join(items)
-
-
-@st.composite
-def alternation(draw: st.DrawFn, depth: int) -> str:
-    return " | ".join(draw(sequence(depth)) for _ in range(draw(st.integers(1, 2))))
-
-
-@st.composite
-def pattern(draw: st.DrawFn) -> str:
-    if draw(st.integers(0, 2)) > 0:
-        return draw(alternation(2))
-    items = [draw(element(1))]
-    for _ in range(draw(st.integers(1, 3))):
-        if draw(st.booleans()):
-            items.append(draw(st.sampled_from(("", "-> "))) + "NOT " + draw(st.sampled_from("xy")))
-        else:
-            q = draw(st.sampled_from(("", "", "+", "{2}", "{1,2}")))
-            items.append(draw(st.sampled_from(CONNS)) + draw(st.sampled_from(VARS)) + q)
-    return " ".join(items)
 
 
 @st.composite
 def rule_text(draw: st.DrawFn) -> str:
-    pat = draw(pattern())
-    words = pat.replace("(", " ").replace(")", " ").replace("|", " ").split()
-    used = [v for v in (*VARS, "x", "y") if any(w.rstrip("?*+{},0123456789") == v for w in words)]
-    defines = []
-    for v in used:
-        cond = draw(st.sampled_from(DEFINES[v]))
-        if cond is not None:
-            defines.append(f"{v} AS {cond}")
-    within = draw(st.sampled_from((None, 3, 6)))
-    step = draw(st.sampled_from((None, None, 2)))
-    skip = draw(st.sampled_from(SKIPS)).format(v=draw(st.sampled_from(VARS)))
-    parts = ["RULE r FROM s"]
-    if draw(st.booleans()):
-        parts.append("PARTITION BY k")
-    parts.append(f"PATTERN ({pat})")
-    if defines:
-        parts.append("DEFINE " + ", ".join(defines))
-    if within:
-        parts.append(f"WITHIN {within}ms")
-    if step:
-        parts.append(f"STEP WITHIN {step}ms")
-    if within is None and step is None:
-        parts.append("ALLOW UNBOUNDED")
-    measures = draw(st.lists(st.sampled_from(MEASURES), max_size=3, unique=True))
-    if measures:
-        parts.append("MEASURES " + ", ".join(measures))
-    if draw(st.integers(0, 4)) == 0:
-        parts.append(f"MAX PARTIAL MATCHES {draw(st.integers(1, 4))}")
-    parts.append("ALL MATCHES" if skip == "ALL MATCHES" else f"AFTER MATCH SKIP {skip}")
-    parts.append("EMIT 'm'")
-    if within and draw(st.booleans()):
-        parts.append("ON TIMEOUT EMIT 'late'")
-    return "STREAM s TIME BY ts;\n" + " ".join(parts) + ";"
+    rule = draw(rule_statement(DEFINES, partition=True, timeouts=True, measures=MEASURES,
+                               max_partial=True))
+    return "STREAM s TIME BY ts;\n" + rule
 
 
 values = st.one_of(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3),

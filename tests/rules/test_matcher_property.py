@@ -12,10 +12,8 @@ from hypothesis import strategies as st
 from cep.compile import check_text, compile_rules, parse_file
 from cep.runtime import Match, Matcher
 from tests.rules.reference import Reference
+from tests.rules.strategies import rule_statement
 
-VARS = ("a", "b", "c")
-QUANTS = ("", "", "", "?", "*", "+", "{2}", "{1,}", "{,2}", "{1,2}", "{0,2}", "{2,3}")
-CONNS = ("", "", "-> ", "->> ")
 DEFINES = {
     "a": ("t = 'a'", "t IN ('a', 'b')", "v >= 2", "SUM(a.v) <= 3", None),
     "b": ("t = 'b'", "v > PREV(v)", "v = a.v", "t != 'a' AND v < 3", None),
@@ -23,79 +21,12 @@ DEFINES = {
     "x": ("t = 'c'", "v = 0", "v = a.v"),
     "y": ("t = 'b'", "v >= 3"),
 }
-SKIPS = ("PAST LAST ROW", "TO NEXT ROW", "TO FIRST {v}", "TO LAST {v}", "ALL MATCHES")
-
-
-@st.composite
-def element(draw: st.DrawFn, depth: int) -> str:
-    if depth <= 0 or draw(st.integers(0, 3)) > 0:
-        text = draw(st.sampled_from(VARS))
-    else:
-        lead = draw(st.sampled_from(("", "", "", "-> ", "->> ")))
-        text = f"({lead}{draw(alternation(depth - 1))})"
-    q = draw(st.sampled_from(QUANTS))
-    if q and draw(st.integers(0, 2)) == 0:
-        q += "?"
-    return text + q
-
-
-@st.composite
-def sequence(draw: st.DrawFn, depth: int) -> str:
-    items = [draw(element(depth))]
-    for _ in range(draw(st.integers(0, 2))):
-        items.append(draw(st.sampled_from(CONNS)) + draw(element(depth)))
-    return " ".join(items)
-
-
-@st.composite
-def alternation(draw: st.DrawFn, depth: int) -> str:
-    return " | ".join(draw(sequence(depth)) for _ in range(draw(st.integers(1, 2))))
-
-
-@st.composite
-def top_pattern(draw: st.DrawFn) -> str:
-    if draw(st.integers(0, 2)) > 0:
-        return draw(alternation(2))
-    # a top-level sequence with negations: A [NOT x | -> NOT x] [-> B] ...
-    items = [draw(element(1))]
-    for _ in range(draw(st.integers(1, 3))):
-        if draw(st.booleans()):
-            items.append(draw(st.sampled_from(("", "-> "))) + "NOT " + draw(st.sampled_from("xy")))
-        else:
-            q = draw(st.sampled_from(("", "", "+", "{2}", "{1,2}")))
-            items.append(draw(st.sampled_from(CONNS)) + draw(st.sampled_from(VARS)) + q)
-    return " ".join(items)
 
 
 @st.composite
 def rule_text(draw: st.DrawFn) -> str:
-    pattern = draw(top_pattern())
-    used = [
-        v
-        for v in (*VARS, "x", "y")
-        if v in pattern.replace("NOT ", " ").split()
-        or any(v == ch for ch in pattern if ch.isalpha())
-    ]
-    defines = []
-    for v in used:
-        cond = draw(st.sampled_from(DEFINES[v]))
-        if cond is not None:
-            defines.append(f"{v} AS {cond}")
-    within = draw(st.sampled_from((None, 3, 6)))
-    step = draw(st.sampled_from((None, None, 2)))
-    skip = draw(st.sampled_from(SKIPS)).format(v=draw(st.sampled_from(VARS)))
-    parts = [f"RULE r FROM s PATTERN ({pattern})"]
-    if defines:
-        parts.append("DEFINE " + ", ".join(defines))
-    if within:
-        parts.append(f"WITHIN {within}ms")
-    if step:
-        parts.append(f"STEP WITHIN {step}ms")
-    if within is None and step is None:
-        parts.append("ALLOW UNBOUNDED")
-    parts.append("ALL MATCHES" if skip == "ALL MATCHES" else f"AFTER MATCH SKIP {skip}")
-    parts.append("EMIT 'm';")
-    return "STREAM s (ts INT, t STRING, v INT) TIME BY ts;\n" + " ".join(parts)
+    rule = draw(rule_statement(DEFINES))
+    return "STREAM s (ts INT, t STRING, v INT) TIME BY ts;\n" + rule
 
 
 events_strategy = st.lists(
