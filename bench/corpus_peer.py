@@ -123,7 +123,7 @@ def render_md(section: dict[str, Any]) -> str:
     out = ["### Percolator vs Lucene Monitor (real corpus: Debian package descriptions)", "",
            "| stored searches | ours events/s | Lucene best events/s (presearcher/batch) | "
            "ours / Lucene | matches / event | ours verified / event | build searches/s ours "
-           "| RSS bytes / search ours | same pairs |", "|---|---|---|---|---|---|---|---|---|"]
+           "| same pairs |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         o = r["ours"]
         agree = "yes" if r["agree"] else (
@@ -132,8 +132,7 @@ def render_md(section: dict[str, Any]) -> str:
         out.append(f"| {r['queries']:,} | {o['events_per_s']:,.0f} | "
                    f"{r['lucene_best_events_per_s']:,.0f} ({r['lucene_best']}) | "
                    f"{r['ours_over_lucene']:.2f} | {r['matches_per_event']:.1f} | "
-                   f"{o['verified_fraction']:.3%} | {r['build_rate_ours']:,.0f} | "
-                   f"{o.get('rss_bytes_per_search', 0):,.0f} | {agree} |")
+                   f"{o['verified_fraction']:.3%} | {r['build_rate_ours']:,.0f} | {agree} |")
     out += ["", "Lucene events/s per configuration: " + "; ".join(
         f"{r['queries']:,}: " + ", ".join(f"{k} {v:,.0f}"
                                            for k, v in r["lucene_events_per_s"].items())

@@ -92,30 +92,16 @@ def text(n_queries: int, n_events: int, seed: int = 12) -> tuple[list[SavedSearc
 WORKLOADS = {"structured": structured, "text": text}
 
 
-def _rss() -> int:
-    """Resident set size of this process in bytes (Linux; 0 elsewhere)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:  # pragma: no cover
-        pass
-    return 0
-
-
 def measure(queries: list[SavedSearch], events: list[dict[str, Any]], schema: Schema,
             highlight: bool = False) -> tuple[dict[str, Any], list[Any], Percolator]:
     """Build the index (timed), warm up on the first 10 % of the events, then time one
     `match_batch` over all of them. Returns the figures, the notifications and the index.
-    Highlighting is off by default, as the Lucene peer's SIMPLE_MATCHER; `rss_bytes_per_search`
-    is the growth of the process's resident memory during the build, per search (it includes
-    the searches' own objects, as a registry-fed index holds them too)."""
-    rss0 = _rss()
+    Highlighting is off by default, as the Lucene peer's SIMPLE_MATCHER. (Index memory per
+    search: bench.corpus_peer.index_bytes, tracemalloc; RSS growth is not a measure of it, the
+    allocator reuses what the workload generator freed.)"""
     t0 = time.perf_counter()
     perc = Percolator.from_searches(queries, schema=schema, highlight=highlight)
     build_s = time.perf_counter() - t0
-    rss_per = (_rss() - rss0) / max(1, len(queries))
     perc.match_batch(events[: max(1, len(events) // 10)])  # warm caches
     t0 = time.perf_counter()
     notes = perc.match_batch(events)
@@ -125,8 +111,7 @@ def measure(queries: list[SavedSearch], events: list[dict[str, Any]], schema: Sc
            "events_per_s": len(events) / secs, "build_seconds": build_s,
            "verified_fraction": st.verified_fraction, "candidates": st.candidates,
            "always_run": st.always_run, "notifications": len(notes),
-           "build_searches_per_s": len(queries) / build_s, "rss_bytes_per_search": rss_per,
-           "highlight": highlight}
+           "build_searches_per_s": len(queries) / build_s, "highlight": highlight}
     return row, notes, perc
 
 
