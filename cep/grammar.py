@@ -191,7 +191,11 @@ suffix = (
     (comp_op + additive).set_parse_action(_tag("cmp"))
     | (pp.Suppress(K("IS")) + NOT_ + pp.Suppress(K("NULL"))).set_parse_action(_tag("isnull"))
     | (
-        NOT_ + pp.Suppress(K("IN")) + LPAR + pp.Group(pp.DelimitedList(expr)) + RPAR
+        # A list of plain literals (the common case, often long) is read without going through
+        # the whole expression grammar per item; anything else falls back to the general list.
+        NOT_ + pp.Suppress(K("IN")) + LPAR
+        + (pp.Group(pp.DelimitedList(string_lit | number_lit | const_lit)) + RPAR
+           | pp.Group(pp.DelimitedList(expr)) + RPAR)
     ).set_parse_action(_tag("in"))
     | (
         NOT_ + pp.Suppress(K("BETWEEN")) + additive + pp.Suppress(K("AND")) + additive

@@ -69,3 +69,13 @@ def test_substr_is_sqls(s: str, start: int, length: int | None) -> None:
     from cep.expr import _substr
 
     assert _substr(s, start, length) == sql_substring(s, start, length)
+
+
+def test_a_long_in_list_of_literals_and_a_mixed_one() -> None:
+    # 5,000 literals take the grammar's literal-list path (no timing asserted here).
+    names = ", ".join(f"'m{i}'" for i in range(5_000))
+    assert measure(f"name IN ({names})", name="m4321") is True
+    assert measure(f"name NOT IN ({names})", name="zz") is True
+    # Not only literals: the general list, with SQL's NULL rules.
+    assert measure("n IN (1, 2 + 1, -4, LENGTH(name))", n=3, name="abcd") is True
+    assert measure("n IN (1, NULL)", n=2) is None
