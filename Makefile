@@ -44,6 +44,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 bench: setup-all
+	bash scripts/apt_corpus.sh  # the percolator's real-text corpus (apt lists with English descriptions)
 	$(PY) -m bench.run
 
 bench-quick: setup-all
