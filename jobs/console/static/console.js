@@ -214,19 +214,32 @@ async function searchesView() {
       for (const s of await api("/searches")) {
         list.append(el("tr", {class: "search"}, el("td", {}, s.id), el("td", {}, s.query),
           el("td", {}, el("button", {onclick: async () => { await api(`/searches/${encodeURIComponent(s.id)}`, {method: "DELETE"}).catch(() => {}); load(); }}, "delete"),
-                       el("button", {onclick: async () => {
+                       el("button", {class: "edit", onclick: () => { query.value = s.query; editing = s.id; addButton.textContent = `save ${s.id}`; }}, "edit"),
+                       el("button", {class: "test", onclick: async () => {
+                         msg.textContent = "";
                          try { const r = await api("/test", {method: "POST", body: JSON.stringify({query: s.query, event: JSON.parse(event.value)})});
                                msg.textContent = r.explanation; } catch (e) { msg.textContent = e.message; } }}, "test against the event"))));
       }
     } catch (e) { msg.textContent = e.message; }
   };
+  let editing = null;
   const add = async () => {
-    try { await api("/searches", {method: "POST", body: JSON.stringify({query: query.value})}); msg.textContent = "added"; }
-    catch (e) { msg.textContent = e.message; }
+    try {
+      if (editing) {
+        await api(`/searches/${encodeURIComponent(editing)}`, {method: "PUT", body: JSON.stringify({query: query.value})});
+        msg.textContent = `saved ${editing}`;
+      } else {
+        await api("/searches", {method: "POST", body: JSON.stringify({query: query.value})});
+        msg.textContent = "added";
+      }
+    } catch (e) { msg.textContent = e.message; }
+    editing = null;
+    addButton.textContent = "add";
     load();
   };
-  main.append(el("div", {}, key, " ", el("button", {onclick: load}, "load")),
-              el("div", {}, query, " ", el("button", {onclick: add}, "add")),
+  const addButton = el("button", {id: "add-search", onclick: add}, "add");
+  main.append(el("div", {}, key, " ", el("button", {id: "load-searches", onclick: load}, "load")),
+              el("div", {}, query, " ", addButton),
               el("h3", {}, "Event to test against"), event, list, msg);
   if (key.value) load();
 }
