@@ -1,5 +1,6 @@
 """Fuzzing the saved-search query parser: any text gives a query or our QueryError (with a
-position), never another exception, and inputs up to the size limit are handled (no wall-clock window is asserted)."""
+position), never another exception, and inputs up to the size limit are handled (no
+wall-clock window is asserted: speed belongs to benchmarks)."""
 
 from __future__ import annotations
 
