@@ -22,7 +22,7 @@ demo: setup       ## replay the bundled sample streams through the bundled rules
 test: setup-all   ## the whole suite, with a real Kafka broker, Redis server and Spark
 	cd core && $(CORE_ENV) cargo clippy --locked --all-targets -- -D warnings
 	cd core && $(CORE_ENV) cargo test --locked
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not bench"
 
 core-check: setup ## the native core alone: clippy (warnings are errors), cargo test, differential test
 	cd core && $(CORE_ENV) cargo clippy --locked --all-targets -- -D warnings
@@ -48,6 +48,7 @@ bench: setup-all
 	$(PY) -m bench.run
 
 bench-quick: setup-all
+	$(PY) -m pytest -q -m bench
 	$(PY) -m bench.run --quick
 
 clean:
