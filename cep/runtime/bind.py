@@ -40,9 +40,13 @@ def matcher_kind(matcher: Any) -> str:
 
 
 def build_engine(ruleset: RuleSet, *, max_partial_matches: int | None = None,
-                 use_native: bool | None = None) -> Engine:
+                 use_native: bool | None = None, near_misses: bool = False) -> Engine:
+    """`near_misses`: report timed-out partial matches of every rule (the console's playground);
+    the Python matcher does that, so those rules run on it."""
     runtimes = [
         RuleRuntime(rule.id, rule.stream.name, rule.key_field or "", rule.stream.lateness_ms,
+                    Matcher(rule, max_partial_matches=max_partial_matches, near_misses=True)
+                    if near_misses else
                     make_matcher(rule, max_partial_matches=max_partial_matches,
                                  use_native=use_native),
                     meta=rule, version=rule_hash(rule))

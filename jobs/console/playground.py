@@ -21,9 +21,9 @@ from cep.compile import compile_file
 from cep.events import EventSchema, validate
 from cep.nfa import RuleSet
 from cep.runtime.alerts import alert_record
-from cep.runtime.bind import rule_hash
-from cep.runtime.engine import Engine, Event, RuleRuntime, content_seq, run_embedded
-from cep.runtime.matcher import Match, Matcher, Timeout
+from cep.runtime.bind import build_engine
+from cep.runtime.engine import Engine, Event, content_seq, run_embedded
+from cep.runtime.matcher import Match, Timeout
 
 MAX_RULES_BYTES = 64 * 1024
 MAX_EVENTS_BYTES = 1024 * 1024
@@ -60,11 +60,7 @@ def _error(e: Any) -> dict[str, Any]:
 
 def engine_for(ruleset: RuleSet) -> Engine:
     """Every enabled rule, with near misses on and the playground's partial-match cap."""
-    return Engine([
-        RuleRuntime(r.id, r.stream.name, r.key_field or "", r.stream.lateness_ms,
-                    Matcher(r, max_partial_matches=MAX_PARTIAL_MATCHES, near_misses=True),
-                    meta=r, version=rule_hash(r))
-        for r in ruleset.rules if r.enabled])
+    return build_engine(ruleset, max_partial_matches=MAX_PARTIAL_MATCHES, near_misses=True)
 
 
 def run(rules_text: str, events_text: str, *, stream: str | None = None,
