@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cep import cli_rules
+from cep.cli import rules as cli_rules
 from cep.compile import load_rules_dir
 
 RULES = Path(__file__).parents[2] / "rules"

@@ -1,21 +1,15 @@
-"""`cep` subcommands that run Spark jobs: demo, replay, run, tail."""
+"""`cep demo`, `cep replay`, `cep run`, `cep status`, `cep tail`: the CEP jobs (jobs/)."""
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
-import traceback
-from collections.abc import Callable
 from typing import Any
 
-from cep.config import load_settings
+from cep.cli.common import settings as _settings
+from cep.cli.common import verbose
 from cep.errors import CepError
-
-
-def _settings(args: argparse.Namespace, **overrides: Any) -> Any:
-    return load_settings(getattr(args, "config", None), overrides=overrides)
 
 
 def register(sub: Any) -> None:
@@ -91,28 +85,6 @@ def register(sub: Any) -> None:
     p.add_argument("--timeout", type=float, help="stop after N seconds without an alert")
     p.add_argument("--json", action="store_true", help="print raw JSON")
     p.set_defaults(func=_tail)
-
-
-def verbose(handler: Callable[[argparse.Namespace], int],
-            ) -> Callable[[argparse.Namespace], int]:
-    """Errors are one line (`cep` prints a `CepError`'s message); with `--verbose` the full
-    trace (with its cause: the JVM's or the client's) comes first, and Kafka clients log."""
-
-    @functools.wraps(handler)
-    def run(args: argparse.Namespace) -> int:
-        from cep.delivery.preflight import set_verbose
-        from jobs.session import set_quiet
-
-        loud = bool(getattr(args, "verbose", False))
-        set_verbose(loud)
-        set_quiet(not loud)  # Spark's console output to a log file unless --verbose
-        try:
-            return handler(args)
-        except CepError:
-            if loud:
-                traceback.print_exc()
-            raise
-    return run
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -7,7 +7,8 @@
     cep search serve [--host --port]     (the HTTP API)
 
 `test` explains why the event matches or not and exits like grep: 0 match, 1 no match, 2 query
-error. The other commands use Redis and Kafka from the configuration (`cep --config`, CEP_*).
+error. The other commands use Redis and Kafka: `--redis URL` and `--bootstrap HOST:PORT`, as the
+other commands, else the configuration (`cep --config`, CEP_REDIS_URL, CEP_KAFKA_BOOTSTRAP).
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ def register(sub: Any) -> None:
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--schema", help="schema file (JSON or YAML) declaring field types")
 
+    def services(q: argparse.ArgumentParser, kafka: bool = True) -> None:
+        q.add_argument("--redis", dest="redis_url", help="Redis URL (default: CEP_REDIS_URL)")
+        if kafka:  # the registry writes each change to the changelog topic
+            q.add_argument("--bootstrap", dest="kafka_bootstrap",
+                           help="Kafka bootstrap servers (default: CEP_KAFKA_BOOTSTRAP)")
+
     a = ss.add_parser("add", help="save a search")
     a.add_argument("query")
     a.add_argument("--owner", required=True)
@@ -39,21 +46,25 @@ def register(sub: Any) -> None:
     a.add_argument("--kafka-topic", action="append", default=[])
     a.add_argument("--redis-channel", action="append", default=[])
     common(a)
+    services(a)
     a.set_defaults(func=_add)
 
     ls = ss.add_parser("ls", help="list saved searches")
     ls.add_argument("--owner")
     ls.add_argument("--json", action="store_true")
+    services(ls, kafka=False)
     ls.set_defaults(func=_ls)
 
     sh = ss.add_parser("show", help="show one saved search")
     sh.add_argument("search_id")
     sh.add_argument("--owner")
+    services(sh, kafka=False)
     sh.set_defaults(func=_show)
 
     rm = ss.add_parser("rm", help="remove a saved search")
     rm.add_argument("search_id")
     rm.add_argument("--owner", help="only remove it if it belongs to this owner")
+    services(rm)
     rm.set_defaults(func=_rm)
 
     t = ss.add_parser("test", help="does an event match a query, and why (exit 0/1/2)")
@@ -66,12 +77,14 @@ def register(sub: Any) -> None:
 
     k = ss.add_parser("key", help="create an API key for an owner")
     k.add_argument("owner")
+    services(k, kafka=False)
     k.set_defaults(func=_key)
 
     sv = ss.add_parser("serve", help="run the HTTP API")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8080)
     common(sv)
+    services(sv)
     sv.set_defaults(func=_serve)
 
 
@@ -81,9 +94,11 @@ def _schema(args: argparse.Namespace) -> Schema:
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from cep.config import load_settings
+    from cep.cli.common import settings
 
-    return load_settings(getattr(args, "config", None))
+    # `cep console --searches` calls _redis/_registry with its own args: no such flags there.
+    return settings(args, redis_url=getattr(args, "redis_url", None),
+                    kafka_bootstrap=getattr(args, "kafka_bootstrap", None))
 
 
 def _redis(args: argparse.Namespace) -> Any:

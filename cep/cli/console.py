@@ -37,8 +37,8 @@ def build_app(args: argparse.Namespace) -> Any:
     redis_url = None if args.no_redis else (args.redis or settings.redis_url)
     search_app = None
     if args.searches:
+        from cep.cli.search import _redis, _registry
         from percolator.api import create_app
-        from percolator.cli import _redis, _registry
         from percolator.store import RedisApiKeys
 
         search_app = create_app(_registry(args), RedisApiKeys(_redis(args)))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cep.config import load_settings
-from jobs.cli import verbose
+from cep.cli.common import settings as _settings
+from cep.cli.common import verbose
 
 
 def register(sub: Any) -> None:
@@ -51,9 +51,8 @@ def _percolate(args: argparse.Namespace) -> int:
     from percolator.changelog import DEFAULT_TOPIC
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = load_settings(getattr(args, "config", None), overrides={
-        "kafka_bootstrap": args.kafka_bootstrap, "redis_url": args.redis_url,
-        "spark_master": args.spark_master, "dead_letter_topic": args.dead_letter_topic})
+    settings = _settings(args, kafka_bootstrap=args.kafka_bootstrap, redis_url=args.redis_url,
+                         spark_master=args.spark_master, dead_letter_topic=args.dead_letter_topic)
     checkpoint = args.checkpoint_dir or str(Path(settings.checkpoint_dir) / "percolate")
     opts = PercolateOptions(
         checkpoint=checkpoint, topics=tuple(args.topic),

@@ -1,29 +1,31 @@
-"""The `cep` command line.
+"""The `cep` command line: the top layer of the tree (docs/architecture.md).
 
-Each area of the project registers its own subcommands through a module with a
-``register(subparsers)`` function; heavy imports (Spark, Kafka) happen inside the command
-handlers so that `cep check` starts fast and never needs the JVM.
+This package is the only one that imports the jobs (`jobs/`), and it imports them downward,
+by name, one module per area:
+
+- `cep.cli.rules`     check, explain               (the rule language)
+- `cep.cli.testing`   test, report                 (the embedded engine)
+- `cep.cli.spark`     demo, replay, run, status, tail   (the CEP Spark jobs)
+- `cep.cli.percolate` percolate                    (the percolator's Spark job)
+- `cep.cli.search`    search add|ls|show|rm|test|key|serve   (the percolator)
+- `cep.cli.console`   console                      (the web console)
+
+Each module defines ``register(subparsers)`` and sets ``func=handler`` on its parsers; a
+handler takes the parsed args and returns an exit code. Heavy imports (Spark, Kafka) happen
+inside the handlers so that `cep check` starts fast and never needs the JVM.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
+from cep.cli import console, percolate, rules, search, spark, testing
 from cep.errors import CepError
 
-# Modules that add subcommands. Each defines `register(subparsers) -> None` and sets
-# `func=handler` on its parsers; a handler takes the parsed args and returns an exit code.
-COMMAND_MODULES: tuple[str, ...] = (
-    "jobs.cli",
-    "jobs.cli_percolate",
-    "percolator.cli",
-    "cep.cli_rules",
-    "cep.cli_test",
-    "jobs.cli_console",
-)
+# The areas, in the order their subcommands are listed by `cep --help`.
+COMMAND_MODULES = (spark, percolate, search, rules, testing, console)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cep {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for module in COMMAND_MODULES:
+        module.register(sub)
     return parser
 
 
@@ -63,7 +65,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 141
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
