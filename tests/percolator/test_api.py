@@ -1,6 +1,16 @@
-"""The HTTP API with an in-memory registry: owner isolation, auth, errors, body limit."""
+"""The HTTP API with an in-memory registry: owner isolation, auth, errors, body limit,
+pagination, the per-owner limit, and /docs served offline (fetched from the local server, and
+opened in a real headless Chromium that may reach nothing else)."""
 
 from __future__ import annotations
+
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urljoin, urlparse
 
 import pytest
 from fastapi.testclient import TestClient
@@ -31,7 +41,7 @@ def test_owner_isolation(env) -> None:
     assert client.post("/v1/searches", headers=bob, json={"id": "b1", "query": "x:1"}
                        ).status_code == 201
     # bob cannot list, read, change or delete alice's search; it looks like it does not exist
-    assert [s["id"] for s in client.get("/v1/searches", headers=bob).json()] == ["b1"]
+    assert [s["id"] for s in client.get("/v1/searches", headers=bob).json()["searches"]] == ["b1"]
     assert client.get("/v1/searches/a1", headers=bob).status_code == 404
     assert client.put("/v1/searches/a1", headers=bob, json={"query": "x:2"}).status_code == 404
     assert client.delete("/v1/searches/a1", headers=bob).status_code == 404
@@ -91,3 +101,154 @@ def test_api_keys_are_stored_hashed() -> None:
     stored = list(keys._records.values())[0]
     assert key not in str(stored) and key.split("_", 2)[2] not in str(stored)
     assert keys.revoke(key) and keys.owner_of(key) is None
+
+
+def test_a_taken_id_answers_the_same_whoever_holds_it(env) -> None:
+    """Creating an id that another owner holds answers exactly what creating one's own taken id
+    answers: nothing says whose it is, what it holds, or to update it."""
+    client, alice, bob, log = env
+    assert client.post("/v1/searches", headers=alice, json={"id": "dup", "query": "a:1",
+                                                             "metadata": {"secret": "s3"}}
+                       ).status_code == 201
+    own = client.post("/v1/searches", headers=alice, json={"id": "dup", "query": "b:2"})
+    foreign = client.post("/v1/searches", headers=bob, json={"id": "dup", "query": "b:2"})
+    assert own.status_code == foreign.status_code == 409
+    assert own.json() == foreign.json()
+    assert own.headers.get("content-length") == foreign.headers.get("content-length")
+    text = foreign.text.lower()
+    assert "alice" not in text and "update" not in text and "a:1" not in text and "s3" not in text
+    assert foreign.json()["error"] == "id_not_available"
+    assert [c.search_id for c in log.changes] == ["dup"]  # neither attempt wrote anything
+
+
+def test_listing_is_paginated_by_an_id_cursor(env) -> None:
+    client, alice, bob, _ = env
+    ids = [f"s{i:03d}" for i in range(250)]
+    for sid in ids:
+        assert client.post("/v1/searches", headers=alice, json={"id": sid, "query": "x:1"}
+                           ).status_code == 201
+    client.post("/v1/searches", headers=bob, json={"id": "zzz-bob", "query": "x:1"})
+    first = client.get("/v1/searches", headers=alice).json()
+    assert (len(first["searches"]), first["limit"], first["total"]) == (100, 100, 250)
+    seen, cursor, pages = [], None, 0
+    while True:
+        params = {"limit": 60} | ({"after": cursor} if cursor else {})
+        page = client.get("/v1/searches", headers=alice, params=params).json()
+        seen += [s["id"] for s in page["searches"]]
+        pages += 1
+        cursor = page["next"]
+        if cursor is None:
+            break
+        # a search added or deleted between pages does not shift the rest
+        if pages == 1:
+            client.delete("/v1/searches/s000", headers=alice)
+    assert seen == ids and pages == 5  # 60, 60, 60, 60, 10
+    assert client.get("/v1/searches", headers=alice, params={"limit": 1000}
+                      ).json()["next"] is None
+    for bad in (0, 1001, -1):
+        assert client.get("/v1/searches", headers=alice, params={"limit": bad}
+                          ).status_code == 422
+
+
+def test_the_per_owner_limit_is_a_clear_403() -> None:
+    keys = InMemoryApiKeys()
+    app = create_app(SearchRegistry(InMemorySearchStore(), InMemoryChangelog(),
+                                    max_per_owner=3), keys)
+    client, alice = TestClient(app), {"X-API-Key": keys.create("alice")}
+    for i in range(3):
+        assert client.post("/v1/searches", headers=alice, json={"query": f"x:{i}"}
+                           ).status_code == 201
+    r = client.post("/v1/searches", headers=alice, json={"query": "x:4"})
+    assert r.status_code == 403
+    assert r.json()["error"] == "owner_limit" and r.json()["limit"] == 3
+    assert "3 saved searches" in r.json()["detail"] and "delete" in r.json()["detail"]
+    assert SearchRegistry(InMemorySearchStore()).max_per_owner == 10_000  # as docs/api.md says
+
+
+CDN = re.compile(r"cdn|jsdelivr|unpkg|cdnjs|googleapis|fastapi\.tiangolo", re.I)
+
+
+def test_docs_and_every_asset_it_references_come_from_the_server(env) -> None:
+    client, _, _, _ = env
+    page = client.get("/docs")
+    assert page.status_code == 200
+    refs = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    refs += re.findall(r"url:\s*'([^']+)'", page.text)  # the OpenAPI document
+    assert len(refs) >= 4, refs
+    base = "http://testserver/docs"
+    for ref in refs:
+        url = urljoin(base, ref)
+        assert urlparse(url).netloc == "testserver" and not CDN.search(ref), ref
+        r = client.get(urlparse(url).path)
+        assert r.status_code == 200 and len(r.content) > 0, ref
+        if ref.endswith(".css"):  # and what the stylesheet loads
+            for inner in re.findall(r"url\(([^)]+)\)", r.text):
+                inner = inner.strip("'\"")
+                assert inner.startswith("data:") or urlparse(inner).netloc == "", inner
+    assert not CDN.search(page.text)
+    spec = client.get("/openapi.json").json()
+    schemes = spec["components"]["securitySchemes"]
+    assert {s["type"] for s in schemes.values()} == {"apiKey", "http"}
+    assert spec["paths"]["/v1/searches"]["get"]["security"]
+    assert client.get("/docs-assets/../store.py").status_code == 404
+    assert client.get("/docs-assets/index.html").status_code == 404
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+def api_server(env) -> Iterator[str]:
+    import uvicorn
+
+    from tests.services import free_port
+
+    client, _, _, _ = env
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(client.app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(400):
+        if server.started:
+            break
+        time.sleep(0.05)
+    assert server.started
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_docs_render_in_chromium_with_no_other_host_and_an_authorize_button(api_server) -> None:
+    """Every request the page makes goes to the API server; any other is refused (as it would be
+    offline) and recorded. The page renders the operations and its Authorize dialog takes an
+    API key."""
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), "chromium is not installed (make setup-all installs it)"
+    host = urlparse(api_server).netloc
+    elsewhere: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(60_000)
+
+            def route(r) -> None:  # type: ignore[no-untyped-def]
+                if urlparse(r.request.url).netloc == host or r.request.url.startswith("data:"):
+                    r.continue_()
+                else:
+                    elsewhere.append(r.request.url)
+                    r.abort()
+
+            page.route("**/*", route)
+            page.goto(f"{api_server}/docs")
+            page.wait_for_selector(".opblock-summary-path[data-path='/v1/searches']")
+            page.click("button.authorize")
+            page.wait_for_selector("text=X-API-Key")
+            assert page.locator(".auth-container input").count() >= 1
+        finally:
+            browser.close()
+    assert elsewhere == []
