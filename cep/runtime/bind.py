@@ -4,6 +4,12 @@ Each rule runs on the native matcher core (`cep._core`, see `cep.runtime.native`
 extension is built and the rule uses nothing the core does not reproduce exactly; otherwise on
 the Python matcher (`cep.runtime.matcher`). `CEP_ENGINE=python` forces the Python matcher.
 Both give the same results (tests/core/test_native_differential.py).
+
+`build_embedded_engine` goes one step further for the embedded mode (`run_embedded`,
+`alerts_for`, `cep test`): when every enabled rule runs on the native matcher, the engine loop
+runs in the core too (`cep.runtime.native_engine.NativeEngine`, stage 2 of issue 13); else it is
+`build_engine`'s. `build_engine` stays the Python loop: the Spark operator stores its key states
+through a `KeyStore`, which the native engine does not use yet.
 """
 
 from __future__ import annotations
@@ -53,6 +59,37 @@ def build_engine(ruleset: RuleSet, *, max_partial_matches: int | None = None,
         for rule in ruleset.rules if rule.enabled
     ]
     return Engine(runtimes)
+
+
+def build_embedded_engine(ruleset: RuleSet, *, max_partial_matches: int | None = None,
+                          use_native: bool | None = None) -> Any:
+    """The native engine (`NativeEngine`) when the core is built, wanted (`CEP_ENGINE` is not
+    `python`) and runs every enabled rule; else `build_engine(...)`. Both have `ingest`,
+    `advance`, `next_wake` and `rules`, and work with `run_embedded` and a `MemoryKeyStore`."""
+    if use_native is None:
+        use_native = native.wanted()
+    if use_native and native.available():
+        rules = [rule for rule in ruleset.rules if rule.enabled]
+        programs = [native.native_program(rule) for rule in rules]
+        if all(p is not None for p in programs):
+            from cep.runtime.native_engine import NativeEngine
+
+            runtimes = [
+                RuleRuntime(rule.id, rule.stream.name, rule.key_field or "",
+                            rule.stream.lateness_ms,
+                            make_matcher(rule, max_partial_matches=max_partial_matches,
+                                         use_native=True),
+                            meta=rule, version=rule_hash(rule))
+                for rule in rules
+            ]
+            return NativeEngine(runtimes, programs,  # type: ignore[arg-type]
+                                max_partial_matches=max_partial_matches)
+    return build_engine(ruleset, max_partial_matches=max_partial_matches, use_native=use_native)
+
+
+def engine_kind(engine: Any) -> str:
+    """"native" for the engine loop in the core, "python" for `cep.runtime.engine.Engine`."""
+    return "python" if isinstance(engine, Engine) else "native"
 
 
 def matcher_report(ruleset: RuleSet) -> list[tuple[str, str, str | None]]:

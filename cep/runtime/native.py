@@ -58,4 +58,17 @@ def native_matcher(rule: CompiledRule, *, max_partial_matches: int | None = None
         return None
 
 
-__all__ = ["available", "native_matcher", "wanted", "why_not_native"]
+def native_program(rule: CompiledRule) -> dict[str, Any] | None:
+    """The rule's exported program when the core runs it (checked by building its matcher),
+    else None."""
+    if _core is None:
+        return None
+    try:
+        program = export_program(rule)
+        _core.Matcher(program, rule)
+    except (Unsupported, _core.Unsupported):
+        return None
+    return program
+
+
+__all__ = ["available", "native_matcher", "native_program", "wanted", "why_not_native"]

@@ -7,6 +7,7 @@
 //! (None when empty) that pickles as versioned bytes. No panic crosses the boundary: it becomes
 //! `CoreError` naming the rule.
 
+mod engine;
 mod expr;
 mod matcher;
 mod program;
@@ -75,7 +76,7 @@ pub struct Matcher {
     stats_cls: Py<PyAny>,
 }
 
-fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+pub fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {
@@ -141,43 +142,49 @@ impl Matcher {
     }
 }
 
+/// A rule's matcher core from its exported program (`cep/program.py`).
+pub fn build_core(py: Python<'_>, program: &Bound<'_, PyAny>, max_partial_matches: Option<usize>) -> PyResult<Core> {
+    let p = program::parse(py, program)?;
+    let m = py.import("cep.runtime.matcher")?;
+    let classes = Classes {
+        matched_event: m.getattr("MatchedEvent")?.unbind(),
+        match_: m.getattr("Match")?.unbind(),
+        timeout: m.getattr("Timeout")?.unbind(),
+        dropped: m.getattr("Dropped")?.unbind(),
+    };
+    let d = program.downcast::<PyDict>()?;
+    let version_py = program::get(d, "rule_version")?.unbind();
+    let cap = max_partial_matches
+        .filter(|&c| c > 0)
+        .or(p.max_partial_matches.filter(|&c| c > 0))
+        .unwrap_or(DEFAULT_MAX_PARTIAL_MATCHES);
+    let all_matches = p.skip == SkipK::AllMatches;
+    Ok(Core {
+        cap,
+        all_matches,
+        history_free: p.history_free && !all_matches,
+        want_timeouts: p.timeout_alert.is_some(),
+        ops: PyOps::new(py)?,
+        classes,
+        rule_id_py: PyString::new(py, &p.rule_id).into_any().unbind(),
+        version_py,
+        emit_py: PyString::new(py, &p.emit_alert).into_any().unbind(),
+        timeout_py: PyString::new(py, p.timeout_alert.as_deref().unwrap_or("")).into_any().unbind(),
+        var_names: p.vars.iter().map(|v| PyString::new(py, v).into_any().unbind()).collect(),
+        measure_names: p.measures.iter().map(|(n, _)| PyString::intern(py, n).unbind()).collect(),
+        key_field: p.key_field.as_deref().filter(|k| !k.is_empty()).map(|k| PyString::intern(py, k).unbind()),
+        stats: Stats::default(),
+        p,
+    })
+}
+
 #[pymethods]
 impl Matcher {
     #[new]
     #[pyo3(signature = (program, rule=None, max_partial_matches=None))]
     fn new(py: Python<'_>, program: &Bound<'_, PyAny>, rule: Option<Py<PyAny>>, max_partial_matches: Option<usize>) -> PyResult<Self> {
-        let p = program::parse(py, program)?;
+        let core = build_core(py, program, max_partial_matches)?;
         let m = py.import("cep.runtime.matcher")?;
-        let classes = Classes {
-            matched_event: m.getattr("MatchedEvent")?.unbind(),
-            match_: m.getattr("Match")?.unbind(),
-            timeout: m.getattr("Timeout")?.unbind(),
-            dropped: m.getattr("Dropped")?.unbind(),
-        };
-        let d = program.downcast::<PyDict>()?;
-        let version_py = program::get(d, "rule_version")?.unbind();
-        let cap = max_partial_matches
-            .filter(|&c| c > 0)
-            .or(p.max_partial_matches.filter(|&c| c > 0))
-            .unwrap_or(DEFAULT_MAX_PARTIAL_MATCHES);
-        let all_matches = p.skip == SkipK::AllMatches;
-        let core = Core {
-            cap,
-            all_matches,
-            history_free: p.history_free && !all_matches,
-            want_timeouts: p.timeout_alert.is_some(),
-            ops: PyOps::new(py)?,
-            classes,
-            rule_id_py: PyString::new(py, &p.rule_id).into_any().unbind(),
-            version_py,
-            emit_py: PyString::new(py, &p.emit_alert).into_any().unbind(),
-            timeout_py: PyString::new(py, p.timeout_alert.as_deref().unwrap_or("")).into_any().unbind(),
-            var_names: p.vars.iter().map(|v| PyString::new(py, v).into_any().unbind()).collect(),
-            measure_names: p.measures.iter().map(|(n, _)| PyString::intern(py, n).unbind()).collect(),
-            key_field: p.key_field.as_deref().filter(|k| !k.is_empty()).map(|k| PyString::intern(py, k).unbind()),
-            stats: Stats::default(),
-            p,
-        };
         Ok(Matcher {
             core,
             rule: rule.unwrap_or_else(|| py.None()),
@@ -365,10 +372,13 @@ impl Matcher {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Matcher>()?;
     m.add_class::<State>()?;
+    m.add_class::<engine::Engine>()?;
+    m.add_class::<engine::EngineState>()?;
     m.add_function(wrap_pyfunction!(state_from_bytes, m)?)?;
     m.add("CoreError", m.py().get_type::<CoreError>())?;
     m.add("Unsupported", m.py().get_type::<Unsupported>())?;
     m.add("PROGRAM_VERSION", program::VERSION)?;
     m.add("STATE_VERSION", state::VERSION)?;
+    m.add("KEY_STATE_VERSION", engine::KEY_VERSION)?;
     Ok(())
 }

@@ -64,6 +64,11 @@ impl Enc {
 }
 
 pub fn encode(py: Python<'_>, s: &MState) -> PyResult<Py<PyAny>> {
+    let buf = encode_vec(py, s)?;
+    Ok(PyBytes::new(py, &buf).into_any().unbind())
+}
+
+pub fn encode_vec(py: Python<'_>, s: &MState) -> PyResult<Vec<u8>> {
     let mut e = Enc { buf: Vec::with_capacity(256), index: HashMap::new(), events: Vec::new() };
     e.buf.extend_from_slice(MAGIC);
     e.buf.extend_from_slice(&VERSION.to_le_bytes());
@@ -96,7 +101,7 @@ pub fn encode(py: Python<'_>, s: &MState) -> PyResult<Py<PyAny>> {
     let pickled = py.import("pickle")?.getattr("dumps")?.call1((PyTuple::new(py, [objs.into_any(), seqs.into_any()])?, 5))?;
     let pickled: &[u8] = pickled.downcast::<PyBytes>()?.as_bytes();
     e.buf.extend_from_slice(pickled);
-    Ok(PyBytes::new(py, &e.buf).into_any().unbind())
+    Ok(e.buf)
 }
 
 struct Dec<'a> {

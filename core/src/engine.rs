@@ -1,0 +1,578 @@
+//! The engine loop of `cep/runtime/engine.py` (that file is the specification), for a rule set
+//! whose rules all run on the native matcher: routing events to their key's state, the per-key
+//! event buffer and its `(ts, seq)` order, release at the safe time, deadlines and the wake
+//! index (with `AT_END`), end of input, late events, and state release.
+//!
+//! `Engine` holds the rules (one `Core` each) and their groups (rules that read one stream and
+//! partition by one key field share a key's state); `EngineState` holds the keys' states and the
+//! wake index, the native counterpart of `MemoryKeyStore`. A key's state serialises as versioned
+//! bytes (`Engine.key_bytes` / `Engine.load_key`).
+
+use std::cmp::Ordering;
+use std::collections::{BTreeSet, HashMap};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, OnceLock};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
+
+use crate::expr::Ev;
+use crate::matcher::{Core, MState, Out};
+use crate::{build_core, panic_message, state, CoreError};
+
+pub const EOF_TS: i64 = 253_402_300_799_000;
+pub const AT_END: i64 = EOF_TS - 1;
+pub const KEY_MAGIC: &[u8; 5] = b"CEPNK";
+pub const KEY_VERSION: u16 = 1;
+
+/// A buffered event: `(ts, seq, data)` of the Python engine.
+struct Item {
+    ts: i64,
+    seq: Py<PyAny>,
+    /// `seq` when it is a plain int that fits 64 bits: compared without Python.
+    seqi: Option<i64>,
+    data: Py<PyAny>,
+}
+
+struct Part {
+    rule: String,
+    version: String,
+    state: MState,
+}
+
+#[derive(Default)]
+struct KeyState {
+    buffer: Vec<Item>,
+    parts: Vec<Part>,
+}
+
+/// (group index, key).
+type Sk = (u32, String);
+
+/// The keys' states and the wake index of one engine (the native `MemoryKeyStore`).
+#[pyclass(module = "cep._core", name = "EngineState")]
+#[derive(Default)]
+pub struct EngineState {
+    states: HashMap<Sk, KeyState>,
+    wake_at: HashMap<Sk, i64>,
+    wake: BTreeSet<(i64, Sk)>,
+}
+
+impl EngineState {
+    fn wake_set(&mut self, sk: Sk, when: i64) {
+        if let Some(old) = self.wake_at.insert(sk.clone(), when) {
+            if old == when {
+                return;
+            }
+            self.wake.remove(&(old, sk.clone()));
+        }
+        self.wake.insert((when, sk));
+    }
+
+    fn wake_discard(&mut self, sk: &Sk) {
+        if let Some(old) = self.wake_at.remove(sk) {
+            self.wake.remove(&(old, sk.clone()));
+        }
+    }
+
+    fn pop_due(&mut self, top: i64) -> Vec<Sk> {
+        let mut due = Vec::new();
+        while self.wake.first().is_some_and(|(t, _)| *t <= top) {
+            if let Some((_, sk)) = self.wake.pop_first() {
+                self.wake_at.remove(&sk);
+                due.push(sk);
+            }
+        }
+        due
+    }
+
+    fn pop_all(&mut self) -> Vec<Sk> {
+        self.wake.clear();
+        self.wake_at.drain().map(|(k, _)| k).collect()
+    }
+}
+
+#[pymethods]
+impl EngineState {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    /// The number of keys with state.
+    fn __len__(&self) -> usize {
+        self.states.len()
+    }
+
+    /// The number of keys in the wake index.
+    fn wake_len(&self) -> usize {
+        self.wake_at.len()
+    }
+
+    /// The smallest max event time at which some key has work to do.
+    fn next_wake(&self) -> Option<i64> {
+        self.wake.first().map(|(t, _)| *t)
+    }
+}
+
+struct RuleE {
+    core: Core,
+    id: String,
+    version: String,
+}
+
+struct Group {
+    gid: String,
+    kf: String,
+    kf_py: Py<PyString>,
+    lateness: i64,
+    rules: Vec<usize>,
+    rule_ids: Vec<String>,
+}
+
+#[pyclass(module = "cep._core", name = "Engine")]
+pub struct Engine {
+    rules: Vec<RuleE>,
+    groups: Vec<Group>,
+    by_stream: HashMap<String, Vec<u32>>,
+    /// Each group's place in the order of group ids (the Python engine sorts (gid, key)).
+    rank: Vec<u32>,
+}
+
+#[derive(Default)]
+struct Counts {
+    touched: usize,
+    released: usize,
+    reset: usize,
+}
+
+fn seq_int(seq: &Bound<'_, PyAny>) -> Option<i64> {
+    if seq.is_exact_instance_of::<PyInt>() {
+        seq.extract::<i64>().ok()
+    } else {
+        None
+    }
+}
+
+fn cmp_items(py: Python<'_>, a: &Item, b: &Item) -> Ordering {
+    a.ts.cmp(&b.ts).then_with(|| match (a.seqi, b.seqi) {
+        (Some(x), Some(y)) => x.cmp(&y),
+        _ => {
+            let (x, y) = (a.seq.bind(py), b.seq.bind(py));
+            if x.lt(y).unwrap_or(false) {
+                Ordering::Less
+            } else if y.lt(x).unwrap_or(false) {
+                Ordering::Greater
+            } else {
+                Ordering::Equal
+            }
+        }
+    })
+}
+
+fn key_text(key: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(s) = key.downcast::<PyString>() {
+        return Ok(s.to_str()?.to_owned());
+    }
+    Ok(key.str()?.to_str()?.to_owned())
+}
+
+/// `Engine._advance`: add the key's new events, release what is safe, fire deadlines up to
+/// `safe`, end of input, keep or release the key's state.
+#[allow(clippy::too_many_arguments)]
+fn advance_key(
+    py: Python<'_>,
+    rules: &mut [RuleE],
+    g: &Group,
+    st: &mut EngineState,
+    sk: Sk,
+    new: Option<Vec<Item>>,
+    safe: i64,
+    eof: bool,
+    matches: &Bound<'_, PyList>,
+    counts: &mut Counts,
+) -> PyResult<()> {
+    let loaded = st.states.remove(&sk);
+    let KeyState { mut buffer, mut parts } = loaded.unwrap_or_default();
+    if let Some(new) = new {
+        if buffer.is_empty() {
+            buffer = new;
+        } else {
+            buffer.extend(new);
+        }
+        if buffer.len() > 1 {
+            buffer.sort_by(|a, b| cmp_items(py, a, b));
+        }
+    }
+    let n = buffer.partition_point(|x| x.ts <= safe);
+    let released: Vec<Item> = buffer.drain(..n).collect();
+    let key_py = PyString::new(py, &sk.1).into_any().unbind();
+    let mut kept = Vec::new();
+    let mut due = buffer.first().map(|x| x.ts);
+    for &ri in &g.rules {
+        let rule = &mut rules[ri];
+        let mstate = match parts.iter().position(|p| p.rule == rule.id) {
+            None => None,
+            Some(i) => {
+                let p = parts.remove(i);
+                if p.version != rule.version {
+                    counts.reset += 1;
+                    None
+                } else {
+                    Some(p.state)
+                }
+            }
+        };
+        let out = Out { list: matches.clone(), key: Some(key_py.clone_ref(py)) };
+        let core = &mut rule.core;
+        let r = catch_unwind(AssertUnwindSafe(|| -> PyResult<Option<MState>> {
+            let mut s = mstate;
+            for it in &released {
+                let ev = Arc::new(Ev {
+                    obj: it.data.clone_ref(py),
+                    seq: it.seq.clone_ref(py),
+                    ts: it.ts,
+                    vals: OnceLock::new(),
+                });
+                s = core.feed(py, s, ev, None, &out)?;
+            }
+            if s.as_ref().and_then(|m| m.deadline).is_some_and(|d| d <= safe) {
+                if let Some(m) = s.take() {
+                    s = core.advance(py, m, safe, &out)?;
+                }
+            }
+            if eof {
+                if let Some(m) = s.take() {
+                    core.on_end(py, m, &out)?;
+                }
+            }
+            Ok(s)
+        }));
+        let s = match r {
+            Ok(r) => r?,
+            Err(p) => {
+                return Err(CoreError::new_err(format!(
+                    "rule {}: the native engine failed: {}",
+                    rule.id,
+                    panic_message(p)
+                )))
+            }
+        };
+        if let Some(m) = s {
+            if let Some(d) = m.deadline {
+                due = Some(due.map_or(d, |x| x.min(d)));
+            }
+            kept.push(Part { rule: rule.id.clone(), version: rule.version.clone(), state: m });
+        }
+    }
+    counts.reset += parts.len();
+    counts.touched += 1;
+    if buffer.is_empty() && kept.is_empty() {
+        st.wake_discard(&sk);
+        counts.released += 1;
+        return Ok(());
+    }
+    st.states.insert(sk.clone(), KeyState { buffer, parts: kept });
+    let when = match due {
+        None => AT_END,
+        Some(d) => d.saturating_add(g.lateness).saturating_add(1),
+    };
+    st.wake_set(sk, when);
+    Ok(())
+}
+
+type IngestOut<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, usize, usize, usize);
+
+impl Engine {
+    fn gid_index(&self, gid: &str) -> PyResult<u32> {
+        self.groups
+            .iter()
+            .position(|g| g.gid == gid)
+            .map(|i| i as u32)
+            .ok_or_else(|| PyValueError::new_err(format!("no rule group {gid:?} in this engine")))
+    }
+
+    fn wake_of(&self, gi: u32, ks: &KeyState) -> i64 {
+        let mut due = ks.buffer.first().map(|x| x.ts);
+        for p in &ks.parts {
+            if let Some(d) = p.state.deadline {
+                due = Some(due.map_or(d, |x| x.min(d)));
+            }
+        }
+        match due {
+            None => AT_END,
+            Some(d) => d.saturating_add(self.groups[gi as usize].lateness).saturating_add(1),
+        }
+    }
+}
+
+#[pymethods]
+impl Engine {
+    /// `rules`: per rule `(program, max_partial_matches, stream, key_field, lateness_ms,
+    /// version)`, in the rule set's order.
+    #[new]
+    fn new(py: Python<'_>, rules: &Bound<'_, PyList>) -> PyResult<Self> {
+        let mut rs = Vec::new();
+        let mut groups: Vec<Group> = Vec::new();
+        let mut members: Vec<(String, String)> = Vec::new();
+        for (i, item) in rules.iter().enumerate() {
+            let t = item.downcast::<PyTuple>()?;
+            let program = t.get_item(0)?;
+            let cap: Option<usize> = t.get_item(1)?.extract()?;
+            let stream: String = t.get_item(2)?.extract()?;
+            let kf: String = t.get_item(3)?.extract()?;
+            let lateness: i64 = t.get_item(4)?.extract()?;
+            let version: String = t.get_item(5)?.extract()?;
+            let core = build_core(py, &program, cap)?;
+            let id = core.p.rule_id.clone();
+            let gi = match members.iter().position(|m| m.0 == stream && m.1 == kf) {
+                Some(gi) => gi,
+                None => {
+                    members.push((stream.clone(), kf.clone()));
+                    groups.push(Group {
+                        gid: format!("{stream}:{kf}"),
+                        kf: kf.clone(),
+                        kf_py: PyString::intern(py, &kf).unbind(),
+                        lateness,
+                        rules: Vec::new(),
+                        rule_ids: Vec::new(),
+                    });
+                    groups.len() - 1
+                }
+            };
+            let g = &mut groups[gi];
+            g.lateness = g.lateness.max(lateness);
+            g.rules.push(i);
+            g.rule_ids.push(id.clone());
+            rs.push(RuleE { core, id, version });
+        }
+        let mut by_stream: HashMap<String, Vec<u32>> = HashMap::new();
+        for (gi, (stream, _)) in members.iter().enumerate() {
+            by_stream.entry(stream.clone()).or_default().push(gi as u32);
+        }
+        let mut order: Vec<usize> = (0..groups.len()).collect();
+        order.sort_by(|&a, &b| groups[a].gid.cmp(&groups[b].gid));
+        let mut rank = vec![0u32; groups.len()];
+        for (r, &gi) in order.iter().enumerate() {
+            rank[gi] = r as u32;
+        }
+        Ok(Engine { rules: rs, groups, by_stream, rank })
+    }
+
+    /// `Engine.ingest` over a list of `cep.runtime.engine.Event`: returns (results, late as
+    /// `(rule_ids, key, event index, watermark)`, keys touched, keys released, keys reset).
+    #[pyo3(signature = (state, events, max_ts, end_of_input=None))]
+    fn ingest<'py>(
+        &mut self,
+        py: Python<'py>,
+        state: &Bound<'py, EngineState>,
+        events: &Bound<'py, PyList>,
+        max_ts: i64,
+        end_of_input: Option<i64>,
+    ) -> PyResult<IngestOut<'py>> {
+        let mut st = state.try_borrow_mut()?;
+        let eof = end_of_input.is_some();
+        let mut max_ts = end_of_input.unwrap_or(max_ts);
+        let late_wms: Vec<i64> =
+            self.groups.iter().map(|g| if eof { max_ts } else { max_ts.saturating_sub(g.lateness) }).collect();
+        let late = PyList::empty(py);
+        let mut pending: HashMap<Sk, Vec<Item>> = HashMap::new();
+        let mut top = i64::MIN;
+        let (a_stream, a_ts, a_seq, a_data, a_route) = (
+            intern!(py, "stream"),
+            intern!(py, "ts"),
+            intern!(py, "seq"),
+            intern!(py, "data"),
+            intern!(py, "route"),
+        );
+        for (i, ev) in events.iter().enumerate() {
+            let ts: i64 = ev.getattr(a_ts)?.extract()?;
+            top = top.max(ts);
+            let stream = ev.getattr(a_stream)?;
+            let Some(gs) = self.by_stream.get(stream.downcast::<PyString>()?.to_str()?) else { continue };
+            let data = ev.getattr(a_data)?;
+            let route = ev.getattr(a_route)?;
+            let route = if route.is_none() { None } else { Some(route.downcast::<PyString>()?.to_str()?.to_owned()) };
+            let seq = ev.getattr(a_seq)?;
+            let dict = data.downcast::<PyDict>().ok();
+            let mut late_for: Vec<&str> = Vec::new();
+            let mut late_key = String::new();
+            let mut late_wm = 0i64;
+            for &gi in gs {
+                let g = &self.groups[gi as usize];
+                if route.as_ref().is_some_and(|r| *r != g.kf) {
+                    continue;
+                }
+                let key = if g.kf.is_empty() {
+                    String::new()
+                } else {
+                    let k = match dict {
+                        Some(d) => d.get_item(g.kf_py.bind(py))?,
+                        None => Some(data.call_method1(intern!(py, "get"), (g.kf_py.bind(py),))?),
+                    };
+                    match k {
+                        Some(k) if !k.is_none() => key_text(&k)?,
+                        _ => continue,
+                    }
+                };
+                if ts < late_wms[gi as usize] {
+                    if late_for.is_empty() {
+                        late_key = key;
+                        late_wm = late_wms[gi as usize];
+                    }
+                    late_for.extend(g.rule_ids.iter().map(|s| s.as_str()));
+                    continue;
+                }
+                pending.entry((gi, key)).or_default().push(Item {
+                    ts,
+                    seqi: seq_int(&seq),
+                    seq: seq.clone().unbind(),
+                    data: data.clone().unbind(),
+                });
+            }
+            if !late_for.is_empty() {
+                late.append((PyTuple::new(py, late_for)?, late_key, i, late_wm))?;
+            }
+        }
+        if !events.is_empty() && !eof {
+            max_ts = max_ts.max(top);
+        }
+        let mut due: Vec<Sk> = pending.keys().cloned().collect();
+        due.extend(if eof { st.pop_all() } else { st.pop_due(max_ts) });
+        let rank = &self.rank;
+        due.sort_by(|a, b| rank[a.0 as usize].cmp(&rank[b.0 as usize]).then_with(|| a.1.cmp(&b.1)));
+        due.dedup();
+        let matches = PyList::empty(py);
+        let mut counts = Counts::default();
+        for sk in due {
+            let g = &self.groups[sk.0 as usize];
+            let safe = if eof { max_ts } else { max_ts.saturating_sub(g.lateness).saturating_sub(1) };
+            let new = pending.remove(&sk);
+            advance_key(py, &mut self.rules, g, &mut st, sk, new, safe, eof, &matches, &mut counts)?;
+        }
+        Ok((matches, late, counts.touched, counts.released, counts.reset))
+    }
+
+    /// The smallest max event time at which some key of `state` has work to do.
+    fn next_wake(&self, state: &Bound<'_, EngineState>) -> PyResult<Option<i64>> {
+        Ok(state.try_borrow()?.next_wake())
+    }
+
+    /// The (group id, key) of every key with state.
+    fn keys(&self, state: &Bound<'_, EngineState>) -> PyResult<Vec<(String, String)>> {
+        let st = state.try_borrow()?;
+        let mut v: Vec<(String, String)> =
+            st.states.keys().map(|(g, k)| (self.groups[*g as usize].gid.clone(), k.clone())).collect();
+        v.sort();
+        Ok(v)
+    }
+
+    /// A key's state as versioned bytes (None when the key has no state): magic `CEPNK`, u16
+    /// version, the buffered events' times, per rule (id, version, matcher state in the
+    /// `State.to_bytes` format), then the buffered events' `(seqs, datas)` pickled.
+    fn key_bytes(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<Option<Py<PyAny>>> {
+        let gi = self.gid_index(gid)?;
+        let st = state.try_borrow()?;
+        let Some(ks) = st.states.get(&(gi, key.to_owned())) else { return Ok(None) };
+        let mut buf = Vec::with_capacity(128);
+        buf.extend_from_slice(KEY_MAGIC);
+        buf.extend_from_slice(&KEY_VERSION.to_le_bytes());
+        buf.extend_from_slice(&(ks.buffer.len() as u32).to_le_bytes());
+        for it in &ks.buffer {
+            buf.extend_from_slice(&it.ts.to_le_bytes());
+        }
+        buf.extend_from_slice(&(ks.parts.len() as u32).to_le_bytes());
+        for p in &ks.parts {
+            for s in [&p.rule, &p.version] {
+                buf.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                buf.extend_from_slice(s.as_bytes());
+            }
+            let m = state::encode_vec(py, &p.state)?;
+            buf.extend_from_slice(&(m.len() as u32).to_le_bytes());
+            buf.extend_from_slice(&m);
+        }
+        let seqs = PyList::new(py, ks.buffer.iter().map(|x| x.seq.clone_ref(py)))?;
+        let datas = PyList::new(py, ks.buffer.iter().map(|x| x.data.clone_ref(py)))?;
+        let pickled = py.import("pickle")?.getattr("dumps")?.call1(((seqs, datas), 5))?;
+        buf.extend_from_slice(pickled.downcast::<PyBytes>()?.as_bytes());
+        Ok(Some(PyBytes::new(py, &buf).into_any().unbind()))
+    }
+
+    /// Put a key's state read from `key_bytes` (replacing what the key had).
+    fn load_key(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str, data: &[u8]) -> PyResult<()> {
+        let gi = self.gid_index(gid)?;
+        if data.len() < 7 || &data[..5] != KEY_MAGIC {
+            return Err(PyValueError::new_err("not a native engine key state (cep._core): wrong header"));
+        }
+        let version = u16::from_le_bytes([data[5], data[6]]);
+        if version != KEY_VERSION {
+            return Err(PyValueError::new_err(format!(
+                "native engine key state format version {version}, but this cep._core reads \
+                 version {KEY_VERSION}: the state was written by another release; discard it \
+                 (reset the checkpoint) or replay the input"
+            )));
+        }
+        let corrupt = || PyValueError::new_err("native engine key state: truncated or corrupt bytes");
+        let mut at = 7usize;
+        let mut take = |n: usize| -> PyResult<&[u8]> {
+            let end = at.checked_add(n).ok_or_else(corrupt)?;
+            let s = data.get(at..end).ok_or_else(corrupt)?;
+            at = end;
+            Ok(s)
+        };
+        let u32_of = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        let nbuf = u32_of(take(4)?);
+        let mut times = Vec::with_capacity(nbuf.min(1 << 16));
+        for _ in 0..nbuf {
+            let b = take(8)?;
+            times.push(i64::from_le_bytes(b.try_into().map_err(|_| corrupt())?));
+        }
+        let nparts = u32_of(take(4)?);
+        let mut parts = Vec::new();
+        for _ in 0..nparts {
+            let mut strs = Vec::with_capacity(2);
+            for _ in 0..2 {
+                let n = u32_of(take(4)?);
+                strs.push(String::from_utf8(take(n)?.to_vec()).map_err(|_| corrupt())?);
+            }
+            let n = u32_of(take(4)?);
+            let m = state::decode(py, take(n)?)?;
+            let version = strs.pop().unwrap_or_default();
+            let rule = strs.pop().unwrap_or_default();
+            parts.push(Part { rule, version, state: m });
+        }
+        let loaded = py.import("pickle")?.getattr("loads")?.call1((PyBytes::new(py, &data[at..]),))?;
+        let seqs = loaded.get_item(0)?;
+        let datas = loaded.get_item(1)?;
+        let mut buffer = Vec::with_capacity(times.len());
+        for (i, ts) in times.into_iter().enumerate() {
+            let seq = seqs.get_item(i)?;
+            buffer.push(Item { ts, seqi: seq_int(&seq), seq: seq.unbind(), data: datas.get_item(i)?.unbind() });
+        }
+        let ks = KeyState { buffer, parts };
+        let when = self.wake_of(gi, &ks);
+        let mut st = state.try_borrow_mut()?;
+        let sk = (gi, key.to_owned());
+        st.states.insert(sk.clone(), ks);
+        st.wake_set(sk, when);
+        Ok(())
+    }
+
+    /// Forget a key's state.
+    fn delete_key(&self, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<()> {
+        let gi = self.gid_index(gid)?;
+        let mut st = state.try_borrow_mut()?;
+        let sk = (gi, key.to_owned());
+        st.states.remove(&sk);
+        st.wake_discard(&sk);
+        Ok(())
+    }
+
+    /// The group ids, in the engine's order.
+    #[getter]
+    fn group_ids(&self) -> Vec<String> {
+        self.groups.iter().map(|g| g.gid.clone()).collect()
+    }
+}
