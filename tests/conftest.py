@@ -13,13 +13,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
+from tests.hyp import profile
 from tests.services import Kafka, Redis, free_port
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 from cep.config import Settings
+
+# Profiles (tests/hyp.py scales each test's example count by the same name): `dev` for the inner
+# loop, `ci` for `make test`, `deep` for long runs. No example database in CI: a clean clone.
+hypothesis_settings.register_profile("dev", deadline=None)
+hypothesis_settings.register_profile("ci", deadline=None, database=None)
+hypothesis_settings.register_profile("deep", deadline=None)
+hypothesis_settings.load_profile(profile())
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,9 @@ import pytest
 
 from bench import growth
 
+# A benchmark's quick run: seconds, not the inner loop.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def section() -> dict[str, Any]:

@@ -5,9 +5,14 @@ mokaccino is a dev dependency: if it is missing this fails, it does not skip."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench import mokaccino_peer
 from bench.percolation import structured
 from percolator.syntax import parse
+
+# A peer benchmark's quick run: seconds, not the inner loop.
+pytestmark = pytest.mark.slow
 
 
 def test_mokaccino_is_installed() -> None:

@@ -16,6 +16,9 @@ from cep.report import deadline, load_rule
 from cep.runtime.bind import build_engine
 from cep.runtime.embedded import alerts_for, canonical_lines
 
+# Renders PNG timelines with matplotlib: seconds per case, not the inner loop.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 RULES = str(ROOT / "rules")
 

@@ -8,7 +8,12 @@ import json
 import shutil
 from pathlib import Path
 
-from cep.spark.rules import RulesWatcher
+import pytest
+
+from cep.engines import RulesWatcher
+
+# Waits for the rules watcher's polls: seconds per case, not the inner loop.
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 BIG = ("STREAM transactions (ts INT, card STRING, amount FLOAT) TIME BY ts LATENESS 5s;\n"

@@ -25,6 +25,7 @@ from cep.events import (
     validate_text,
 )
 from cep.runtime.engine import EOF_TS
+from tests.hyp import examples
 
 SCHEMA = EventSchema("transactions", "ts", ("card",),
                      (("ts", "INT"), ("card", "STRING"), ("amount", "FLOAT"), ("n", "INT"),
@@ -142,13 +143,13 @@ def _check_invariant(raw: bytes | str) -> None:
     assert reason3 is None and event3 == event and ts3 == ts and json.loads(text) == event
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=200))
 def test_random_bytes_never_raise(raw):
     _check_invariant(raw)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_events, st.sampled_from(["", " ", "x", "}", "\n", "\x00", "]"]))
 def test_random_json_events_never_raise(obj, tail):
     text = json.dumps(obj, allow_nan=True)
@@ -156,7 +157,7 @@ def test_random_json_events_never_raise(obj, tail):
     _check_invariant(text.replace('"', "'"))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(_json)
 def test_parse_object_agrees_with_the_standard_for_standard_json(value):
     text = json.dumps(value)  # finite floats only: standard JSON

@@ -13,6 +13,7 @@ from bench import apt_corpus
 from percolator import ast
 from percolator.fastparse import parse_fast
 from percolator.syntax import parse, parse_luqum
+from tests.hyp import examples
 
 
 def full(q: ast.Query) -> Any:
@@ -76,7 +77,7 @@ def query(draw: st.DrawFn, depth: int = 0) -> str:
     return draw(st.sampled_from(["NOT ", ""])) + q
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(query())
 def test_fast_path_agrees_or_declines(text: str) -> None:
     got = parse_fast(text)

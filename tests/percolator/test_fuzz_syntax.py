@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from cep.errors import QueryError
 from percolator.engine import compile_query
 from percolator.syntax import MAX_QUERY_CHARS
+from tests.hyp import examples
 
 TOKENS = ["title:", "price:", "AND", "OR", "NOT", "+", "-", "(", ")", '"', "[", "]", "{", "}",
           " TO ", "*", "?", "~", "~1", "~2", "/", "^2", ">=", "<", "_exists_:", ":", "\\",
@@ -24,19 +25,19 @@ def _check(text: str) -> None:
         assert err.render()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=200))
 def test_random_text(text):
     _check(text)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.sampled_from(TOKENS), max_size=60))
 def test_token_soup(tokens):
     _check("".join(tokens))
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(st.lists(st.sampled_from(TOKENS), min_size=500, max_size=2000))
 def test_large_inputs_bounded_time(tokens):
     _check("".join(tokens)[:MAX_QUERY_CHARS + 100])

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from cep.errors import QueryError
 from percolator import FieldType, Percolator, SavedSearch, Schema
 from percolator.geo import EARTH_RADIUS_M
+from tests.hyp import examples
 
 SCHEMA = Schema({"loc": FieldType.GEO_POINT, "title": FieldType.TEXT})
 lats = st.floats(-90, 90, allow_nan=False).map(lambda x: round(x, 4))
@@ -82,7 +83,7 @@ def _expected(spec: tuple, pts: list) -> bool | None:
     return out
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(geo_query(), min_size=1, max_size=12), st.lists(event(), min_size=1,
                                                                 max_size=6))
 def test_geo_index_equals_scan_and_geometry(queries: list, events: list) -> None:

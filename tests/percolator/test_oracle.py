@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from percolator.analysis import FieldType, Schema, flatten
 from percolator.engine import Percolator
 from percolator.model import SavedSearch
+from tests.hyp import examples
 
 WORDS = ["amsterdam", "blue", "bike", "house", "error", "berlin", "red", "car", "ams", "bl"]
 TEXT_FIELDS = ["title", "x", "addr.city"]
@@ -153,13 +154,13 @@ def _check(perc: Percolator, events: list[dict]) -> None:
                 assert shown[h.start:h.end] == h.text, (h, value)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(query(), min_size=1, max_size=25), st.lists(event(), min_size=1, max_size=8))
 def test_index_equals_naive_scan(queries: list[str], events: list[dict]) -> None:
     _check(_percolator(queries), events)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(query(1), min_size=1, max_size=40), st.lists(event(), min_size=1, max_size=5),
        st.data())
 def test_index_equals_scan_after_updates_and_deletes(queries: list[str], events: list[dict],

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from cep.compile.diagnostics import Diagnostics
 from cep.compile.expressions import Scope, resolve
 from cep.grammar import parse_expression
+from tests.hyp import examples
 
 SCHEMA = {"v": "number", "x": "number", "name": "string", "flag": "boolean"}
 
@@ -74,7 +75,7 @@ rows = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(rows=rows, which=st.sampled_from(LOCAL))
 def test_eval_columns_equals_closure(rows, which):
     node = compile_expr(which)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from cep.compile import compile_file
 from cep.errors import RuleSemanticError, RuleSyntaxError
+from tests.hyp import examples
 
 RULES = Path(__file__).parents[2] / "rules"
 SAMPLE = (RULES / "fraud.cep").read_text()
@@ -110,19 +111,19 @@ def check(text: str) -> None:
     assert (rules is None) == bool(errors)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(max_size=300))
 def test_arbitrary_text(text: str) -> None:
     check(text)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.sampled_from(TOKENS), max_size=60))
 def test_token_soup(tokens: list[str]) -> None:
     check(" ".join(tokens))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_mutated_real_rules(data: st.DataObject) -> None:
     text = SAMPLE
@@ -133,7 +134,7 @@ def test_mutated_real_rules(data: st.DataObject) -> None:
     check(text)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32))
 def test_10kb_inputs_give_errors_not_crashes(seed: int) -> None:
     # (How fast is for a benchmark, not a test: no wall-clock window is asserted.)

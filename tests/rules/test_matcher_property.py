@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from cep.compile import check_text, compile_rules, parse_file
 from cep.runtime import Match, Matcher
+from tests.hyp import examples
 from tests.rules.reference import Reference
 from tests.rules.strategies import rule_statement
 
@@ -60,7 +61,7 @@ def run_matcher(rule, events, ticks, roundtrip, end):  # type: ignore[no-untyped
 
 
 @settings(
-    max_examples=300,
+    max_examples=examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow],
 )

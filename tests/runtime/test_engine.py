@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cep.runtime.engine import Engine, Event, MemoryKeyStore, RuleRuntime, run_embedded
+from tests.hyp import examples
 
 
 class WindowMatcher:
@@ -82,7 +83,7 @@ def test_keys_are_independent():
     assert got == [("window", "a", ((100, 1), (105, 3))), ("window", "b", ((101, 2),))]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     st.lists(st.tuples(st.integers(1, 300), st.sampled_from("abc")), min_size=1, max_size=60),
     st.integers(1, 20), st.randoms(use_true_random=False),

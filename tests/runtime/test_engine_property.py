@@ -13,12 +13,12 @@ be shorter than the reference's longest: the engine keeps one partial match per 
 (the preferred one) and reports the longest of those, so a longer but less preferred partial
 match in the same state is not seen (docs/semantics.md). The test checks it is never longer.
 
-Examples: 300 by default (`make test`), HYPOTHESIS_PROFILE=dev 50, HYPOTHESIS_PROFILE=deep 5,000.
+Examples: 300 by default (`make test`), HYPOTHESIS_PROFILE=dev 50, HYPOTHESIS_PROFILE=deep 3,000
+(tests/hyp.py).
 """
 
 from __future__ import annotations
 
-import os
 import random
 
 from hypothesis import HealthCheck, assume, event, given, settings
@@ -30,11 +30,12 @@ from cep.nfa import RuleSet
 from cep.runtime.bind import build_engine
 from cep.runtime.engine import Event, MemoryKeyStore, run_embedded
 from cep.runtime.matcher import Dropped, Match, Timeout
+from tests.hyp import examples
 from tests.rules.reference import Reference
 from tests.rules.strategies import rule_statement
 from tests.rules.test_matcher_property import DEFINES
 
-EXAMPLES = {"dev": 50, "ci": 300, "deep": 5_000}[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
+EXAMPLES = examples(300)  # dev 50, deep 3,000 (tests/hyp.py)
 KEYS = ("k1", "k1", "k2")
 BATCHES = (1, 2, 3, 7, 10_000)
 
