@@ -2,6 +2,18 @@
 
 Counters come from the operator's stats rows and the delivery step; rates, watermark and state
 size come from Spark's query progress (a StreamingQueryListener).
+
+Per rule (`rules_live` in the JSON, `cep_rule_*` in the Prometheus text), read by the console's
+Rules view:
+- alerts: total, per minute over the last 5 minutes, and in the last hour, counted as the
+  delivery step routes them (`count_alert`);
+- live partial matches: the operator's stats rows may carry `partial_matches`, a map rule id →
+  the change in that rule's live partial matches over the call (the engine's delta). The deltas
+  of a micro-batch are applied once, when its delivery completes (`on_batch` of the `alerts`
+  query) and only if that batch id is newer than the last one applied; the total and that batch
+  id are kept in metrics.json and read back when the job restarts on the same checkpoint, so a
+  batch that Spark runs again after a crash is not counted twice. Rules that are no longer
+  running are dropped from the count.
 """
 
 from __future__ import annotations
@@ -12,39 +24,108 @@ import os
 import re
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("cep.metrics")
 
+RATE_WINDOW_S = 300  # alerts per minute are averaged over the last 5 minutes
+HOUR_S = 3600
+
 
 class Metrics:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
+        self.clock = clock
         self.counters: Counter[str] = Counter()
         self.queries: dict[str, dict[str, Any]] = {}
         self.rules: dict[str, str] = {}
         self.rule_files: dict[str, dict[str, Any]] = {}
+        # Per rule: alerts in all, and (minute, count) buckets of the last hour.
+        self.rule_alerts: Counter[str] = Counter()
+        self._alert_minutes: dict[str, deque[list[int]]] = {}
+        # Live partial matches per rule: applied totals, the last batch applied, and the deltas
+        # of the batch being delivered (applied by `on_batch`).
+        self.partials: Counter[str] = Counter()
+        self.partials_batch = -1
+        self.partials_seen = False  # has any stats row carried `partial_matches`
+        self._pending_partials: Counter[str] = Counter()
         self._lock = threading.Lock()
         # Both queries' foreachBatch threads and the progress listener write: one at a time.
         self._write_lock = threading.Lock()
+        self._restore()
+
+    def _restore(self) -> None:
+        """The live partial-match totals of the previous run on this checkpoint (a gauge built
+        from deltas must go on from where it was, unlike the counters, which restart at 0)."""
+        try:
+            old = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return
+        saved = old.get("partial_matches") if isinstance(old, dict) else None
+        if isinstance(saved, dict) and isinstance(saved.get("by_rule"), dict):
+            self.partials = Counter({str(k): int(v) for k, v in saved["by_rule"].items()})
+            self.partials_batch = int(saved.get("batch", -1))
+            self.partials_seen = True
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counters[name] += n
+
+    def count_alert(self, rule_id: str, n: int = 1) -> None:
+        """An alert (match or timeout) of `rule_id` routed for delivery: counts `alerts` as
+        `count("alerts")` does, and the rule's own total and per-minute buckets."""
+        minute = int(self.clock() // 60)
+        with self._lock:
+            self.counters["alerts"] += n
+            self.rule_alerts[rule_id] += n
+            buckets = self._alert_minutes.setdefault(rule_id, deque())
+            if buckets and buckets[-1][0] == minute:
+                buckets[-1][1] += n
+            else:
+                buckets.append([minute, n])
+            while buckets and buckets[0][0] <= minute - HOUR_S // 60:
+                buckets.popleft()
 
     def add_stats(self, stats: dict[str, Any]) -> None:
         with self._lock:
             for k in ("events", "late", "keys_touched", "keys_released", "state_writes",
                       "state_reads", "python_us"):
                 self.counters[k] += int(stats.get(k) or 0)
+            deltas = stats.get("partial_matches")
+            if isinstance(deltas, dict):
+                self.partials_seen = True
+                for rule, d in deltas.items():
+                    self._pending_partials[str(rule)] += int(d or 0)
 
     def set_rules(self, versions: dict[str, str]) -> None:
         with self._lock:
             self.rules = dict(versions)
+            for gone in set(self.partials) - set(self.rules):
+                del self.partials[gone]  # its state is dropped by the engine
         self.write()
+
+    def rules_live(self) -> dict[str, dict[str, Any]]:
+        """Per rule: alerts (total, per minute over the last 5 minutes, last hour) and, when
+        the operator reports them, live partial matches."""
+        now_min = int(self.clock() // 60)
+        with self._lock:
+            names = set(self.rules) | set(self.rule_alerts) | set(self.partials)
+            out: dict[str, dict[str, Any]] = {}
+            for rule in sorted(names):
+                buckets = self._alert_minutes.get(rule, ())
+                hour = sum(c for m, c in buckets if m > now_min - HOUR_S // 60)
+                recent = sum(c for m, c in buckets if m > now_min - RATE_WINDOW_S // 60)
+                entry: dict[str, Any] = {"alerts": self.rule_alerts.get(rule, 0),
+                                         "alerts_last_hour": hour,
+                                         "alerts_per_min": round(recent / (RATE_WINDOW_S / 60),
+                                                                 3)}
+                if self.partials_seen:
+                    entry["partial_matches"] = max(0, self.partials.get(rule, 0))
+                out[rule] = entry
+            return out
 
     def set_rule_files(self, files: dict[str, dict[str, Any]]) -> None:
         """Per rules file: accepted or rejected (with its errors), and which text runs."""
@@ -58,6 +139,11 @@ class Metrics:
                 q = self.queries.setdefault(query, {})
                 q["last_batch"] = batch_id
                 q["last_delivery"] = info
+                if query == "alerts":  # the batch's partial-match deltas, once per batch id
+                    if batch_id > self.partials_batch:
+                        self.partials.update(self._pending_partials)
+                        self.partials_batch = batch_id
+                    self._pending_partials.clear()
                 self.counters[_metric_name(f"{query}_records")] += int(info.get("records", 0))
             self.write()
         return record
@@ -89,11 +175,17 @@ class Metrics:
         self.write()
 
     def snapshot(self) -> dict[str, Any]:
+        live = self.rules_live()
         with self._lock:
-            return {"time": time.time(), "counters": dict(self.counters),
+            snap = {"time": self.clock(), "counters": dict(self.counters),
                     "queries": json.loads(json.dumps(self.queries, default=str)),
                     "rules": dict(self.rules),
-                    "rules_files": json.loads(json.dumps(self.rule_files, default=str))}
+                    "rules_files": json.loads(json.dumps(self.rule_files, default=str)),
+                    "rules_live": live}
+            if self.partials_seen:
+                snap["partial_matches"] = {"by_rule": dict(self.partials),
+                                           "batch": self.partials_batch}
+            return snap
 
     def write(self) -> None:
         """Never raises: metrics must not be able to stop the job."""
@@ -127,6 +219,14 @@ class Metrics:
             lines.append(f"# TYPE cep_rules_files_rejected gauge\ncep_rules_files_rejected "
                          f"{rejected}")
         lines.append(f"# TYPE cep_rules_running gauge\ncep_rules_running {len(snap['rules'])}")
+        live = snap["rules_live"]
+        for name, field, kind in (("cep_rule_alerts_total", "alerts", "counter"),
+                                  ("cep_rule_alerts_per_minute", "alerts_per_min", "gauge"),
+                                  ("cep_rule_partial_matches", "partial_matches", "gauge")):
+            rows = [(r, v[field]) for r, v in sorted(live.items()) if field in v]
+            if rows:
+                lines.append(f"# TYPE {name} {kind}")
+                lines += [f'{name}{{rule="{_label(r)}"}} {n}' for r, n in rows]
         tmp = prom.with_suffix(".ptmp")
         tmp.write_text("\n".join(lines) + "\n")
         os.replace(tmp, prom)

@@ -1,9 +1,10 @@
 """`cep console`: one web page for rule authors and on-call (docs/console.md).
 
-Views: rules in force (status, errors with caret, automaton SVG, recent alert counts), live
-alerts from Redis (server-sent events) with a timeline per alert, a playground on the embedded
-engine, saved searches (the saved-search API, mounted under /v1 with its own API keys), and the
-live job's health from its metrics file.
+Views: rules in force (status, errors with caret, automaton SVG, per-rule alert rate and live
+partial matches from the job's metrics), live alerts from Redis (server-sent events) with a
+timeline per alert, a playground on the embedded engine (pasted, uploaded, or picked from the
+sample streams and replay inputs), saved searches (the saved-search API, mounted under
+/search-api with its own API keys), and the live job's health from its metrics file.
 
 Safe by default: the pages are static; every piece of user text (rules, events, errors, alert
 fields) reaches the page as JSON and is put in the DOM with `textContent`, never as HTML. The
@@ -33,6 +34,12 @@ from jobs.console import playground
 STATIC = Path(__file__).resolve().parent / "static"
 PAGES = ("rules", "alerts", "playground", "searches", "health")
 ALERT_STREAMS = "cep:alerts:*"
+ROOT = Path(__file__).resolve().parents[2]
+# What the playground offers as input: the sample streams `cep demo` replays, and any replay
+# input folder given to the console (`Console(inputs=...)`).
+DEFAULT_INPUTS = (ROOT / "examples",)
+INPUT_SUFFIXES = (".jsonl", ".ndjson", ".json")
+MAX_INPUT_FILES = 500
 
 
 class RunIn(BaseModel):
@@ -54,11 +61,88 @@ class Console:
     """What the views read: the rules directory, the job's metrics file, Redis."""
 
     def __init__(self, rules_dir: str | Path, *, metrics: str | Path | None = None,
-                 redis_url: str | None = None) -> None:
+                 redis_url: str | None = None,
+                 inputs: list[str | Path] | tuple[str | Path, ...] | None = None) -> None:
         self.rules_dir = Path(rules_dir)
         self.metrics = Path(metrics) if metrics else None
         self.redis_url = redis_url
+        self.inputs = [Path(p) for p in (DEFAULT_INPUTS if inputs is None else inputs)]
         self._svg: dict[str, bytes] = {}
+
+    def rules_file_text(self, name: str) -> str:
+        """A rules file of the directory, by the name the Rules view lists (nothing else)."""
+        files = rule_files([self.rules_dir]) if self.rules_dir.exists() else []
+        for f in files:
+            if str(f.relative_to(self.rules_dir)) == name:
+                if f.stat().st_size > playground.MAX_RULES_BYTES:
+                    raise HTTPException(413, f"{name} is larger than the playground's "
+                                             f"{playground.MAX_RULES_BYTES // 1024} KiB")
+                return f.read_text()
+        raise HTTPException(404, f"no rules file {name!r}")
+
+    # -- playground inputs ------------------------------------------------------------------
+    def input_files(self) -> dict[str, dict[str, Any]]:
+        """Files the playground may read, by id (`<folder name>/<path in it>`): JSON lines
+        under the input folders. Only these ids are ever opened (no path from the client)."""
+        out: dict[str, dict[str, Any]] = {}
+        for folder in self.inputs:
+            if folder.is_file():
+                found, base = [folder], folder.parent
+            elif folder.is_dir():
+                found = sorted(p for p in folder.rglob("*") if p.is_file()
+                               and p.suffix in INPUT_SUFFIXES
+                               and not p.name.endswith(".expected.json")
+                               and not any(part.startswith(".") for part in p.parts))
+                base = folder
+            else:
+                continue
+            for p in found[:MAX_INPUT_FILES]:
+                rel = p.relative_to(base)
+                ident = f"{base.name}/{rel.as_posix()}"
+                # A replay's folder per stream (data/transactions/part-0.jsonl) or a file named
+                # after its stream (examples/transactions.jsonl).
+                stream = rel.parts[0] if len(rel.parts) > 1 else p.name.split(".")[0]
+                out.setdefault(ident, {"id": ident, "path": p, "stream": stream,
+                                       "bytes": p.stat().st_size})
+        return out
+
+    def read_input(self, ident: str, limit: int) -> dict[str, Any]:
+        """The first `limit` events of an input file (at most the playground's limits)."""
+        entry = self.input_files().get(ident)
+        if entry is None:
+            raise HTTPException(404, f"no input {ident!r}")
+        limit = max(1, min(limit, playground.MAX_EVENTS))
+        lines: list[str] = []
+        size = 0
+        truncated = False
+        with entry["path"].open(encoding="utf-8", errors="replace") as fh:
+            if entry["path"].suffix == ".json":  # one JSON array of events
+                return self._read_array(entry, fh.read(playground.MAX_EVENTS_BYTES + 1), limit)
+            for line in fh:
+                if not line.strip():
+                    continue
+                if len(lines) >= limit or size + len(line.encode()) > playground.MAX_EVENTS_BYTES:
+                    truncated = True
+                    break
+                lines.append(line.rstrip("\n"))
+                size += len(line.encode())
+        return {"id": ident, "stream": entry["stream"], "events": len(lines),
+                "truncated": truncated, "text": "\n".join(lines) + ("\n" if lines else "")}
+
+    def _read_array(self, entry: dict[str, Any], raw: str, limit: int) -> dict[str, Any]:
+        if len(raw.encode()) > playground.MAX_EVENTS_BYTES:
+            raise HTTPException(413, f"{entry['id']} is larger than the playground's "
+                                     f"{playground.MAX_EVENTS_BYTES // 1024} KiB")
+        try:
+            items = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise HTTPException(400, f"{entry['id']}: not JSON lines nor a JSON array: "
+                                     f"{exc}") from exc
+        if not isinstance(items, list):
+            raise HTTPException(400, f"{entry['id']}: not a JSON array of events")
+        lines = [json.dumps(x) for x in items[:limit]]
+        return {"id": entry["id"], "stream": entry["stream"], "events": len(lines),
+                "truncated": len(items) > limit, "text": "\n".join(lines) + "\n"}
 
     # -- rules ------------------------------------------------------------------------------
     def rules(self) -> tuple[list[dict[str, Any]], dict[str, CompiledRule]]:
@@ -94,13 +178,35 @@ class Console:
         return cached
 
     # -- metrics ----------------------------------------------------------------------------
-    def health(self) -> dict[str, Any]:
+    def _snapshot(self) -> tuple[dict[str, Any] | None, str]:
         if self.metrics is None:
-            return {"available": False, "why": "the console was started without --metrics"}
+            return None, "the console was started without --checkpoint (the job's metrics)"
         try:
             snap = json.loads(self.metrics.read_text())
         except (OSError, json.JSONDecodeError) as exc:
-            return {"available": False, "why": f"cannot read {self.metrics}: {exc}"}
+            return None, f"cannot read {self.metrics}: {exc}"
+        return (snap, "") if isinstance(snap, dict) else (None, f"{self.metrics}: not a map")
+
+    def rules_live(self) -> dict[str, Any]:
+        """Per rule, from the live job's metrics (jobs/metrics.py `rules_live`): alerts per
+        minute (last 5 min), alerts in the last hour, and live partial matches when the job
+        exports them."""
+        snap, why = self._snapshot()
+        if snap is None:
+            return {"available": False, "why": why, "by_rule": {}}
+        live = snap.get("rules_live")
+        if not isinstance(live, dict):
+            return {"available": False, "by_rule": {},
+                    "why": "the job's metrics have no per-rule figures (an older job)"}
+        return {"available": True, "age_s": round(time.time() - float(snap.get("time", 0)), 1),
+                "partial_matches": any("partial_matches" in v for v in live.values()
+                                       if isinstance(v, dict)),
+                "by_rule": {str(k): v for k, v in live.items() if isinstance(v, dict)}}
+
+    def health(self) -> dict[str, Any]:
+        snap, why = self._snapshot()
+        if snap is None:
+            return {"available": False, "why": why}
         counters = snap.get("counters", {})
         alerts = (snap.get("queries") or {}).get("alerts", {})
         lag = None
@@ -227,7 +333,12 @@ def create_console(console: Console, *, search_app: FastAPI | None = None) -> Fa
     def rules() -> dict[str, Any]:
         files, _ = console.rules()
         return {"dir": str(console.rules_dir), "files": files, "alerts_last_hour":
-                _safe(console.counts), "searches": search_app is not None}
+                _safe(console.counts), "live": console.rules_live(),
+                "searches": search_app is not None}
+
+    @app.get("/api/rules-files/{name:path}")
+    def rules_file(name: str) -> Response:
+        return Response(console.rules_file_text(name), media_type="text/plain; charset=utf-8")
 
     @app.get("/api/rules/{rule_id}/svg")
     def rule_svg(rule_id: str) -> Response:
@@ -262,6 +373,21 @@ def create_console(console: Console, *, search_app: FastAPI | None = None) -> Fa
             raise HTTPException(413 if "larger" in str(exc) or "more than" in str(exc)
                                 else 400, str(exc)) from exc
         return JSONResponse(json.loads(json.dumps(result.to_dict(), default=str)))
+
+    @app.get("/api/playground/inputs")
+    def inputs() -> list[dict[str, Any]]:
+        by_stream: dict[str, set[str]] = {}
+        files, _ = console.rules()
+        for f in files:
+            for r in f["rules"] if f["status"] == "accepted" else ():
+                by_stream.setdefault(r["stream"], set()).add(f["file"])
+        return [{"id": e["id"], "stream": e["stream"], "bytes": e["bytes"],
+                 "rules_files": sorted(by_stream.get(e["stream"], ()))}
+                for e in console.input_files().values()]
+
+    @app.get("/api/playground/inputs/{ident:path}")
+    def read_input(ident: str, limit: int = playground.MAX_EVENTS) -> dict[str, Any]:
+        return console.read_input(ident, limit)
 
     @app.post("/api/playground/save")
     def save(body: SaveIn) -> Response:

@@ -24,6 +24,7 @@ import pytest
 from cep.delivery.record import OutRecord
 from cep.delivery.redis_sink import RedisSink
 from jobs.console.app import Console, create_console
+from jobs.metrics import Metrics
 from tests.services import free_port
 
 pytestmark = pytest.mark.services
@@ -41,12 +42,21 @@ def console_url(tmp_path: Path, redis_url: str) -> Iterator[str]:
     shutil.copy(ROOT / "rules" / "fraud.cep", rules / "fraud.cep")
     (rules / "broken.cep").write_text("STREAM s (ts INT, v INT) TIME BY ts;\n"
                                       "RULE r FROM s PATTERN (a b) DEFINE a AS vv > 1;\n")
+    # The job's metrics file, written by the job's own Metrics: alerts routed per rule, and
+    # the operator's per-call partial-match deltas (the stats field the operator is to carry).
     metrics = tmp_path / "metrics.json"
-    metrics.write_text(json.dumps({
-        "time": time.time(), "counters": {"events_read": 12, "events": 10, "dead_letters": 2,
-                                          "late": 1},
-        "queries": {"alerts": {"batch": 7, "processed_rows_per_s": 1234.5, "batch_ms": 850}},
-        "rules": {"card_testing": "abc"}, "rules_files": {}}))
+    job = Metrics(metrics)
+    job.set_rules({"card_testing": "abc", "velocity": "abc", "impossible_travel": "abc"})
+    job.count("events_read", 12)
+    job.count("dead_letters", 2)
+    job.add_stats({"events": 10, "late": 1,
+                   "partial_matches": {"card_testing": 40, "velocity": 3}})
+    job.add_stats({"events": 0, "partial_matches": {"card_testing": -2}})
+    for _ in range(9):
+        job.count_alert("card_testing")
+    job.on_batch("alerts")(7, {"records": 9})
+    job.on_progress({"name": "alerts", "batchId": 7, "processedRowsPerSecond": 1234.5,
+                     "durationMs": {"triggerExecution": 850}})
     app = create_console(Console(rules, metrics=metrics, redis_url=redis_url))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -93,6 +103,13 @@ def test_rules_view_shows_status_errors_with_caret_and_the_automaton(console_url
     assert "broken.cep:" in error and "^" in error
     assert "accepted" in page.locator(".file[data-file='fraud.cep']").inner_text()
     card = page.locator(".rule[data-rule=card_testing]")
+    # Per rule, from the live job's metrics: alert rate, last hour, live partial matches.
+    assert "live job's metrics" in page.locator("#live-source").inner_text()
+    assert card.locator(".pill.partials").inner_text() == "38 partial matches"
+    assert card.locator(".pill.alerts-hour").inner_text() == "9 alerts in the last hour"
+    assert card.locator(".pill.alert-rate").inner_text() == "1.8 alerts/min"
+    assert page.locator(".rule[data-rule=velocity] .pill.partials").inner_text() == \
+        "3 partial matches"
     card.get_by_text("automaton").click()
     img = card.locator("img.nfa")
     img.wait_for(state="visible")
@@ -116,6 +133,28 @@ def test_playground_edit_raises_the_expected_alert_and_shows_near_misses(console
     page.wait_for_selector("#pg-detail table.events")
     assert "900" in page.locator("#pg-detail").inner_text()
     _shot(page, "playground")
+
+
+def test_playground_runs_a_picked_replay_input_and_finds_the_samples_patterns(console_url,
+                                                                              page):
+    """Pick the sample stream `cep demo` replays: its events and the rules that read its stream
+    are loaded, and the run raises exactly the alerts the sample was made with."""
+    page.goto(f"{console_url}/playground")
+    page.wait_for_selector("#pg-input option[value='examples/transactions.jsonl']",
+                           state="attached")
+    page.select_option("#pg-input", "examples/transactions.jsonl")
+    page.wait_for_selector("#pg-input-note:has-text('rules loaded from fraud.cep')")
+    assert page.locator("#pg-stream").input_value() == "transactions"
+    assert "RULE card_testing" in page.locator("#pg-rules").input_value()
+    page.click("#pg-run")
+    page.wait_for_selector("#pg-out h3")
+    expected = json.loads((ROOT / "examples" / "transactions.expected.json").read_text())
+    results = page.locator("#pg-out table").nth(0).locator("tr.result")
+    assert results.count() == len(expected)
+    shown = sorted(tuple(results.nth(i).locator("td").all_inner_texts()[:2])
+                   for i in range(results.count()))
+    assert shown == sorted((e["rule"], e["key"]) for e in expected)
+    _shot(page, "playground-input")
 
 
 def test_playground_shows_a_broken_rule_with_its_caret(console_url, page):

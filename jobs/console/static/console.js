@@ -38,7 +38,12 @@ async function rulesView() {
   main.append(el("h2", {}, "Rules in force"));
   const data = await getJSON("/api/rules");
   const counts = data.alerts_last_hour && !data.alerts_last_hour.error ? data.alerts_last_hour : {};
+  const live = data.live || {available: false, by_rule: {}};
   main.append(el("p", {class: "muted"}, `from ${data.dir}`));
+  main.append(el("p", {class: "muted", id: "live-source"}, live.available
+    ? `Alert rate and partial matches: the live job's metrics (${live.age_s} s old).` +
+      (live.partial_matches ? "" : " The job does not export partial-match counts.")
+    : `Live job: ${live.why}. Alerts counted from Redis over the last hour.`));
   for (const f of data.files) {
     const card = el("div", {class: "card file", "data-file": f.file},
       el("div", {}, el("strong", {}, f.file), " ",
@@ -50,7 +55,7 @@ async function rulesView() {
            el("span", {class: "pill"}, `v${r.version}`),
            el("span", {class: "pill"}, r.severity || ""),
            el("span", {class: "pill"}, r.enabled ? "enabled" : "disabled"),
-           el("span", {class: "pill"}, `${counts[r.id] ?? 0} alerts in the last hour`)),
+           ...livePills(r.id, live, counts)),
         el("div", {class: "muted"}, `stream ${r.stream}, key ${r.key_field || "(whole stream)"}, emits '${r.alert}'`));
       const pre = el("pre", {}, r.explain);
       pre.hidden = true;
@@ -64,6 +69,16 @@ async function rulesView() {
     main.append(card);
   }
   if (!data.files.length) main.append(el("p", {}, "No *.cep files in the rules directory."));
+}
+
+// Per rule: from the live job's metrics when it has them, else the Redis count of the last hour.
+function livePills(id, live, counts) {
+  const m = live.available ? live.by_rule[id] : null;
+  if (!m) return [el("span", {class: "pill alerts-hour"}, `${counts[id] ?? 0} alerts in the last hour`)];
+  const out = [el("span", {class: "pill alert-rate"}, `${m.alerts_per_min} alerts/min`),
+               el("span", {class: "pill alerts-hour"}, `${m.alerts_last_hour} alerts in the last hour`)];
+  if (m.partial_matches !== undefined) out.push(el("span", {class: "pill partials"}, `${m.partial_matches} partial matches`));
+  return out;
 }
 
 // -- alerts ----------------------------------------------------------------------------------
@@ -133,9 +148,12 @@ const SAMPLE_EVENTS = `{"ts": 1767225600000, "card": "c1", "amount": 1.0}
 {"ts": 1767229600000, "card": "c2", "amount": 800}
 `;
 
+const MAX_ROWS = 500;  // a sample stream can have thousands of near misses: show the first ones
+
 function resultTable(items, box) {
   const t = el("table", {}, el("tr", {}, ...["rule", "key", "first", "last", "alert", "measures"].map(h => el("th", {}, h))));
-  for (const a of items) {
+  if (items.length > MAX_ROWS) t.append(el("tr", {}, el("td", {colspan: "6", class: "muted"}, `the first ${MAX_ROWS} of ${items.length}`)));
+  for (const a of items.slice(0, MAX_ROWS)) {
     t.append(el("tr", {class: "clickable result", onclick: () => alertDetail(box, a)},
       el("td", {}, a.rule_id), el("td", {}, a.key), el("td", {}, fmtTime(a.first_ts)),
       el("td", {}, fmtTime(a.last_ts)), el("td", {}, a.alert), el("td", {}, JSON.stringify(a.measures))));
@@ -150,13 +168,56 @@ async function playgroundView() {
   const events = el("textarea", {id: "pg-events", rows: "16", spellcheck: "false"});
   events.value = sessionStorage.getItem("pg-events") || SAMPLE_EVENTS;
   const file = el("input", {type: "file", accept: ".jsonl,.json,.ndjson,.txt"});
-  file.addEventListener("change", async () => { if (file.files[0]) events.value = await file.files[0].text(); });
+  file.addEventListener("change", async () => { if (file.files[0]) { events.value = await file.files[0].text(); stream.value = ""; } });
+  // The stream the events belong to ("" = the first enabled rule's); set when an input is picked.
+  const stream = el("input", {id: "pg-stream", placeholder: "stream (default: the first rule's)", size: "28"});
+  stream.value = sessionStorage.getItem("pg-stream") || "";
+  const note = el("span", {class: "muted", id: "pg-input-note"}, "");
+  // A replay's input: the sample streams (what `cep demo` replays) and the console's input folders.
+  const picker = el("select", {id: "pg-input"}, el("option", {value: ""}, "pick a replay input…"));
+  const rulesPicker = el("select", {id: "pg-rules-file"}, el("option", {value: ""}, "load a rules file…"));
+  let inputs = [];
+  getJSON("/api/playground/inputs").then(list => {
+    inputs = list;
+    for (const i of list) picker.append(el("option", {value: i.id}, `${i.id} (${i.stream}, ${Math.round(i.bytes / 1024)} KiB)`));
+  }).catch(e => { note.textContent = `inputs: ${e.message}`; });
+  getJSON("/api/rules").then(d => {
+    for (const f of d.files) if (f.status === "accepted") rulesPicker.append(el("option", {value: f.file}, f.file));
+  }).catch(() => {});
+  const loadRules = async (name) => {
+    const r = await fetch(`/api/rules-files/${name.split("/").map(encodeURIComponent).join("/")}`);
+    if (!r.ok) throw new Error(`cannot load ${name}: HTTP ${r.status}`);
+    rules.value = await r.text();
+  };
+  rulesPicker.addEventListener("change", async () => {
+    if (!rulesPicker.value) return;
+    try { await loadRules(rulesPicker.value); } catch (e) { note.textContent = e.message; }
+    rulesPicker.value = "";
+  });
+  picker.addEventListener("change", async () => {
+    const info = inputs.find(i => i.id === picker.value);
+    if (!info) return;
+    note.textContent = "loading…";
+    try {
+      const got = await getJSON(`/api/playground/inputs/${info.id.split("/").map(encodeURIComponent).join("/")}`);
+      events.value = got.text;
+      stream.value = got.stream;
+      let msg = `${got.events} events of stream ${got.stream}` + (got.truncated ? " (the first ones: the playground's limit)" : "");
+      // Rules that read the stream, when the rules in the editor do not declare it.
+      if (!new RegExp(`\\bSTREAM\\s+${got.stream}\\b`, "i").test(rules.value) && info.rules_files.length) {
+        await loadRules(info.rules_files[0]);
+        msg += `; rules loaded from ${info.rules_files[0]}`;
+      }
+      note.textContent = msg;
+    } catch (e) { note.textContent = e.message; }
+  });
   const out = el("div", {id: "pg-out"});
   const box = el("div", {class: "card", id: "pg-detail"});
-  const body = () => JSON.stringify({rules: rules.value, events: events.value});
+  const body = () => JSON.stringify({rules: rules.value, events: events.value, stream: stream.value.trim() || null});
   const run = async () => {
     sessionStorage.setItem("pg-rules", rules.value);
-    sessionStorage.setItem("pg-events", events.value);
+    try { sessionStorage.setItem("pg-events", events.value); } catch (e) { /* too large to keep */ }
+    sessionStorage.setItem("pg-stream", stream.value);
     out.replaceChildren(el("span", {class: "muted"}, "running…"));
     let res;
     try {
@@ -183,7 +244,8 @@ async function playgroundView() {
   };
   main.append(el("div", {class: "row"},
     el("div", {}, el("h3", {}, "Rules"), rules),
-    el("div", {}, el("h3", {}, "Events (JSON lines or a JSON array)"), events, file)),
+    el("div", {}, el("h3", {}, "Events (JSON lines or a JSON array)"), events,
+       el("div", {}, picker, " ", rulesPicker, " ", file), el("div", {}, stream, " ", note))),
     el("div", {}, el("button", {id: "pg-run", onclick: run}, "Run"),
                   el("button", {id: "pg-save", onclick: save}, "Save as cep test case")),
     el("div", {class: "row"}, el("div", {}, out), el("div", {}, box)));
@@ -208,10 +270,21 @@ async function searchesView() {
   const query = el("input", {id: "new-query", placeholder: "title:kafka AND price:[10 TO 100]", size: "60"});
   const event = el("textarea", {id: "test-event", rows: "4"});
   event.value = '{"title": "kafka streams", "price": 42}';
-  const load = async () => {
+  const more = el("button", {id: "more-searches", onclick: () => page(more.dataset.after)}, "more");
+  more.hidden = true;
+  const load = () => {
     list.replaceChildren(el("tr", {}, el("th", {}, "id"), el("th", {}, "query"), el("th", {}, "")));
+    return page(null);
+  };
+  // The API lists a page at a time (docs/api.md): `next` is the cursor of the following page.
+  const page = async (after) => {
+    more.hidden = true;
     try {
-      for (const s of await api("/searches")) {
+      const q = new URLSearchParams({limit: "100"});
+      if (after) q.set("after", after);
+      const res = await api(`/searches?${q}`);
+      if (res.next) { more.dataset.after = res.next; more.hidden = false; more.textContent = `more (${res.total} in all)`; }
+      for (const s of res.searches) {
         list.append(el("tr", {class: "search"}, el("td", {}, s.id), el("td", {}, s.query),
           el("td", {}, el("button", {onclick: async () => { await api(`/searches/${encodeURIComponent(s.id)}`, {method: "DELETE"}).catch(() => {}); load(); }}, "delete"),
                        el("button", {class: "edit", onclick: () => { query.value = s.query; editing = s.id; addButton.textContent = `save ${s.id}`; }}, "edit"),
@@ -240,7 +313,7 @@ async function searchesView() {
   const addButton = el("button", {id: "add-search", onclick: add}, "add");
   main.append(el("div", {}, key, " ", el("button", {id: "load-searches", onclick: load}, "load")),
               el("div", {}, query, " ", addButton),
-              el("h3", {}, "Event to test against"), event, list, msg);
+              el("h3", {}, "Event to test against"), event, list, more, msg);
   if (key.value) load();
 }
 
