@@ -41,7 +41,7 @@ class NoopProcessor(StatefulProcessor):
 
 class StateOnlyProcessor(StatefulProcessor):
     """No engine, but our operator's state traffic: parse each row's JSON (as ours does), then
-    read and rewrite each touched key's state through `cep.spark.operator.MapStateKeyStore`
+    read and rewrite each touched key's state through `cep.runtime.state_store.MapStateKeyStore`
     (buckets of key states + the shard's layout and wake index) with a fixed-size blob per key.
     Separates the cost of state access through the state server from the engine's own."""
 
@@ -52,7 +52,7 @@ class StateOnlyProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 
-        from cep.spark.operator import MapStateKeyStore
+        from cep.runtime.state_store import MapStateKeyStore
 
         bucket = StructType([StructField("bucket", IntegerType())])
         blob = StructType([StructField("v", BinaryType())])

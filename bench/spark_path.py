@@ -285,8 +285,8 @@ def run_spark(rules_file: Path, input_dir: Path, work: Path, warmup: int,
               only: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
     from pyspark import cloudpickle
 
+    from cep.engines import RulesEngineFactory
     from cep.spark.pipeline import plan_for
-    from cep.spark.rules import RulesEngineFactory
     from jobs.session import get_spark
 
     cloudpickle.register_pickle_by_value(noop_ops)

@@ -30,11 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from cep.config import Settings, parse_trigger
+from cep.delivery.dead_letters import dead_letter_records
 from cep.delivery.kafka_sink import ensure_topics
 from cep.delivery.preflight import claim_checkpoint, one_line, require_redis, require_topics
 from cep.delivery.record import OutRecord
 from cep.errors import CepError
-from cep.events import MAX_BYTES, dead_letter
+from cep.events import MAX_BYTES
 from jobs.metrics import Metrics
 
 log = logging.getLogger("cep.live")
@@ -105,22 +106,9 @@ class AlertRouter:
                 log.warning("partial-match cap hit: %s", row.payload)
 
 
-def dead_letter_records(rows: Iterable[Any], metrics: Metrics, topic: str,
-                        ) -> Iterable[OutRecord]:
-    """Bad rows → dead-letter records (`cep.events.dead_letter`: reason, topic, partition,
-    offset, stream, the value cut at 64 KiB)."""
-    for r in rows:
-        metrics.count("dead_letters")
-        raw = bytes(r.raw) if r.raw is not None else None
-        payload = dead_letter(r.reason, raw, r.stream, topic=r.topic,
-                              partition=int(r.partition), offset=int(r.offset))
-        yield OutRecord(id=f"dlq-{r.topic}-{r.partition}-{r.offset}", payload=payload,
-                        key=f"{r.topic}/{r.partition}/{r.offset}", kafka_topic=topic)
-
-
 class LiveJob:
     def __init__(self, settings: Settings, options: LiveOptions) -> None:
-        from cep.spark.rules import RulesWatcher
+        from cep.engines import RulesWatcher
 
         self.settings = settings
         self.opts = options
@@ -237,11 +225,11 @@ class LiveJob:
     def _start(self) -> None:
         from pyspark.sql import functions as F
 
+        from cep.engines import SnapshotEngineFactory
         from cep.runtime.alerts import output_rows
         from cep.spark.delivery import BatchDelivery
         from cep.spark.operator import OUTPUT_SCHEMA, CepProcessor
         from cep.spark.pipeline import fan_out, validated
-        from cep.spark.rules import SnapshotEngineFactory
 
         # `--once` wins; else the `trigger` setting; else ("default") every trigger_seconds.
         trigger: dict[str, Any] = ({"availableNow": True} if self.opts.once

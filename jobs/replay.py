@@ -288,8 +288,8 @@ def run_replay(
     max_files_per_trigger: int | None = None, kafka_from: str | None = None,
     kafka_to: str | None = None, work_dir: str | None = None, show_progress: bool | None = None,
 ) -> ReplaySummary:
+    from cep.engines import RulesEngineFactory
     from cep.spark.pipeline import EOF_STREAM, plan_for
-    from cep.spark.rules import RulesEngineFactory
     from jobs.session import get_spark
 
     factory = RulesEngineFactory.from_path(rules)

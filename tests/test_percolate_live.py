@@ -373,7 +373,7 @@ def test_read_to_applies_exactly_the_pinned_prefix_of_the_changelog(kafka_bootst
 
 
 def test_parse_event_reasons():
-    from jobs.percolate import parse_event
+    from percolator.worker import parse_event
 
     assert parse_event(b'{"a": [1, {"b": null}]}') == ({"a": [1, {"b": None}]}, None)
     assert parse_event(None)[1] == "empty message"
@@ -392,7 +392,8 @@ def test_router_sends_defaults_and_targets_and_refuses_foreign_topics(kafka_boot
 
     from cep.config import Settings
     from jobs.metrics import Metrics
-    from jobs.percolate import NotificationRouter, PercolateOptions, notification_id
+    from jobs.percolate import NotificationRouter, PercolateOptions
+    from percolator.worker import notification_id
 
     settings = Settings(kafka_bootstrap=kafka_bootstrap, dead_letter_topic=f"{topic}-dlq")
     opts = PercolateOptions(checkpoint=str(tmp_path), topics=(f"{topic}-in",),

@@ -88,13 +88,13 @@ def register(sub: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from jobs.demo import run_demo
+    from cep.cli.demo import run_demo
 
     return run_demo(_settings(args), args.out)
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from cep.spark.rules import RulesEngineFactory
+    from cep.engines import RulesEngineFactory
     from jobs.replay import parse_input, run_replay
 
     settings = _settings(args, shards=args.shards, shuffle_partitions=args.shuffle_partitions,

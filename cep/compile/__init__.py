@@ -8,7 +8,7 @@ Pipeline (one pass per module): `parse` (text → `cep.ast`, syntax errors per s
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from cep import ast
@@ -16,7 +16,7 @@ from cep.compile.diagnostics import CompileErrors, Diagnostics
 from cep.compile.parse import parse_text
 from cep.compile.rules import compile_rule, compile_streams
 from cep.errors import RuleSemanticError, SourceError, Span
-from cep.nfa import CompiledRule, RuleSet
+from cep.nfa import CompiledRule, RuleSet, StreamSpec
 
 RULE_SUFFIXES = (".cep",)
 
@@ -28,7 +28,10 @@ __all__ = [
     "compile_file",
     "compile_rules",
     "load_rules_dir",
+    "merge_rulesets",
     "parse_text",
+    "read_sources",
+    "ruleset_from_sources",
 ]
 
 
@@ -128,14 +131,34 @@ def check_paths(paths: Iterable[str | Path]) -> tuple[dict[Path, RuleSet], list[
     return sets, errors
 
 
+def merge_rulesets(sets: Iterable[RuleSet]) -> RuleSet:
+    """Several files' rule sets as one: every rule, in order; a stream declared by several
+    files is the first file's declaration."""
+    rules: list[CompiledRule] = []
+    streams: dict[str, StreamSpec] = {}
+    for rs in sets:
+        rules.extend(rs.rules)
+        for s in rs.streams:
+            streams.setdefault(s.name, s)
+    return RuleSet(tuple(rules), tuple(streams.values()))
+
+
 def load_rules_dir(path: str | Path) -> RuleSet:
     """Every rule of every `*.cep` file under `path`, as one `RuleSet`; raises on any error."""
     sets, errors = check_paths([path])
     if errors:
         raise CompileErrors(errors)
-    rules = tuple(r for rs in sets.values() for r in rs)
-    streams: dict[str, object] = {}
-    for rs in sets.values():
-        for s in rs.streams:
-            streams.setdefault(s.name, s)
-    return RuleSet(rules, tuple(streams.values()))  # type: ignore[arg-type]
+    return merge_rulesets(sets.values())
+
+
+def read_sources(paths: Iterable[str | Path]) -> dict[str, str]:
+    """The text of every rules file under `paths`, by path: what Spark jobs ship to their
+    workers (text is small and picklable; compiled closures are not)."""
+    return {str(p): p.read_text(encoding="utf-8") for p in rule_files(paths)}
+
+
+def ruleset_from_sources(sources: Mapping[str, str]) -> RuleSet:
+    """Rule texts by path → one `RuleSet` (files in path order); raises `CompileErrors` on the
+    first file with errors. A rule id defined in two files is not checked here: the live job's
+    `RulesWatcher` and `cep check` do."""
+    return merge_rulesets(compile_rules(text, path) for path, text in sorted(sources.items()))

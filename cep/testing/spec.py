@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cep.compile import check_paths
+from cep.compile import check_paths, merge_rulesets
 from cep.errors import SourceError, Span
 from cep.events import EventSchema, conform, validate
 from cep.nfa import CompiledRule, RuleSet, StreamSpec
@@ -98,14 +98,11 @@ RuleLoader = Callable[[Path], RuleSet]
 
 
 def compile_rules_path(path: Path) -> RuleSet:
+    """The rules a test file names, loaded as `cep check` and `load_rules_dir` load them."""
     sets, errors = check_paths([path])
     if errors:
         raise RulesError(errors)
-    streams: dict[str, StreamSpec] = {}
-    for rs in sets.values():
-        for s in rs.streams:
-            streams.setdefault(s.name, s)
-    return RuleSet(tuple(r for rs in sets.values() for r in rs), tuple(streams.values()))
+    return merge_rulesets(sets.values())
 
 
 def load_test_file(path: Path, load_rules: RuleLoader = compile_rules_path) -> TestFile:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from cep.runtime.engine import Wake
-from cep.spark.operator import MapStateKeyStore
+from cep.runtime.state_store import MapStateKeyStore
 
 
 class DictMapState:

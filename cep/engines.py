@@ -1,5 +1,6 @@
-"""Rules for Spark's Python workers: shipped as source text, compiled once per worker, and
-replaceable while the job runs.
+"""Rule files → engines: the rules as jobs ship them (source text), compiled once per worker,
+and replaceable while the job runs. Plain Python: no Spark here (the Spark operator,
+`cep.spark.operator`, takes any `EngineFactory`).
 
 The processor object is pickled to every task, so it carries rule *text* (small, always
 picklable), never compiled closures. Two factories:
@@ -19,10 +20,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from cep.compile import compile_file, compile_rules, rule_files
+from cep.compile import compile_file, merge_rulesets, read_sources, ruleset_from_sources
 from cep.errors import RuleSemanticError, SourceError, Span
-from cep.nfa import CompiledRule, RuleSet, StreamSpec
+from cep.nfa import RuleSet
 from cep.runtime.bind import build_engine, rule_hash
 from cep.runtime.engine import Engine
 
@@ -37,15 +39,10 @@ def _digest(sources: dict[str, str], extra: str = "") -> int:
     return int.from_bytes(h.digest()[:8], "big")
 
 
-def ruleset_from_sources(sources: dict[str, str]) -> RuleSet:
-    rules: list[CompiledRule] = []
-    streams: dict[str, StreamSpec] = {}
-    for path, text in sorted(sources.items()):
-        rs = compile_rules(text, path)
-        rules.extend(rs.rules)
-        for s in rs.streams:
-            streams.setdefault(s.name, s)
-    return RuleSet(tuple(rules), tuple(streams.values()))
+class EngineFactory(Protocol):
+    """What the Spark operator is given: `load()` → (cache key, a builder of the engine)."""
+
+    def load(self) -> tuple[int, Callable[[], Engine]]: ...
 
 
 class RulesEngineFactory:
@@ -57,8 +54,7 @@ class RulesEngineFactory:
     @classmethod
     def from_path(cls, path: str | Path, max_partial_matches: int | None = None,
                   ) -> RulesEngineFactory:
-        files = rule_files([path])
-        return cls({str(p): p.read_text() for p in files}, max_partial_matches)
+        return cls(read_sources([path]), max_partial_matches)
 
     def ruleset(self) -> RuleSet:
         return ruleset_from_sources(self.sources)
@@ -102,6 +98,10 @@ class RulesWatcher:
     never blocks valid edits in the other files. A file whose rule id is already defined by
     another accepted file is rejected (the file that was there first keeps the id).
 
+    Each poll reads every file once and compiles each new text once: the rule set that runs is
+    built from the very compilations that were checked, and the snapshot the workers load holds
+    the very texts that were read.
+
     `strict` (the first poll, at start-up): any rejected file is an error, as `cep check`
     would say; the job does not start with rules silently missing."""
 
@@ -112,9 +112,10 @@ class RulesWatcher:
         self.versions: dict[str, str] = {}
         self.ruleset: RuleSet | None = None
         self.accepted: dict[str, str] = {}  # path -> the accepted text of that file
+        self._compiled: dict[str, RuleSet] = {}  # path -> the accepted text, compiled
 
     def _read(self) -> dict[str, str]:
-        return {str(p): p.read_text() for p in rule_files([self.rules_dir])}
+        return read_sources([self.rules_dir])
 
     def poll(self) -> RulesChange | None:
         sources = self._read()
@@ -123,7 +124,7 @@ class RulesWatcher:
             return None
         strict = self._seen is None
         self._seen = key
-        candidate, files, errors = self._judge(sources)
+        candidate, compiled, files, errors = self._judge(sources)
         if strict and errors:
             for err in errors:
                 log.error("rules rejected:\n%s", err.render())
@@ -134,7 +135,7 @@ class RulesWatcher:
         if candidate == self.accepted and self.ruleset is not None:
             return RulesChange(False, dict(self.versions), errors=errors, files=files,
                                ruleset=self.ruleset)
-        ruleset = ruleset_from_sources(candidate)
+        ruleset = merge_rulesets(compiled[path] for path in sorted(candidate))
         versions = {r.id: rule_hash(r) for r in ruleset.rules if r.enabled}
         change = RulesChange(
             True, versions,
@@ -151,21 +152,28 @@ class RulesWatcher:
         self.versions = versions
         self.ruleset = ruleset
         self.accepted = candidate
+        self._compiled = compiled
         log.info("rules accepted: added %s, changed %s, removed or disabled %s",
                  change.added, change.changed, change.removed)
         return change
 
-    def _judge(self, sources: dict[str, str],
-               ) -> tuple[dict[str, str], dict[str, dict[str, object]], list[SourceError]]:
-        """Each file on its own: (the texts to run, per-file status, every error)."""
+    def _judge(self, sources: dict[str, str]) -> tuple[
+            dict[str, str], dict[str, RuleSet], dict[str, dict[str, object]], list[SourceError]]:
+        """Each file on its own: (the texts to run, those texts compiled, per-file status,
+        every error)."""
         candidate: dict[str, str] = {}
+        compiled: dict[str, RuleSet] = {}
         files: dict[str, dict[str, object]] = {}
         errors: list[SourceError] = []
         owner: dict[str, str] = {}
         # Unchanged files first: they keep the rule ids they own.
         for path in sorted(sources, key=lambda p: (sources[p] != self.accepted.get(p), p)):
             text = sources[path]
-            rules, errs = compile_file(text, path)
+            if text == self.accepted.get(path):  # accepted before: compiled then
+                rules: RuleSet | None = self._compiled[path]
+                errs: list[SourceError] = []
+            else:
+                rules, errs = compile_file(text, path)
             if rules is not None and not errs:
                 dup = next((r.id for r in rules if r.id in owner), None)
                 if dup is not None:
@@ -174,18 +182,20 @@ class RulesWatcher:
                         source=text, hint="rule ids must be unique across the rules directory")]
             if rules is not None and not errs:
                 candidate[path] = text
+                compiled[path] = rules
                 owner.update((r.id, path) for r in rules)
                 files[path] = {"status": "accepted", "errors": [], "running": "current"}
                 continue
             errors.extend(errs)
             previous = self.accepted.get(path)
-            prev_rules = compile_file(previous, path)[0] if previous is not None else None
+            prev_rules = self._compiled.get(path) if previous is not None else None
             running = "none"
             if previous is not None and prev_rules is not None and not any(
                     r.id in owner for r in prev_rules):
                 candidate[path] = previous
+                compiled[path] = prev_rules
                 owner.update((r.id, path) for r in prev_rules)
                 running = "previous"
             files[path] = {"status": "rejected", "running": running,
                            "errors": [e.render().splitlines()[0] for e in errs]}
-        return candidate, files, errors
+        return candidate, compiled, files, errors

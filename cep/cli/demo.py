@@ -3,6 +3,9 @@ Spark local mode (files in, files out; no Kafka or Redis), and print what was fo
 
 The samples in examples/ were made by cep.datagen with known injected patterns; each has an
 `.expected.json` beside it, and the demo says whether the alerts are exactly those.
+
+Not a job of its own: a few replays (jobs/replay.py) and their alerts printed as `cep tail`
+prints them (jobs/tail.py), so it lives with the commands, the one layer that uses several jobs.
 """
 
 from __future__ import annotations
