@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-# Not in `make test` for now: since this session's changes the quick run sees no alert within
-# its drain window on this machine (the job falls behind; see the closing note of session 3).
-# `make bench-quick` runs it; it is to be fixed and put back, not forgotten.
-pytestmark = [pytest.mark.services, pytest.mark.spark, pytest.mark.bench]
+# Session 3 saw no alert within the drain window while four engineers loaded the 2 cores (load
+# 4-12). On a quiet machine the same run passes (session 4: 1 passed in 92 s), and the validator
+# that session added costs 7.5 µs of CPU per event, far from the slowdown the loaded run suggested.
+pytestmark = [pytest.mark.services, pytest.mark.spark]
 
 
 def test_quick_latency_run_sees_alerts_with_positive_finite_latency(tmp_path: Path) -> None:
