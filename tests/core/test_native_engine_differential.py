@@ -1,0 +1,180 @@
+"""Differential test: the native engine loop (`cep._core.Engine` behind
+`cep.runtime.native_engine.NativeEngine`) against the Python engine (`cep.runtime.engine.Engine`
+on the Python matcher), which is the specification.
+
+Random rule sets (1-3 rules from tests/rules/strategies.py, on one or two schema-less streams
+with their own LATENESS, partitioned or not, with measures, ON TIMEOUT and MAX PARTIAL MATCHES)
+and random multi-key streams (keys of mixed types, events without a key, int, big-int or string
+sequence numbers) that arrive out of order within the lateness, and in some streams beyond it
+(late events), go through both engines call by call as `run_embedded` drives them, at batch sizes
+1, 2, 3, 7 and all, ending with the end of input. After every call everything observable must be
+identical: the results in order (matches, timeouts, dropped counts, with events, times, keys,
+measures and their types, deadlines), the late reports (rule ids, key, event, watermark), the
+keys touched / released / reset, the next wake time and the set of keys holding state (so state
+is released exactly when the Python engine releases it). In some streams the native engine's
+key states go through their serialised bytes (`key_bytes` / `load_key`) after every call.
+
+Each example is one rule set and STREAMS_PER_RULESET (20) streams (compiling costs far more than
+running): 100 examples = 2,000 (rule set, stream) cases, each at 5 batch sizes, by default;
+HYPOTHESIS_PROFILE=dev 10 examples, HYPOTHESIS_PROFILE=deep 1,000 (20,000 cases);
+`CEP_ENGINE_DIFF_EXAMPLES` sets the number of examples.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from cep.compile import CompileErrors, compile_rules
+from cep.runtime.bind import build_embedded_engine, build_engine, engine_kind
+from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore
+from cep.runtime.native import why_not_native
+from tests.core.test_native_differential import DEFINES, MEASURES
+from tests.rules.strategies import rule_statement
+
+EXAMPLES = int(os.environ.get("CEP_ENGINE_DIFF_EXAMPLES")
+               or {"dev": 10, "ci": 100, "deep": 1_000}[os.environ.get("HYPOTHESIS_PROFILE", "ci")])
+STREAMS_PER_RULESET = 20
+BATCHES = (1, 2, 3, 7, 10_000)
+
+
+@st.composite
+def ruleset_text(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """The stream declarations and 1-3 rules."""
+    two = draw(st.booleans())
+    lat = [draw(st.sampled_from((0, 2, 5))) for _ in range(2)]
+    text = f"STREAM s TIME BY ts LATENESS {lat[0]}ms;\n"
+    if two:
+        text += f"STREAM s2 TIME BY ts LATENESS {lat[1]}ms;\n"
+    rules = []
+    for i in range(draw(st.integers(1, 3))):
+        rule = draw(rule_statement(DEFINES, rule_id=f"r{i}", emit=f"m{i}", partition=True,
+                                   timeouts=True, measures=MEASURES, max_partial=True))
+        if two and draw(st.booleans()):
+            rule = rule.replace(" FROM s ", " FROM s2 ", 1)
+        rules.append(rule)
+    return text, rules
+
+
+def compile_valid(header: str, rules: list[str]):  # type: ignore[no-untyped-def]
+    """The rule set of the rules that compile on their own (None if none does)."""
+    valid = []
+    for rule in rules:
+        try:
+            compile_rules(header + rule, "p.cep")
+        except CompileErrors:
+            continue
+        valid.append(rule)
+    return compile_rules(header + "\n".join(valid), "p.cep") if valid else None
+
+
+values = st.one_of(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3),
+                   st.sampled_from((1.5, 0.0, -2.5, 2**62, "2", None, True, math.nan)))
+event = st.fixed_dictionaries(
+    {"t": st.sampled_from("abc")},
+    optional={"k": st.sampled_from(("K", "K", "J", 7, None)), "v": values,
+              "f": st.sampled_from((0.5, 2.0, -1.0, 3, None)),
+              "s": st.sampled_from(("ab", "a_b", "Ab", "Äbß", "xyz", "", "y", 5)),
+              "n": st.sampled_from((None, 1, 0))},
+)
+# (events with their time gaps and stream, arrival shuffle seed, how late some may be, seq kind,
+# serialise the native key states after every call)
+streams = st.tuples(
+    st.lists(st.tuples(event, st.integers(0, 3), st.sampled_from(("s", "s", "s2"))),
+             min_size=1, max_size=12),
+    st.integers(0, 2**32), st.sampled_from((0, 0, 6, 12)),
+    st.sampled_from(("int", "int", "big", "str")), st.booleans())
+
+
+def make_events(raw: list, seed: int, extra_late: int, seq_kind: str, lateness: int) -> list[Event]:
+    events, ts = [], 0
+    for i, (data, gap, stream) in enumerate(raw):
+        ts += gap
+        seq: object = {"int": (i * 7919) % 101, "big": 2**70 - i * 3, "str": f"q{(i * 37) % 11}"}[
+            seq_kind]
+        events.append(Event(stream, ts, seq, {**data, "ts": ts}))
+    rnd = random.Random(seed)
+    # Out of order within the lateness; with extra_late > 0 some events come later than that.
+    return sorted(events, key=lambda e: e.ts + rnd.randint(0, lateness)
+                  + (rnd.randint(0, extra_late) if rnd.random() < 0.3 else 0))
+
+
+def _value(v):  # type-sensitive, NaN-safe
+    return (type(v).__name__, repr(v))
+
+
+def _result(r):  # type: ignore[no-untyped-def]
+    if r.kind == "dropped":
+        return ("dropped", r.rule_id, r.version, _value(r.key), r.count, r.ts)
+    events = tuple((e.var, e.ts, _value(e.seq), repr(sorted(e.event.items()))) for e in r.events)
+    measures = tuple((k, _value(v)) for k, v in r.measures.items())
+    extra = (r.deadline_ts,) if r.kind == "timeout" else ()
+    return (r.kind, r.rule_id, r.version, r.alert, _value(r.key), events, r.first_ts, r.last_ts,
+            measures, *extra)
+
+
+def _keys(engine, store) -> list:  # type: ignore[no-untyped-def]
+    if engine_kind(engine) == "native":
+        return [tuple(k) for k in engine.keys(store)] + [("wake", engine.wake_keys(store))]
+    return sorted(store.states) + [("wake", len(store.wake))]
+
+
+def _through_bytes(engine, store):  # type: ignore[no-untyped-def]
+    fresh = MemoryKeyStore()
+    for gid, key in engine.keys(store):
+        data = engine.key_bytes(store, gid, key)
+        assert data is not None and data[:5] == b"CEPNK"
+        engine.load_key(fresh, gid, key, data)
+    return fresh
+
+
+def drive(engine, events: list[Event], batch: int, roundtrip: bool) -> list:  # type: ignore[no-untyped-def]
+    """`run_embedded`'s calls, with a trace of everything observable after each."""
+    store, max_ts, trace = MemoryKeyStore(), NEG_INF, []
+
+    def note(out) -> None:  # type: ignore[no-untyped-def]
+        trace.append(([_result(r) for r in out.matches],
+                      [(lt.rule_ids, lt.key, lt.event.ts, _value(lt.event.seq), lt.watermark)
+                       for lt in out.late],
+                      out.keys_touched, out.keys_released, out.keys_reset,
+                      engine.next_wake(store), _keys(engine, store)))
+
+    for i in range(0, len(events), batch):
+        chunk = events[i:i + batch]
+        note(engine.ingest(store, chunk, max_ts))
+        max_ts = max(max_ts, max(e.ts for e in chunk))
+        if roundtrip:
+            store = _through_bytes(engine, store)
+    if max_ts != NEG_INF:
+        note(engine.advance(store, max_ts, end_of_input=max_ts))
+    assert not _keys(engine, store)[:-1], "state left after the end of input"
+    return trace
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(text=ruleset_text(),
+       cases=st.lists(streams, min_size=STREAMS_PER_RULESET, max_size=STREAMS_PER_RULESET))
+def test_native_engine_equals_python_engine(text: tuple[str, list[str]], cases: list) -> None:
+    ruleset = compile_valid(*text)
+    assume(ruleset is not None)
+    for rule in ruleset.rules:
+        assert why_not_native(rule) is None, (why_not_native(rule), text)
+    python = build_engine(ruleset, use_native=False)
+    native = build_embedded_engine(ruleset, use_native=True)
+    assert engine_kind(native) == "native"
+    lateness = max(r.stream.lateness_ms for r in ruleset.rules)
+    for raw, seed, extra_late, seq_kind, roundtrip in cases:
+        events = make_events(raw, seed, extra_late, seq_kind, lateness)
+        for batch in BATCHES:
+            expected = drive(python, events, batch, False)
+            got = drive(native, events, batch, roundtrip and batch in (1, 3))
+            assert got == expected, (text, [(e.stream, e.ts, e.seq, e.data) for e in events],
+                                     batch)
+            if batch >= len(events):
+                break
