@@ -46,6 +46,9 @@ class Metrics:
         # Per rule: alerts in all, and (minute, count) buckets of the last hour.
         self.rule_alerts: Counter[str] = Counter()
         self._alert_minutes: dict[str, deque[list[int]]] = {}
+        # Has anything called count_alert: until then (a router that only calls
+        # count("alerts")) there are no per-rule alert figures, rather than zeros.
+        self.alerts_per_rule = False
         # Live partial matches per rule: applied totals, the last batch applied, and the deltas
         # of the batch being delivered (applied by `on_batch`).
         self.partials: Counter[str] = Counter()
@@ -79,6 +82,7 @@ class Metrics:
         `count("alerts")` does, and the rule's own total and per-minute buckets."""
         minute = int(self.clock() // 60)
         with self._lock:
+            self.alerts_per_rule = True
             self.counters["alerts"] += n
             self.rule_alerts[rule_id] += n
             buckets = self._alert_minutes.setdefault(rule_id, deque())
@@ -108,8 +112,9 @@ class Metrics:
         self.write()
 
     def rules_live(self) -> dict[str, dict[str, Any]]:
-        """Per rule: alerts (total, per minute over the last 5 minutes, last hour) and, when
-        the operator reports them, live partial matches."""
+        """Per rule: alerts (total, per minute over the last 5 minutes, last hour) once the
+        router counts them per rule (`count_alert`), and live partial matches once the operator
+        reports them; a figure nobody feeds is absent, not 0."""
         now_min = int(self.clock() // 60)
         with self._lock:
             names = set(self.rules) | set(self.rule_alerts) | set(self.partials)
@@ -118,10 +123,10 @@ class Metrics:
                 buckets = self._alert_minutes.get(rule, ())
                 hour = sum(c for m, c in buckets if m > now_min - HOUR_S // 60)
                 recent = sum(c for m, c in buckets if m > now_min - RATE_WINDOW_S // 60)
-                entry: dict[str, Any] = {"alerts": self.rule_alerts.get(rule, 0),
-                                         "alerts_last_hour": hour,
-                                         "alerts_per_min": round(recent / (RATE_WINDOW_S / 60),
-                                                                 3)}
+                entry: dict[str, Any] = {}
+                if self.alerts_per_rule:
+                    entry.update(alerts=self.rule_alerts.get(rule, 0), alerts_last_hour=hour,
+                                 alerts_per_min=round(recent / (RATE_WINDOW_S / 60), 3))
                 if self.partials_seen:
                     entry["partial_matches"] = max(0, self.partials.get(rule, 0))
                 out[rule] = entry

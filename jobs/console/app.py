@@ -201,6 +201,8 @@ class Console:
         return {"available": True, "age_s": round(time.time() - float(snap.get("time", 0)), 1),
                 "partial_matches": any("partial_matches" in v for v in live.values()
                                        if isinstance(v, dict)),
+                "alerts": any("alerts_per_min" in v for v in live.values()
+                              if isinstance(v, dict)),
                 "by_rule": {str(k): v for k, v in live.items() if isinstance(v, dict)}}
 
     def health(self) -> dict[str, Any]:

@@ -198,3 +198,16 @@ def test_a_sample_stream_picked_in_the_playground_raises_the_demos_expected_aler
     expected = json.loads((root / "examples" / "transactions.expected.json").read_text())
     assert sorted((a["rule_id"], a["key"], a["first_ts"], a["last_ts"]) for a in r["alerts"]) \
         == sorted((e["rule"], e["key"], e["first_ts"], e["last_ts"]) for e in expected)
+
+
+def test_a_job_counting_alerts_only_in_all_has_no_per_rule_alert_figures(tmp_path: Path) -> None:
+    """The router of today calls count("alerts"): no per-rule zeros that would read as 'no
+    alerts' in the Rules view (it falls back to Redis)."""
+    from jobs.metrics import Metrics
+
+    m = Metrics(tmp_path / "metrics.json")
+    m.set_rules({"r": "v1"})
+    m.count("alerts", 5)
+    assert m.rules_live() == {"r": {}}
+    m.count_alert("r")
+    assert m.rules_live()["r"]["alerts"] == 1

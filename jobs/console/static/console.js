@@ -41,7 +41,8 @@ async function rulesView() {
   const live = data.live || {available: false, by_rule: {}};
   main.append(el("p", {class: "muted"}, `from ${data.dir}`));
   main.append(el("p", {class: "muted", id: "live-source"}, live.available
-    ? `Alert rate and partial matches: the live job's metrics (${live.age_s} s old).` +
+    ? `Per-rule figures: the live job's metrics (${live.age_s} s old).` +
+      (live.alerts ? "" : " The job does not count alerts per rule: alerts counted from Redis over the last hour.") +
       (live.partial_matches ? "" : " The job does not export partial-match counts.")
     : `Live job: ${live.why}. Alerts counted from Redis over the last hour.`));
   for (const f of data.files) {
@@ -73,10 +74,11 @@ async function rulesView() {
 
 // Per rule: from the live job's metrics when it has them, else the Redis count of the last hour.
 function livePills(id, live, counts) {
-  const m = live.available ? live.by_rule[id] : null;
-  if (!m) return [el("span", {class: "pill alerts-hour"}, `${counts[id] ?? 0} alerts in the last hour`)];
-  const out = [el("span", {class: "pill alert-rate"}, `${m.alerts_per_min} alerts/min`),
-               el("span", {class: "pill alerts-hour"}, `${m.alerts_last_hour} alerts in the last hour`)];
+  const m = (live.available ? live.by_rule[id] : null) || {};
+  const out = m.alerts_per_min === undefined
+    ? [el("span", {class: "pill alerts-hour"}, `${counts[id] ?? 0} alerts in the last hour`)]
+    : [el("span", {class: "pill alert-rate"}, `${m.alerts_per_min} alerts/min`),
+       el("span", {class: "pill alerts-hour"}, `${m.alerts_last_hour} alerts in the last hour`)];
   if (m.partial_matches !== undefined) out.push(el("span", {class: "pill partials"}, `${m.partial_matches} partial matches`));
   return out;
 }
