@@ -1,35 +1,79 @@
-"""Native matcher core vs the Python matcher, embedded engine, one core, same events.
+"""The native core against the Python engine, embedded, one core, same events, same run.
 
     .venv/bin/python -m bench.native [--events N] [--keys K] [--domain fraud|trading|machines]
+                                     [--batch B] [--out bench/results/native.md]
 
-Both engines run the bundled bench rules over the same generated stream through `run_embedded`
-(batches of 10,000 events); the alerts must be identical. Prints events/s (wall and CPU) of
-each and the ratio. Stage 1 of issue 13 moves only the matcher into Rust: the engine loop, the
-per-event Python objects and the results are still Python, so this is not the issue's target
-measurement (that one feeds Arrow batches to a native engine).
+Four configurations run the bundled bench rules over the same generated stream (sorted by
+(ts, seq), batches of B events, the watermark from before each batch, end of input at the last
+event time), and their alerts must be identical:
+
+- `python`: the Python engine loop on the Python matcher (the specification);
+- `stage 1`: the Python engine loop on the native matcher (`build_engine`);
+- `stage 2, events`: the engine loop in the core (`build_embedded_engine` -> NativeEngine),
+  fed `Event` objects through `run_embedded`;
+- `stage 2, arrow`: the same engine fed pyarrow RecordBatches (columns stream, ts, seq and the
+  event fields) through `NativeEngine.ingest_batch`; building the batches is not timed.
+
+Prints events/s (wall and CPU time of the process) of each and the ratios to `python`; with
+`--out` also writes them as a Markdown table with the command and the machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.workloads import dataset, load_rules, rules_path, stream_of
-from cep.runtime.bind import build_engine, matcher_kind
-from cep.runtime.engine import events_from_dicts, run_embedded
+from cep.runtime.bind import build_embedded_engine, build_engine, engine_kind, matcher_kind
+from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, events_from_dicts, run_embedded
 
 RULES = Path(__file__).resolve().parent / "rules"
 
 
-def _run(ruleset, events, use_native: bool):  # type: ignore[no-untyped-def]
-    engine = build_engine(ruleset, use_native=use_native)
-    kinds = {matcher_kind(r.matcher) for r in engine.rules.values()}
+def _alert(r: Any) -> tuple:
+    return (r.kind, r.rule_id, str(r.key), r.first_ts, r.last_ts,
+            tuple(sorted((k, repr(v)) for k, v in getattr(r, "measures", {}).items())))
+
+
+def _timed(fn: Any) -> tuple[list[tuple], float, float]:
     t0, c0 = time.perf_counter(), time.process_time()
-    alerts = [(r.kind, r.rule_id, str(r.key), r.first_ts, r.last_ts,
-               tuple(sorted((k, repr(v)) for k, v in getattr(r, "measures", {}).items())))
-              for r in run_embedded(engine, events, batch_size=10_000)]
-    return alerts, time.perf_counter() - t0, time.process_time() - c0, kinds
+    alerts = fn()
+    return alerts, time.perf_counter() - t0, time.process_time() - c0
+
+
+def _events_run(engine: Any, events: list[Event], batch: int) -> list[tuple]:
+    return [_alert(r) for r in run_embedded(engine, events, batch_size=batch)]
+
+
+def _arrow_batches(events: list[Event], batch: int) -> list[tuple[Any, int]]:
+    import pyarrow as pa
+
+    out = []
+    for i in range(0, len(events), batch):
+        chunk = events[i:i + batch]
+        cols: dict[str, list[Any]] = {"stream": [e.stream for e in chunk],
+                                      "seq": [e.seq for e in chunk]}
+        for name in chunk[0].data:
+            cols[name] = [e.data.get(name) for e in chunk]
+        out.append((pa.RecordBatch.from_pydict(cols), max(e.ts for e in chunk)))
+    return out
+
+
+def _arrow_run(engine: Any, batches: list[tuple[Any, int]]) -> list[tuple]:
+    store, max_ts = MemoryKeyStore(), NEG_INF
+    alerts: list[tuple] = []
+    for rb, top in batches:
+        alerts.extend(_alert(r) for r in engine.ingest_batch(store, rb, max_ts).matches)
+        max_ts = max(max_ts, top)
+    if max_ts != NEG_INF:
+        alerts.extend(_alert(r) for r in
+                      engine.advance(store, max_ts, end_of_input=max_ts).matches)
+    return alerts
 
 
 def main() -> None:
@@ -37,21 +81,63 @@ def main() -> None:
     ap.add_argument("--domain", default="fraud")
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--batch", type=int, default=10_000)
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     ruleset = load_rules(rules_path(RULES, args.domain))
     ds = dataset(args.domain, args.events, args.keys, 10)
     events = sorted(events_from_dicts(stream_of(ruleset), ds.events), key=lambda e: (e.ts, e.seq))
-    py_alerts, py_wall, py_cpu, py_kinds = _run(ruleset, events, False)
-    nat_alerts, nat_wall, nat_cpu, nat_kinds = _run(ruleset, events, True)
+    batches = _arrow_batches(events, args.batch)
     n = len(events)
-    print(f"{args.domain}: {n:,} events, {args.keys:,} keys, {len(ruleset.rules)} rules")
-    print(f"  python matcher ({'/'.join(sorted(py_kinds))}): {n / py_wall:>10,.0f} ev/s wall, "
-          f"{n / py_cpu:>10,.0f} ev/s cpu, {len(py_alerts)} alerts")
-    print(f"  native matcher ({'/'.join(sorted(nat_kinds))}): {n / nat_wall:>10,.0f} ev/s wall, "
-          f"{n / nat_cpu:>10,.0f} ev/s cpu, {len(nat_alerts)} alerts")
-    print(f"  ratio native/python: {py_wall / nat_wall:.2f}x wall, {py_cpu / nat_cpu:.2f}x cpu")
-    print(f"  identical alerts: {py_alerts == nat_alerts}")
-    if py_alerts != nat_alerts:
+
+    python = build_engine(ruleset, use_native=False)
+    stage1 = build_engine(ruleset, use_native=True)
+    stage2 = build_embedded_engine(ruleset, use_native=True)
+    stage2b = build_embedded_engine(ruleset, use_native=True)
+    assert {matcher_kind(r.matcher) for r in stage1.rules.values()} == {"native"}
+    assert engine_kind(stage2) == "native", "a bench rule does not run on the native engine"
+    runs = [
+        ("python engine, python matcher", lambda: _events_run(python, events, args.batch)),
+        ("stage 1: python engine, native matcher", lambda: _events_run(stage1, events, args.batch)),
+        ("stage 2: native engine, Event objects", lambda: _events_run(stage2, events, args.batch)),
+        ("stage 2: native engine, Arrow batches", lambda: _arrow_run(stage2b, batches)),
+    ]
+    results = []
+    for name, fn in runs:
+        alerts, wall, cpu = _timed(fn)
+        results.append((name, alerts, wall, cpu))
+    load = os.getloadavg()
+    ref_alerts, ref_wall, ref_cpu = results[0][1], results[0][2], results[0][3]
+    lines = [f"{args.domain}: {n:,} events, {args.keys:,} keys, {len(ruleset.rules)} rules, "
+             f"batches of {args.batch:,}, load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"]
+    rows = []
+    same = True
+    for name, alerts, wall, cpu in results:
+        ok = alerts == ref_alerts
+        same &= ok
+        lines.append(f"  {name:<42} {n / wall:>10,.0f} ev/s wall {n / cpu:>10,.0f} ev/s cpu  "
+                     f"{ref_wall / wall:5.2f}x wall {ref_cpu / cpu:5.2f}x cpu  "
+                     f"{len(alerts)} alerts{'' if ok else '  DIFFERENT'}")
+        rows.append(f"| {name} | {n / wall:,.0f} | {n / cpu:,.0f} | {ref_wall / wall:.2f}x | "
+                    f"{ref_cpu / cpu:.2f}x | {len(alerts)} | {'yes' if ok else 'NO'} |")
+    lines.append(f"  identical alerts: {same}")
+    print("\n".join(lines))
+    if args.out is not None:
+        cmd = "python -m bench.native " + " ".join(sys.argv[1:])
+        text = (f"\n## {args.domain}, {n:,} events, {args.keys:,} keys, "
+                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
+                f"`{cmd}` on {platform.machine()} ({os.cpu_count()} cores, shared), load "
+                f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}, batches of {args.batch:,}, "
+                f"one process (one core).\n\n"
+                "| configuration | ev/s wall | ev/s CPU | vs python (wall) | vs python (CPU) | "
+                "alerts | identical |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+        if not args.out.exists():
+            text = ("# Native core vs Python engine (bench/native.py)\n\n"
+                    "Embedded, one process, same events and same run for every configuration; "
+                    "docs/native-core.md explains the stages.\n" + text)
+        with args.out.open("a") as f:
+            f.write(text)
+    if not same:
         raise SystemExit("native and Python alerts differ")
 
 

@@ -1,9 +1,12 @@
 """The engine on the native matcher against the engine on the Python matcher: the bundled rules
 over generated streams (with injected alerts), at several batch sizes, give identical results;
-and the native boundary turns a panic into an exception naming the rule."""
+and the native boundary turns a panic into an exception naming the rule. Stage 2: the engine loop
+in the core (`build_embedded_engine`) against the Python engine on the bundled rules, from
+events and from Arrow batches, its key state bytes, and a panic in it."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -12,8 +15,16 @@ import pytest
 from cep import _core
 from cep.compile import compile_rules, load_rules_dir
 from cep.datagen import GENERATORS
-from cep.runtime.bind import build_engine, matcher_kind, matcher_report
-from cep.runtime.engine import MemoryKeyStore, events_from_dicts, run_embedded
+from cep.runtime.alerts import alert_record
+from cep.runtime.bind import (
+    build_embedded_engine,
+    build_engine,
+    engine_kind,
+    matcher_kind,
+    matcher_report,
+)
+from cep.runtime.embedded import alerts_for
+from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, events_from_dicts, run_embedded
 from cep.runtime.native import native_matcher
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
@@ -76,3 +87,116 @@ def test_a_panic_in_the_core_is_an_exception_naming_the_rule() -> None:
     broken = _core.state_from_bytes(bytes(data))
     with pytest.raises(_core.CoreError, match="rule probe"):
         m.on_event(broken, {"v": 2, "ts": 1}, 1, 1)
+
+
+# -- stage 2: the engine loop in the core (cep.runtime.native_engine) ------------------------
+
+def _engine_results(engine, events, batch):  # type: ignore[no-untyped-def]
+    store, late = MemoryKeyStore(), []  # type: ignore[var-annotated]
+    out = []
+    for r in run_embedded(engine, events, batch_size=batch, store=store, late=late):
+        measures = tuple(sorted((k, repr(v)) for k, v in getattr(r, "measures", {}).items()))
+        evs = tuple((e.var, e.ts, e.seq, repr(sorted(e.event.items())))
+                    for e in getattr(r, "events", ()))
+        out.append((r.kind, r.rule_id, str(r.key), getattr(r, "first_ts", None), evs, measures))
+    if engine_kind(engine) == "native":
+        assert engine.live_keys(store) == 0 and engine.wake_keys(store) == 0
+    else:
+        assert store.states == {} and len(store.wake) == 0
+    return out, [(lt.rule_ids, lt.key, lt.event.seq, lt.watermark) for lt in late]
+
+
+@pytest.mark.parametrize("domain", ["fraud", "machines", "trading"])
+def test_native_engine_equals_python_engine_on_bundled_rules(domain: str) -> None:
+    ruleset = load_rules_dir(RULES)
+    ds = GENERATORS[domain](n_events=3_000, n_keys=40, seed=3, inject=4)
+    events = events_from_dicts(ds.stream, ds.events)  # generator order: some events are late
+    native = build_embedded_engine(ruleset)
+    assert engine_kind(native) == "native"
+    python = build_engine(ruleset, use_native=False)
+    for batch in (1, 7, 500):
+        expected = _engine_results(python, events, batch)
+        assert expected[0], "the generator injects alerts"
+        assert _engine_results(native, events, batch) == expected
+    assert alerts_for(native, {ds.stream: ds.events}) == alerts_for(python, {ds.stream: ds.events})
+
+
+def test_cep_engine_python_selects_the_python_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    ruleset = load_rules_dir(RULES)
+    monkeypatch.setenv("CEP_ENGINE", "python")
+    assert engine_kind(build_embedded_engine(ruleset)) == "python"
+    monkeypatch.delenv("CEP_ENGINE")
+    assert engine_kind(build_embedded_engine(ruleset)) == "native"
+
+
+def _batch(events, json_data: bool):  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+
+    cols = {"stream": [e.stream for e in events], "ts": [e.ts for e in events],
+            "seq": [e.seq for e in events]}
+    if json_data:
+        cols["data"] = [json.dumps(e.data) for e in events]
+    else:
+        for name in events[0].data:
+            if name != "ts":
+                cols[name] = [e.data.get(name) for e in events]
+    return pa.RecordBatch.from_pydict(cols)
+
+
+@pytest.mark.parametrize("json_data", [False, True])
+def test_native_engine_from_arrow_batches(json_data: bool) -> None:
+    ruleset = load_rules_dir(RULES)
+    ds = GENERATORS["fraud"](n_events=2_000, n_keys=30, seed=4, inject=3)
+    events = sorted(events_from_dicts(ds.stream, ds.events), key=lambda e: (e.ts, e.seq))
+    python = build_engine(ruleset, use_native=False)
+    native = build_embedded_engine(ruleset)
+    got, want = [], []
+    py_store, nat_store, max_ts = MemoryKeyStore(), MemoryKeyStore(), NEG_INF
+    for i in range(0, len(events), 300):
+        chunk = events[i:i + 300]
+        want += python.ingest(py_store, chunk, max_ts).matches
+        got += native.ingest_batch(nat_store, _batch(chunk, json_data), max_ts).matches
+        max_ts = max(max_ts, chunk[-1].ts)
+    want += python.advance(py_store, max_ts, end_of_input=max_ts).matches
+    got += native.advance(nat_store, max_ts, end_of_input=max_ts).matches
+    assert want
+    assert [alert_record(native, r) for r in got] == [alert_record(python, r) for r in want]
+
+
+def test_native_engine_key_state_bytes_are_versioned() -> None:
+    ruleset = compile_rules("STREAM s TIME BY ts;\nRULE probe FROM s PARTITION BY k PATTERN (a b) "
+                            "DEFINE a AS v = 1, b AS v = 2 WITHIN 5ms EMIT 'm';", "p.cep")
+    engine = build_embedded_engine(ruleset)
+    store = MemoryKeyStore()
+    engine.ingest(store, [Event("s", 0, 0, {"k": "K", "v": 1, "ts": 0})], NEG_INF)
+    engine.ingest(store, [Event("s", 1, 1, {"k": "K", "v": 3, "ts": 1})], 0)
+    assert engine.keys(store) == [("s:k", "K")]
+    data = engine.key_bytes(store, "s:k", "K")
+    assert data[:5] == b"CEPNK" and engine.key_bytes(store, "s:k", "other") is None
+    with pytest.raises(ValueError, match="format version 9"):
+        engine.load_key(MemoryKeyStore(), "s:k", "K",
+                        data[:5] + (9).to_bytes(2, "little") + data[7:])
+    with pytest.raises(ValueError, match="wrong header"):
+        engine.load_key(MemoryKeyStore(), "s:k", "K", b"nonsense")
+    # The same state read back continues exactly as the original.
+    again = MemoryKeyStore()
+    engine.load_key(again, "s:k", "K", data)
+    assert engine.next_wake(again) == engine.next_wake(store)
+    assert ([r.first_ts for r in engine.advance(again, 2, end_of_input=2).matches]
+            == [r.first_ts for r in engine.advance(store, 2, end_of_input=2).matches])
+
+
+def test_a_panic_in_the_native_engine_is_an_exception_naming_the_rule() -> None:
+    ruleset = compile_rules("STREAM s TIME BY ts;\nRULE probe FROM s PARTITION BY k PATTERN (a b) "
+                            "DEFINE a AS v = 1, b AS v = 2 WITHIN 5ms EMIT 'm';", "p.cep")
+    engine = build_embedded_engine(ruleset)
+    store = MemoryKeyStore()
+    engine.ingest(store, [Event("s", 0, 0, {"k": "K", "v": 1, "ts": 0})], NEG_INF)
+    engine.ingest(store, [Event("s", 1, 1, {"k": "K", "v": 3, "ts": 1})], 0)
+    data = bytearray(engine.key_bytes(store, "s:k", "K"))
+    at = data.index(b"CEPNS") + 42  # the first entry's state position (see the test above)
+    data[at:at + 4] = (999).to_bytes(4, "little", signed=True)
+    broken = MemoryKeyStore()
+    engine.load_key(broken, "s:k", "K", bytes(data))
+    with pytest.raises(_core.CoreError, match="rule probe"):
+        engine.ingest(broken, [Event("s", 2, 2, {"k": "K", "v": 5, "ts": 2})], 1)
