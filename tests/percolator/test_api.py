@@ -252,3 +252,20 @@ def test_docs_render_in_chromium_with_no_other_host_and_an_authorize_button(api_
         finally:
             browser.close()
     assert elsewhere == []
+
+
+def test_docs_work_under_a_mount_point(env) -> None:
+    """The console mounts the API at /search-api: /docs there loads its own OpenAPI document and
+    assets from under the mount point."""
+    from fastapi import FastAPI
+
+    client, _, _, _ = env
+    parent = FastAPI()
+    parent.mount("/search-api", client.app)
+    http = TestClient(parent)
+    page = http.get("/search-api/docs").text
+    assert "url: '/search-api/openapi.json'" in page
+    assert http.get("/search-api/openapi.json").json()["components"]["securitySchemes"]
+    for ref in re.findall(r'(?:src|href)="([^"]+)"', page):
+        assert http.get(urlparse(urljoin("http://testserver/search-api/docs", ref)).path
+                        ).status_code == 200, ref
