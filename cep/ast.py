@@ -7,10 +7,10 @@ Passes in `cep.compile` read these nodes and build new objects; nothing mutates 
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from cep.errors import Span
+from cep.nfa import Conn  # a pattern's connectors are the NFA's (defined there for the runtime)
 
 NOSPAN = Span("<none>", 0, 0)
 
@@ -19,16 +19,6 @@ def _span() -> Span:
     return field(default=NOSPAN, compare=False, repr=False)  # type: ignore[no-any-return]
 
 
-class Conn(enum.IntEnum):
-    """How a pattern step is entered from the previously matched event."""
-
-    STRICT = 0  # juxtaposition: the very next event (MATCH_RECOGNIZE, Flink `next`)
-    RELAXED = 1  # `->`: the first later event that satisfies the step (Flink `followedBy`)
-    ANY = 2  # `->>`: any later event that satisfies the step (Flink `followedByAny`)
-
-    @property
-    def symbol(self) -> str:
-        return ("", "->", "->>")[self]
 
 
 # ---------------------------------------------------------------------------------- expressions

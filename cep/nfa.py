@@ -15,7 +15,8 @@ the first event after arriving (the thread dies if one holds), `not_followed` va
 event the thread skips. `after_first` is where the thread moves after its first event when
 `not_next` guards are armed (a copy of the state without them).
 
-This module does not import the parser: `cep.runtime` needs only this and `cep.expr`.
+This module imports neither the parser nor the syntax tree: `cep.runtime` needs only this and
+`cep.expr`. `Conn` is defined here; `cep.ast` uses it for patterns.
 """
 
 from __future__ import annotations
@@ -24,11 +25,22 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from cep.ast import Conn
 from cep.errors import CepError
 from cep.expr import Expr
 
 ACCEPT = -1
+
+
+class Conn(enum.IntEnum):
+    """How a pattern step is entered from the previously matched event."""
+
+    STRICT = 0  # juxtaposition: the very next event (MATCH_RECOGNIZE, Flink `next`)
+    RELAXED = 1  # `->`: the first later event that satisfies the step (Flink `followedBy`)
+    ANY = 2  # `->>`: any later event that satisfies the step (Flink `followedByAny`)
+
+    @property
+    def symbol(self) -> str:
+        return ("", "->", "->>")[self]
 
 
 class StateKind(enum.Enum):

@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cep import ast
-from cep.ast import Conn
-from cep.nfa import ACCEPT, Nfa, State, StateKind
+from cep.nfa import ACCEPT, Conn, Nfa, State, StateKind
 
 MAX_STATES = 2000
 

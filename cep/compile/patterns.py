@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cep import ast
-from cep.ast import Conn
 from cep.compile.diagnostics import Diagnostics
+from cep.nfa import Conn
 
 MAX_REPEAT = 200
 

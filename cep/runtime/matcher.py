@@ -34,8 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cep.ast import Conn
-from cep.nfa import ACCEPT, CompiledRule, Nfa, Skip, SkipStrategy, StateKind
+from cep.nfa import ACCEPT, CompiledRule, Conn, Nfa, Skip, SkipStrategy, StateKind
 
 DONE = -1  # entry position of a complete match
 DEFAULT_MAX_PARTIAL_MATCHES = 10_000
