@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -144,6 +145,11 @@ class TransactionalKafkaSink:
             raise KafkaDeliveryError(f"batch {batch_id}: Kafka transaction failed: {exc}") from exc
         self._last_committed = batch_id
         return stats
+
+    def send(self, batch_id: int, records: Sequence[OutRecord]) -> dict[str, Any]:
+        """`cep.delivery.sink.Sink`: one transaction for the batch."""
+        stats = self.deliver_batch(batch_id, records)
+        return {"kafka_written": stats.written, "kafka_skipped_replayed_batch": stats.skipped_batch}
 
     def close(self) -> None:
         self.producer.flush(10)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,14 @@ class RedisSink:
         self.backoff_s = backoff_s
         self.retries_done = 0
         self._script = self.client.register_script(_APPLY)
+
+    def send(self, batch_id: int, records: Sequence[OutRecord]) -> dict[str, Any]:
+        """`cep.delivery.sink.Sink`: idempotent by record id, whatever the batch."""
+        stats = self.deliver(records)
+        return {"redis_applied": stats.applied, "redis_duplicates": stats.duplicates}
+
+    def close(self) -> None:
+        self.client.close()
 
     def deliver(self, records: Iterable[OutRecord], chunk: int = 500) -> RedisStats:
         stats = RedisStats()

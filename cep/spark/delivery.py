@@ -1,10 +1,11 @@
-"""foreachBatch delivery of output records to Kafka (transactional) and Redis (idempotent)."""
+"""foreachBatch delivery of output records to its sinks (`cep.delivery.sink.Sink`): by default
+Kafka (transactional), then Redis (idempotent)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from cep.config import Settings
 from cep.delivery.kafka_sink import TransactionalKafkaSink
 from cep.delivery.record import OutRecord
 from cep.delivery.redis_sink import RedisSink
+from cep.delivery.sink import Sink
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +28,15 @@ def checkpoint_identity(checkpoint_dir: str) -> str:
 
 
 class BatchDelivery:
-    """A foreachBatch function: rows → OutRecords → Kafka transaction, then Redis."""
+    """A foreachBatch function: rows → OutRecords → each sink in turn (by default a Kafka
+    transaction, then Redis). `sinks` replaces the default ones (e.g. a `MemorySink`)."""
 
     def __init__(
         self, settings: Settings, query_name: str, checkpoint_dir: str,
         to_records: Callable[[Iterable[Row]], Iterable[OutRecord]],
         *, kafka: bool = True, redis: bool = True,
         on_batch: Callable[[int, dict[str, Any]], None] | None = None,
+        sinks: Sequence[Sink] | None = None,
     ) -> None:
         self.settings = settings
         self.query_name = query_name
@@ -41,37 +45,34 @@ class BatchDelivery:
         self.use_kafka = kafka
         self.use_redis = redis
         self.on_batch = on_batch
-        self._kafka: TransactionalKafkaSink | None = None
-        self._redis: RedisSink | None = None
+        self._sinks: list[Sink] | None = list(sinks) if sinks is not None else None
 
-    def _sinks(self) -> tuple[TransactionalKafkaSink | None, RedisSink | None]:
-        if self.use_kafka and self._kafka is None:
-            ident = f"{self.query_name}-{checkpoint_identity(self.checkpoint_dir)}"
-            self._kafka = TransactionalKafkaSink(
-                self.settings.kafka_bootstrap, ident, client_conf=dict(self.settings.kafka_options)
-            )
-        if self.use_redis and self._redis is None:
-            self._redis = RedisSink(self.settings.redis_url)
-        return self._kafka, self._redis
+    def sinks(self) -> list[Sink]:
+        """The sinks, made on first use (on the driver, where foreachBatch runs)."""
+        if self._sinks is None:
+            made: list[Sink] = []
+            if self.use_kafka:
+                ident = f"{self.query_name}-{checkpoint_identity(self.checkpoint_dir)}"
+                made.append(TransactionalKafkaSink(
+                    self.settings.kafka_bootstrap, ident,
+                    client_conf=dict(self.settings.kafka_options)))
+            if self.use_redis:
+                made.append(RedisSink(self.settings.redis_url))
+            self._sinks = made
+        return self._sinks
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        kafka, redis = self._sinks()
+        sinks = self.sinks()
         # Output per batch is alerts/notifications, small next to the input: one collect() is
         # one Spark job, where toLocalIterator() would run one per partition in turn.
         records = list(self.to_records(df.collect()))
         info: dict[str, Any] = {"batch_id": batch_id, "records": len(records)}
-        if kafka is not None:
-            kstats = kafka.deliver_batch(batch_id, records)
-            info["kafka_written"] = kstats.written
-            info["kafka_skipped_replayed_batch"] = kstats.skipped_batch
-        if redis is not None:
-            rstats = redis.deliver(records)
-            info["redis_applied"] = rstats.applied
-            info["redis_duplicates"] = rstats.duplicates
+        for sink in sinks:
+            info.update(sink.send(batch_id, records))
         log.info("delivered %s", info)
         if self.on_batch is not None:
             self.on_batch(batch_id, info)
 
     def close(self) -> None:
-        if self._kafka is not None:
-            self._kafka.close()
+        for sink in self._sinks or ():
+            sink.close()
