@@ -1,4 +1,4 @@
-"""The import directions in docs/architecture.md, and no eval/exec anywhere in the engine."""
+"""The layers and import directions in docs/architecture.md, and no eval/exec anywhere."""
 
 from __future__ import annotations
 
@@ -28,6 +28,163 @@ def _imports(tree: ast.AST) -> set[str]:
 
 def _rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _ours(tree: ast.AST) -> set[str]:
+    """The project's modules a module imports (absolute imports; `from cep import x` counts as
+    `cep.x`)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return {n for n in names if n.split(".")[0] in PACKAGES}
+
+
+def _layer_of(module: str) -> str | None:
+    for layer, prefixes in LAYERS.items():
+        if _under(module, prefixes):
+            return layer
+    return None
+
+
+# The layers, bottom to top (docs/architecture.md). A module may import its own layer and the
+# layers listed under ALLOWED for it; never one above.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "base": ("cep.errors", "cep.config", "cep.events", "cep.delivery", "cep.colour",
+             "cep.datagen"),
+    "language": ("cep.grammar", "cep.ast", "cep.expr", "cep.expr_columns", "cep.compile",
+                 "cep.nfa", "cep.program"),
+    "runtime": ("cep.runtime",),
+    "host": ("cep.engines", "cep.testing", "cep.report"),
+    "percolator": ("percolator",),
+    "spark": ("cep.spark",),
+    "jobs": ("jobs",),
+    "cli": ("cep.cli",),
+}
+ALLOWED: dict[str, set[str]] = {
+    "base": set(),
+    "language": {"base"},
+    "runtime": {"base", "language"},  # only the compiled forms: see the test below
+    "host": {"base", "language", "runtime"},
+    "percolator": {"base"},
+    "spark": {"base", "language", "runtime", "host"},
+    "jobs": {"base", "language", "runtime", "host", "percolator", "spark"},
+    "cli": {"base", "language", "runtime", "host", "percolator", "spark", "jobs"},
+}
+# Shared by the jobs, not jobs themselves: the Spark session and the metrics file.
+JOB_SHARED = ("jobs.session", "jobs.metrics")
+
+
+def _all_modules():
+    for pkg in PACKAGES:
+        for path, tree in _modules(pkg):
+            yield _module(path), path, tree
+
+
+def test_every_module_has_a_layer():
+    """A new module must be placed: add it to LAYERS (and docs/architecture.md)."""
+    missing = [_rel(p) for name, p, _ in _all_modules()
+               if name not in ("cep", "cep._core") and _layer_of(name) is None]
+    assert missing == []
+
+
+def test_layers_import_only_downward():
+    offenders = []
+    for name, path, tree in _all_modules():
+        layer = _layer_of(name)
+        if layer is None:
+            continue
+        for dep in sorted(_ours(tree)):
+            target = _layer_of(dep)
+            if target is None or target == layer:
+                continue
+            if target not in ALLOWED[layer]:
+                offenders.append(f"{_rel(path)} ({layer}) imports {dep} ({target})")
+    assert offenders == [], "imports against the layers:\n" + "\n".join(offenders)
+
+
+def test_runtime_imports_only_the_compiled_forms():
+    """The runtime gets `cep.nfa` objects (and their `cep.expr` trees): not the parser, not the
+    syntax tree, not the compiler, not Spark."""
+    offenders = []
+    for name, path, tree in _all_modules():
+        if not _under(name, ("cep.runtime",)):
+            continue
+        bad = {n for n in _imports(tree) | _ours(tree)
+               if _under(n, ("pyparsing", "pyspark", "cep.grammar", "cep.ast", "cep.compile"))}
+        if bad:
+            offenders.append((_rel(path), sorted(bad)))
+    assert offenders == []
+
+
+def test_percolator_and_cep_share_only_the_base():
+    offenders = []
+    for name, path, tree in _all_modules():
+        if _under(name, ("percolator",)):
+            bad = {d for d in _ours(tree) if _under(d, ("cep",)) and _layer_of(d) != "base"}
+        elif _under(name, ("cep",)) and _layer_of(name) not in ("cli", "jobs"):
+            bad = {d for d in _ours(tree) if _under(d, ("percolator",))}
+        else:
+            continue
+        if bad:
+            offenders.append((_rel(path), sorted(bad)))
+    assert offenders == []
+
+
+def _job(module: str) -> str | None:
+    """jobs.live → 'live'; jobs.console.app → 'console'; shared modules → None."""
+    if not _under(module, ("jobs",)) or _under(module, JOB_SHARED) or module == "jobs":
+        return None
+    return module.split(".")[1]
+
+
+def test_no_job_imports_another_job():
+    offenders = []
+    for name, path, tree in _all_modules():
+        mine = _job(name)
+        if mine is None:
+            continue
+        for dep in _ours(tree):
+            other = _job(dep)
+            if other is not None and other != mine:
+                offenders.append(f"{_rel(path)} imports {dep}")
+    assert offenders == []
+
+
+def test_only_the_cli_imports_the_jobs():
+    offenders = [f"{_rel(path)} imports {dep}"
+                 for name, path, tree in _all_modules()
+                 if not _under(name, ("jobs", "cep.cli"))
+                 for dep in sorted(_ours(tree)) if _under(dep, ("jobs",))]
+    assert offenders == []
+
+
+def test_the_cli_is_one_package():
+    """Every subcommand is registered by a module of cep/cli/, imported by name (never
+    `importlib.import_module` of a string, which hides the dependency from these tests), and no
+    other package defines `register(subparsers)`."""
+    strays = []
+    for name, path, tree in _all_modules():
+        if any(isinstance(n, ast.Attribute) and n.attr == "import_module" for n in ast.walk(tree)):
+            strays.append(f"{_rel(path)}: import_module")
+        if not _under(name, ("cep.cli",)) and any(
+                isinstance(n, ast.FunctionDef) and n.name == "register" for n in tree.body):
+            strays.append(f"{_rel(path)}: register")
+    assert strays == []
 
 
 def test_pyspark_only_in_adapter_and_jobs():
