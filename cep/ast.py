@@ -232,7 +232,8 @@ class Emit:
 class Clause:
     """One clause of a rule, as written. `value` depends on `name`; order is the source order.
 
-    Clauses may come in any order; `cep.compile.assemble` reports duplicates and missing ones.
+    Clauses may come in any order; `cep.compile.rules.compile_rule` reports duplicates and
+    missing ones.
     """
 
     name: str  # VERSION, DESCRIPTION, TAGS, SEVERITY, ENABLED, FROM, PARTITION BY, PATTERN, ...

@@ -11,8 +11,9 @@ match order, *not* including the event being tested. Values follow SQL's three-v
 that is NULL does not hold. Missing fields are NULL; division by zero and comparisons between
 incompatible types are NULL (a stream must not stop on one odd event).
 
-Trees whose `is_local` is true read only the current event; `eval_columns` evaluates them over
-whole columns (numpy arrays) at once, which the engine uses to precompute per-batch masks.
+Trees whose `is_local` is true read only the current event. (`cep.expr_columns` can evaluate
+them over whole numpy columns at once; no engine does so today — it is kept with its
+differential test, tests/rules/test_expr.py, for a vectorised path.)
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import numpy as np
 import re2
 
 Caps = tuple[tuple[int, int, Any, int, Any], ...]
@@ -79,12 +79,6 @@ class Expr:
 
     def bind(self) -> Fn:
         raise NotImplementedError
-
-    def eval_columns(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Where the (local) condition holds, over aligned columns: a boolean array."""
-        from cep.expr_columns import condition_mask
-
-        return condition_mask(self, columns)
 
     def test(self, event: Mapping[str, Any], caps: Caps = ()) -> bool:
         """Convenience: does this condition hold (True, not False or NULL)?"""

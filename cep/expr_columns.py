@@ -1,5 +1,9 @@
 """Vectorised evaluation of local expressions (`Expr.is_local`) over numpy columns.
 
+Not used by the engines today (the matcher's `pre` argument could take its masks); kept, with
+its differential test against the closures (tests/rules/test_expr.py), for a vectorised path.
+It imports `cep.expr`; `cep.expr` does not import it.
+
 Each node evaluates to a pair `(values, valid)` of equal-length arrays; `valid` is False where the
 value is NULL. NULL comes from a missing column, `None` in an object column, or NaN in a float
 column (pandas' missing value; JSON events never carry NaN, so this agrees with the closures).

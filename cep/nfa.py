@@ -234,7 +234,10 @@ class Destination:
 
 
 @dataclass(frozen=True, slots=True)
-class Output:
+class EmitSpec:
+    """A rule's compiled EMIT (or ON TIMEOUT EMIT) clause: the alert name and where it goes.
+    (Not `cep.runtime.engine.Output`, which is what the engine returns per call.)"""
+
     alert: str
     destinations: tuple[Destination, ...]
 
@@ -253,8 +256,8 @@ class CompiledRule:
     nfa: Nfa
     skip: SkipStrategy
     measures: tuple[tuple[str, Expr], ...]
-    emit: Output
-    on_timeout: Output | None
+    emit: EmitSpec
+    on_timeout: EmitSpec | None
     max_partial_matches: int | None
     allow_unbounded: bool
     source: str  # "path:line" of the RULE keyword
@@ -268,7 +271,7 @@ class CompiledRule:
         return self.nfa.step_ms
 
     def explain(self) -> str:
-        def out(o: Output) -> str:
+        def out(o: EmitSpec) -> str:
             dests = ", ".join(f"{d.kind} {d.target!r}" for d in o.destinations)
             return f"{o.alert!r}" + (f" to {dests}" if dests else "")
 

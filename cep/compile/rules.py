@@ -237,8 +237,8 @@ def compile_rule(
     )
 
 
-def _output(emit: ast.Emit) -> N.Output:
-    return N.Output(emit.alert, tuple(N.Destination(d.kind, d.target) for d in emit.destinations))
+def _output(emit: ast.Emit) -> N.EmitSpec:
+    return N.EmitSpec(emit.alert, tuple(N.Destination(d.kind, d.target) for d in emit.destinations))
 
 
 def _skip(

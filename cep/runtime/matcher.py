@@ -186,7 +186,8 @@ class Matcher:
 
         `key` is the partition key reported in results (default: the key field of the match's
         first event). `pre`, if given, holds precomputed results of local conditions per
-        variable (`None` where not precomputed), e.g. from `Expr.eval_columns` over a batch.
+        variable (`None` where not precomputed), e.g. from `cep.expr_columns.condition_mask`
+        over a batch; no engine passes it today (None).
         """
         self._key_given = key
         out: list[Result] = []

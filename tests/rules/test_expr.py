@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from cep.compile.diagnostics import Diagnostics
 from cep.compile.expressions import Scope, resolve
+from cep.expr_columns import condition_mask
 from cep.grammar import parse_expression
 from tests.hyp import examples
 
@@ -89,7 +90,7 @@ def test_eval_columns_equals_closure(rows, which):
         "name": np.array([r["name"] for r in rows], dtype=object),
         "flag": np.array([r["flag"] for r in rows], dtype=object),
     }
-    got = node.eval_columns(cols)
+    got = condition_mask(node, cols)
     assert got.dtype == bool and got.tolist() == expected.tolist(), (which, rows)
 
 
