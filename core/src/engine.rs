@@ -9,7 +9,8 @@
 //! bytes (`Engine.key_bytes` / `Engine.load_key`).
 
 use std::cmp::Ordering;
-use std::collections::{BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 
@@ -49,40 +50,42 @@ struct KeyState {
 }
 
 /// (group index, key).
-type Sk = (u32, String);
+type Sk = (u32, Arc<str>);
 
 /// The keys' states and the wake index of one engine (the native `MemoryKeyStore`).
 #[pyclass(module = "cep._core", name = "EngineState")]
 #[derive(Default)]
 pub struct EngineState {
     states: HashMap<Sk, KeyState>,
+    /// The wake index, as the Python engine's `Wake`: `wake_at[key]` is when the key is due; a
+    /// min-heap of (time, key) finds the due keys (superseded entries are skipped lazily).
     wake_at: HashMap<Sk, i64>,
-    wake: BTreeSet<(i64, Sk)>,
+    wake: BinaryHeap<Reverse<(i64, Sk)>>,
 }
 
 impl EngineState {
     fn wake_set(&mut self, sk: Sk, when: i64) {
-        if let Some(old) = self.wake_at.insert(sk.clone(), when) {
-            if old == when {
-                return;
-            }
-            self.wake.remove(&(old, sk.clone()));
+        if self.wake_at.insert(sk.clone(), when) == Some(when) {
+            return;
         }
-        self.wake.insert((when, sk));
+        self.wake.push(Reverse((when, sk)));
+        if self.wake.len() > 2 * self.wake_at.len() + 64 {
+            self.wake = self.wake_at.iter().map(|(k, t)| Reverse((*t, k.clone()))).collect();
+        }
     }
 
     fn wake_discard(&mut self, sk: &Sk) {
-        if let Some(old) = self.wake_at.remove(sk) {
-            self.wake.remove(&(old, sk.clone()));
-        }
+        self.wake_at.remove(sk);
     }
 
     fn pop_due(&mut self, top: i64) -> Vec<Sk> {
         let mut due = Vec::new();
-        while self.wake.first().is_some_and(|(t, _)| *t <= top) {
-            if let Some((_, sk)) = self.wake.pop_first() {
-                self.wake_at.remove(&sk);
-                due.push(sk);
+        while self.wake.peek().is_some_and(|Reverse((t, _))| *t <= top) {
+            if let Some(Reverse((when, sk))) = self.wake.pop() {
+                if self.wake_at.get(&sk) == Some(&when) {
+                    self.wake_at.remove(&sk);
+                    due.push(sk);
+                }
             }
         }
         due
@@ -91,6 +94,16 @@ impl EngineState {
     fn pop_all(&mut self) -> Vec<Sk> {
         self.wake.clear();
         self.wake_at.drain().map(|(k, _)| k).collect()
+    }
+
+    fn next_due(&mut self) -> Option<i64> {
+        while let Some(Reverse((when, sk))) = self.wake.peek() {
+            if self.wake_at.get(sk) == Some(when) {
+                return Some(*when);
+            }
+            self.wake.pop();
+        }
+        None
     }
 }
 
@@ -112,8 +125,8 @@ impl EngineState {
     }
 
     /// The smallest max event time at which some key has work to do.
-    fn next_wake(&self) -> Option<i64> {
-        self.wake.first().map(|(t, _)| *t)
+    fn next_wake(&mut self) -> Option<i64> {
+        self.next_due()
     }
 }
 
@@ -172,11 +185,11 @@ fn cmp_items(py: Python<'_>, a: &Item, b: &Item) -> Ordering {
     })
 }
 
-fn key_text(key: &Bound<'_, PyAny>) -> PyResult<String> {
+fn key_text(key: &Bound<'_, PyAny>) -> PyResult<Arc<str>> {
     if let Ok(s) = key.downcast::<PyString>() {
-        return Ok(s.to_str()?.to_owned());
+        return Ok(Arc::from(s.to_str()?));
     }
-    Ok(key.str()?.to_str()?.to_owned())
+    Ok(Arc::from(key.str()?.to_str()?))
 }
 
 /// `Engine._advance`: add the key's new events, release what is safe, fire deadlines up to
@@ -398,7 +411,7 @@ impl Engine {
             let seq = ev.getattr(a_seq)?;
             let dict = data.downcast::<PyDict>().ok();
             let mut late_for: Vec<&str> = Vec::new();
-            let mut late_key = String::new();
+            let mut late_key: Arc<str> = Arc::from("");
             let mut late_wm = 0i64;
             for &gi in gs {
                 let g = &self.groups[gi as usize];
@@ -406,7 +419,7 @@ impl Engine {
                     continue;
                 }
                 let key = if g.kf.is_empty() {
-                    String::new()
+                    Arc::from("")
                 } else {
                     let k = match dict {
                         Some(d) => d.get_item(g.kf_py.bind(py))?,
@@ -433,7 +446,7 @@ impl Engine {
                 });
             }
             if !late_for.is_empty() {
-                late.append((PyTuple::new(py, late_for)?, late_key, i, late_wm))?;
+                late.append((PyTuple::new(py, late_for)?, &*late_key, i, late_wm))?;
             }
         }
         if !events.is_empty() && !eof {
@@ -457,14 +470,14 @@ impl Engine {
 
     /// The smallest max event time at which some key of `state` has work to do.
     fn next_wake(&self, state: &Bound<'_, EngineState>) -> PyResult<Option<i64>> {
-        Ok(state.try_borrow()?.next_wake())
+        Ok(state.try_borrow_mut()?.next_due())
     }
 
     /// The (group id, key) of every key with state.
     fn keys(&self, state: &Bound<'_, EngineState>) -> PyResult<Vec<(String, String)>> {
         let st = state.try_borrow()?;
         let mut v: Vec<(String, String)> =
-            st.states.keys().map(|(g, k)| (self.groups[*g as usize].gid.clone(), k.clone())).collect();
+            st.states.keys().map(|(g, k)| (self.groups[*g as usize].gid.clone(), k.to_string())).collect();
         v.sort();
         Ok(v)
     }
@@ -475,7 +488,7 @@ impl Engine {
     fn key_bytes(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<Option<Py<PyAny>>> {
         let gi = self.gid_index(gid)?;
         let st = state.try_borrow()?;
-        let Some(ks) = st.states.get(&(gi, key.to_owned())) else { return Ok(None) };
+        let Some(ks) = st.states.get(&(gi, Arc::from(key))) else { return Ok(None) };
         let mut buf = Vec::with_capacity(128);
         buf.extend_from_slice(KEY_MAGIC);
         buf.extend_from_slice(&KEY_VERSION.to_le_bytes());
@@ -554,7 +567,7 @@ impl Engine {
         let ks = KeyState { buffer, parts };
         let when = self.wake_of(gi, &ks);
         let mut st = state.try_borrow_mut()?;
-        let sk = (gi, key.to_owned());
+        let sk: Sk = (gi, Arc::from(key));
         st.states.insert(sk.clone(), ks);
         st.wake_set(sk, when);
         Ok(())
@@ -564,7 +577,7 @@ impl Engine {
     fn delete_key(&self, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<()> {
         let gi = self.gid_index(gid)?;
         let mut st = state.try_borrow_mut()?;
-        let sk = (gi, key.to_owned());
+        let sk: Sk = (gi, Arc::from(key));
         st.states.remove(&sk);
         st.wake_discard(&sk);
         Ok(())
