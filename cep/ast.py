@@ -8,6 +8,7 @@ Passes in `cep.compile` read these nodes and build new objects; nothing mutates 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from cep.errors import Span
 from cep.nfa import Conn  # a pattern's connectors are the NFA's (defined there for the runtime)
@@ -232,8 +233,8 @@ class Emit:
 class Clause:
     """One clause of a rule, as written. `value` depends on `name`; order is the source order.
 
-    Clauses may come in any order; `cep.compile.rules.compile_rule` reports duplicates and
-    missing ones.
+    Clauses may come in any order; `RuleClauses.build` gives them named, typed fields and
+    finds the duplicates, which `cep.compile.rules.compile_rule` reports with missing ones.
     """
 
     name: str  # VERSION, DESCRIPTION, TAGS, SEVERITY, ENABLED, FROM, PARTITION BY, PATTERN, ...
@@ -247,6 +248,77 @@ class RuleDecl:
     title: str | None
     clauses: tuple[Clause, ...]
     span: Span = _span()
+
+
+# The clause keywords, by the name of the typed field that holds them. AFTER MATCH SKIP and ALL
+# MATCHES are one clause (`skip`), as are ENABLED and DISABLED (`enabled`): each may be given once.
+CLAUSE_FIELDS: dict[str, str] = {
+    "VERSION": "version",
+    "DESCRIPTION": "description",
+    "TAGS": "tags",
+    "SEVERITY": "severity",
+    "ENABLED": "enabled",
+    "DISABLED": "enabled",
+    "FROM": "stream",
+    "PARTITION BY": "partition_by",
+    "PATTERN": "pattern",
+    "DEFINE": "define",
+    "WITHIN": "within",
+    "STEP WITHIN": "step_within",
+    "MEASURES": "measures",
+    "AFTER MATCH SKIP": "skip",
+    "ALL MATCHES": "skip",
+    "EMIT": "emit",
+    "ON TIMEOUT EMIT": "on_timeout",
+    "ALLOW UNBOUNDED": "allow_unbounded",
+    "MAX PARTIAL MATCHES": "max_partial_matches",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RuleClauses:
+    """A rule's clauses as named, typed fields (None or empty: not given), built from
+    `RuleDecl.clauses` by `RuleClauses.build`, which also returns every clause given twice.
+    `spans` holds where each given clause is, by field name."""
+
+    version: int | None = None
+    description: str | None = None
+    tags: tuple[str, ...] = ()
+    severity: str | None = None
+    enabled: bool | None = None
+    stream: tuple[str, Span] | None = None  # FROM: the stream's name and where it is written
+    partition_by: tuple[str, Span] | None = None
+    pattern: PAlt | None = None
+    define: tuple[Define, ...] = ()
+    within: Duration | None = None
+    step_within: Duration | None = None
+    measures: tuple[Measure, ...] = ()
+    skip: Skip | None = None
+    emit: Emit | None = None
+    on_timeout: Emit | None = None
+    allow_unbounded: bool = False
+    max_partial_matches: int | None = None
+    spans: tuple[tuple[str, Span], ...] = field(default=(), compare=False, repr=False)
+
+    @staticmethod
+    def build(rule: RuleDecl) -> tuple[RuleClauses, tuple[tuple[Clause, Clause], ...]]:
+        """The typed clauses (the first of each kind wins) and the duplicates, each as
+        (the clause given again, the first one)."""
+        first: dict[str, Clause] = {}
+        duplicates: list[tuple[Clause, Clause]] = []
+        for c in rule.clauses:
+            name = CLAUSE_FIELDS[c.name]
+            if name in first:
+                duplicates.append((c, first[name]))
+            else:
+                first[name] = c
+        # The grammar gives each clause's value its type (cep/grammar.py, `rule_clause`).
+        values: dict[str, Any] = {name: c.value for name, c in first.items()}
+        spans = tuple((name, c.span) for name, c in first.items())
+        return RuleClauses(**values, spans=spans), tuple(duplicates)
+
+    def span(self, name: str) -> Span:
+        return dict(self.spans)[name]
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping
 
 from cep import ast
@@ -10,26 +9,9 @@ from cep import nfa as N
 from cep.compile.diagnostics import Diagnostics, did_you_mean
 from cep.compile.expressions import ANY, BOOL, SCHEMA_TYPES, Scope, resolve
 from cep.compile.nfa_build import MAX_STATES, TooManyStates, build_nfa
-from cep.compile.patterns import check_pattern
+from cep.compile.patterns import PatternInfo, check_pattern
+from cep.errors import Span
 from cep.expr import Expr
-
-SINGLE = (
-    "VERSION",
-    "DESCRIPTION",
-    "TAGS",
-    "SEVERITY",
-    "FROM",
-    "PARTITION BY",
-    "PATTERN",
-    "DEFINE",
-    "WITHIN",
-    "STEP WITHIN",
-    "MEASURES",
-    "EMIT",
-    "ON TIMEOUT EMIT",
-    "ALLOW UNBOUNDED",
-    "MAX PARTIAL MATCHES",
-)
 
 
 def compile_streams(
@@ -79,131 +61,31 @@ def compile_rule(
     streams: Mapping[str, tuple[N.StreamSpec, dict[str, str] | None]],
     diag: Diagnostics,
 ) -> N.CompiledRule | None:
+    """One rule, in small passes over its typed clauses; every error goes to `diag` and the
+    rule is None when there was any."""
     before = len(diag.errors)
-    clauses: dict[str, ast.Clause] = {}
-    seen: dict[str, list[ast.Clause]] = defaultdict(list)
-    for c in rule.clauses:
-        key = (
-            "SKIP"
-            if c.name in ("AFTER MATCH SKIP", "ALL MATCHES")
-            else "ENABLED"
-            if c.name in ("ENABLED", "DISABLED")
-            else c.name
-        )
-        seen[key].append(c)
-        if len(seen[key]) > 1:
-            diag.error(
-                f"{c.name} is given more than once in rule {rule.id!r}",
-                c.span,
-                f"the first one is at line {seen[key][0].span.line}",
-            )
-        else:
-            clauses[key] = c
-
-    def value(name: str, default: object = None) -> object:
-        return clauses[name].value if name in clauses else default
-
-    for required in ("FROM", "PATTERN", "EMIT"):
-        if required not in clauses:
-            example = {
-                "FROM": "FROM transactions",
-                "PATTERN": "PATTERN (a b)",
-                "EMIT": "EMIT 'alert-name' TO KAFKA 'alerts'",
-            }[required]
-            diag.error(f"rule {rule.id!r} has no {required} clause", rule.span, f"add {example}")
-    if "FROM" not in clauses or "PATTERN" not in clauses:
+    clauses = _clauses(rule, diag)
+    if clauses.stream is None or clauses.pattern is None:
         return None
-
-    from_value = value("FROM")
-    assert isinstance(from_value, tuple)
-    stream_name: str = from_value[0]
-    stream_span = from_value[1]
-    if stream_name not in streams:
-        diag.error(
-            f"unknown stream {stream_name!r}",
-            stream_span,
-            did_you_mean(stream_name, streams, "streams")
-            or f"declare it: STREAM {stream_name} (...) TIME BY ts;",
-        )
+    source = _source(clauses.stream, clauses.partition_by, streams, diag)
+    if source is None:
         return None
-    stream, schema = streams[stream_name]
-    key_field = None
-    if "PARTITION BY" in clauses:
-        key_value = value("PARTITION BY")
-        assert isinstance(key_value, tuple)
-        key_field, key_span = str(key_value[0]), key_value[1]
-        if schema is not None and key_field not in schema:
-            diag.error(
-                f"unknown field {key_field!r}", key_span, did_you_mean(key_field, schema, "fields")
-            )
-
-    within = value("WITHIN")
-    step = value("STEP WITHIN")
-    for d in (within, step):
-        if isinstance(d, ast.Duration) and d.ms <= 0:
-            diag.error("a time limit must be positive", d.span)
-    within_ms = within.ms if isinstance(within, ast.Duration) and within.ms > 0 else None
-    step_ms = step.ms if isinstance(step, ast.Duration) and step.ms > 0 else None
+    stream, schema, key_field = source
+    within_ms, step_ms = _time_limits(clauses, diag)
     timed = within_ms is not None or step_ms is not None
-
-    pattern = value("PATTERN")
-    assert isinstance(pattern, ast.PAlt)
-    info = check_pattern(
-        pattern, timed=timed, allow_unbounded=bool(value("ALLOW UNBOUNDED")), diag=diag
-    )
+    pattern = clauses.pattern
+    info = check_pattern(pattern, timed=timed, allow_unbounded=clauses.allow_unbounded, diag=diag)
     var_index = {
         name: i
         for i, name in enumerate(
             (*info.positive, *(v for v in info.negated if v not in info.positive))
         )
     }
-
-    defines: dict[str, ast.Define] = {}
-    for d in value("DEFINE", ()):  # type: ignore[attr-defined]
-        if d.var in defines:
-            diag.error(f"{d.var} is defined twice", d.span)
-        elif d.var not in var_index:
-            diag.error(
-                f"DEFINE {d.var}: {d.var} does not appear in PATTERN",
-                d.span,
-                did_you_mean(d.var, var_index, "pattern variables"),
-            )
-        else:
-            defines[d.var] = d
-    conditions: list[Expr | None] = []
-    for name in var_index:
-        d = defines.get(name)
-        if d is None:
-            conditions.append(None)
-            continue
-        resolved = resolve(d.condition, Scope(var_index, schema, name), diag)
-        if resolved is not None and resolved[1] not in (BOOL, ANY):
-            diag.error(f"DEFINE {name} must be a condition, not a {resolved[1]}", d.condition.span)
-        conditions.append(resolved[0] if resolved else None)
-
-    measures: list[tuple[str, Expr]] = []
-    for m in value("MEASURES", ()):  # type: ignore[attr-defined]
-        if any(name == m.name for name, _ in measures):
-            diag.error(f"measure {m.name!r} is defined twice", m.span)
-            continue
-        resolved = resolve(m.expr, Scope(var_index, schema, None, measure=True), diag)
-        if resolved is not None:
-            measures.append((m.name, resolved[0]))
-
-    skip = _skip(value("SKIP", ast.Skip("PAST LAST ROW")), info, var_index, diag)  # type: ignore[arg-type]
-    on_timeout = value("ON TIMEOUT EMIT")
-    if on_timeout is not None and not timed:
-        diag.error(
-            "ON TIMEOUT EMIT needs WITHIN or STEP WITHIN",
-            clauses["ON TIMEOUT EMIT"].span,
-            "without a time limit nothing ever times out",
-        )
-    cap = value("MAX PARTIAL MATCHES")
-    if cap is not None and int(cap) < 1:  # type: ignore[call-overload]
-        diag.error("MAX PARTIAL MATCHES must be at least 1", clauses["MAX PARTIAL MATCHES"].span)
-    if "ENABLED" in clauses and len(seen["ENABLED"]) > 1:
-        pass  # reported above
-    if len(diag.errors) > before:
+    conditions = _conditions(clauses.define, var_index, schema, diag)
+    measures = _measures(clauses.measures, var_index, schema, diag)
+    skip = _skip(clauses.skip or ast.Skip("PAST LAST ROW"), info, var_index, diag)
+    _check_limits(clauses, timed, diag)
+    if len(diag.errors) > before or clauses.emit is None:
         return None
     try:
         automaton = build_nfa(pattern, var_index, tuple(conditions), within_ms, step_ms)
@@ -214,27 +96,152 @@ def compile_rule(
             "use smaller {n,m} bounds, or {n,} with a time limit",
         )
         return None
-    emit = value("EMIT")
-    assert isinstance(emit, ast.Emit)
     return N.CompiledRule(
         id=rule.id,
-        version=int(value("VERSION", 1)),  # type: ignore[call-overload]
+        version=1 if clauses.version is None else clauses.version,
         title=rule.title,
-        description=str(value("DESCRIPTION", "")),
-        tags=tuple(value("TAGS", ())),  # type: ignore[arg-type]
-        severity=str(value("SEVERITY", "MEDIUM")),
-        enabled=bool(value("ENABLED", True)),
+        description=clauses.description or "",
+        tags=clauses.tags,
+        severity=clauses.severity or "MEDIUM",
+        enabled=True if clauses.enabled is None else clauses.enabled,
         stream=stream,
         key_field=key_field,
         nfa=automaton,
         skip=skip,
         measures=tuple(measures),
-        emit=_output(emit),
-        on_timeout=_output(on_timeout) if isinstance(on_timeout, ast.Emit) else None,
-        max_partial_matches=int(cap) if cap is not None else None,  # type: ignore[call-overload]
-        allow_unbounded=bool(value("ALLOW UNBOUNDED")),
+        emit=_output(clauses.emit),
+        on_timeout=_output(clauses.on_timeout) if clauses.on_timeout is not None else None,
+        max_partial_matches=clauses.max_partial_matches,
+        allow_unbounded=clauses.allow_unbounded,
         source=str(rule.span),
     )
+
+
+_REQUIRED = {
+    "stream": ("FROM", "FROM transactions"),
+    "pattern": ("PATTERN", "PATTERN (a b)"),
+    "emit": ("EMIT", "EMIT 'alert-name' TO KAFKA 'alerts'"),
+}
+
+
+def _clauses(rule: ast.RuleDecl, diag: Diagnostics) -> ast.RuleClauses:
+    """Pass 1: the typed clauses; each clause given twice and each required one missing is an
+    error."""
+    clauses, duplicates = ast.RuleClauses.build(rule)
+    for again, first in duplicates:
+        diag.error(
+            f"{again.name} is given more than once in rule {rule.id!r}",
+            again.span,
+            f"the first one is at line {first.span.line}",
+        )
+    for name, (keyword, example) in _REQUIRED.items():
+        if getattr(clauses, name) is None:
+            diag.error(f"rule {rule.id!r} has no {keyword} clause", rule.span, f"add {example}")
+    return clauses
+
+
+def _source(
+    stream_ref: tuple[str, Span],
+    partition_by: tuple[str, Span] | None,
+    streams: Mapping[str, tuple[N.StreamSpec, dict[str, str] | None]],
+    diag: Diagnostics,
+) -> tuple[N.StreamSpec, dict[str, str] | None, str | None] | None:
+    """Pass 2: the stream read (FROM) and the partition key (PARTITION BY) against its
+    schema."""
+    stream_name, stream_span = stream_ref
+    if stream_name not in streams:
+        diag.error(
+            f"unknown stream {stream_name!r}",
+            stream_span,
+            did_you_mean(stream_name, streams, "streams")
+            or f"declare it: STREAM {stream_name} (...) TIME BY ts;",
+        )
+        return None
+    stream, schema = streams[stream_name]
+    key_field = None
+    if partition_by is not None:
+        key_field, key_span = str(partition_by[0]), partition_by[1]
+        if schema is not None and key_field not in schema:
+            diag.error(
+                f"unknown field {key_field!r}", key_span, did_you_mean(key_field, schema, "fields")
+            )
+    return stream, schema, key_field
+
+
+def _time_limits(clauses: ast.RuleClauses, diag: Diagnostics) -> tuple[int | None, int | None]:
+    """Pass 3: WITHIN and STEP WITHIN, in ms (None: no limit)."""
+    for d in (clauses.within, clauses.step_within):
+        if d is not None and d.ms <= 0:
+            diag.error("a time limit must be positive", d.span)
+
+    def ms(d: ast.Duration | None) -> int | None:
+        return d.ms if d is not None and d.ms > 0 else None
+
+    return ms(clauses.within), ms(clauses.step_within)
+
+
+def _conditions(
+    defines: tuple[ast.Define, ...],
+    var_index: Mapping[str, int],
+    schema: dict[str, str] | None,
+    diag: Diagnostics,
+) -> list[Expr | None]:
+    """Pass 4: DEFINE, one condition (or None: always true) per pattern variable."""
+    by_var: dict[str, ast.Define] = {}
+    for d in defines:
+        if d.var in by_var:
+            diag.error(f"{d.var} is defined twice", d.span)
+        elif d.var not in var_index:
+            diag.error(
+                f"DEFINE {d.var}: {d.var} does not appear in PATTERN",
+                d.span,
+                did_you_mean(d.var, var_index, "pattern variables"),
+            )
+        else:
+            by_var[d.var] = d
+    conditions: list[Expr | None] = []
+    for name in var_index:
+        found = by_var.get(name)
+        if found is None:
+            conditions.append(None)
+            continue
+        resolved = resolve(found.condition, Scope(var_index, schema, name), diag)
+        if resolved is not None and resolved[1] not in (BOOL, ANY):
+            diag.error(f"DEFINE {name} must be a condition, not a {resolved[1]}",
+                       found.condition.span)
+        conditions.append(resolved[0] if resolved else None)
+    return conditions
+
+
+def _measures(
+    given: tuple[ast.Measure, ...],
+    var_index: Mapping[str, int],
+    schema: dict[str, str] | None,
+    diag: Diagnostics,
+) -> list[tuple[str, Expr]]:
+    """Pass 5: MEASURES, resolved in the scope of the whole match."""
+    measures: list[tuple[str, Expr]] = []
+    for m in given:
+        if any(name == m.name for name, _ in measures):
+            diag.error(f"measure {m.name!r} is defined twice", m.span)
+            continue
+        resolved = resolve(m.expr, Scope(var_index, schema, None, measure=True), diag)
+        if resolved is not None:
+            measures.append((m.name, resolved[0]))
+    return measures
+
+
+def _check_limits(clauses: ast.RuleClauses, timed: bool, diag: Diagnostics) -> None:
+    """Pass 7: ON TIMEOUT EMIT needs a time limit; MAX PARTIAL MATCHES is at least 1."""
+    if clauses.on_timeout is not None and not timed:
+        diag.error(
+            "ON TIMEOUT EMIT needs WITHIN or STEP WITHIN",
+            clauses.span("on_timeout"),
+            "without a time limit nothing ever times out",
+        )
+    cap = clauses.max_partial_matches
+    if cap is not None and cap < 1:
+        diag.error("MAX PARTIAL MATCHES must be at least 1", clauses.span("max_partial_matches"))
 
 
 def _output(emit: ast.Emit) -> N.EmitSpec:
@@ -242,11 +249,9 @@ def _output(emit: ast.Emit) -> N.EmitSpec:
 
 
 def _skip(
-    skip: ast.Skip, info: object, var_index: Mapping[str, int], diag: Diagnostics
+    skip: ast.Skip, info: PatternInfo, var_index: Mapping[str, int], diag: Diagnostics
 ) -> N.SkipStrategy:
-    from cep.compile.patterns import PatternInfo
-
-    assert isinstance(info, PatternInfo)
+    """Pass 6: AFTER MATCH SKIP against the pattern's variables."""
     kinds = {
         "PAST LAST ROW": N.Skip.PAST_LAST_ROW,
         "TO NEXT ROW": N.Skip.TO_NEXT_ROW,
