@@ -7,6 +7,9 @@ events, the partial-match cap and state release run in Rust, with exactly the se
 `Engine.ingest` (cep/runtime/engine.py is the specification; tests/core/
 test_native_engine_differential.py compares the two).
 
+Events enter as `Event` objects (`ingest`, what `run_embedded` passes) or as pyarrow record
+batches (`ingest_batch`, read by the core through the Arrow C data interface).
+
 The keys' states live in a native `cep._core.EngineState`, kept on the `MemoryKeyStore` the
 caller passes (so `run_embedded` drives this engine unchanged); `store.states` and `store.wake`
 stay empty: ask `live_keys(store)` / `wake_keys(store)`. A key's state serialises as versioned
@@ -108,15 +111,30 @@ class NativeEngine:
 
     def ingest_batch(self, store: KeyStore, batch: Any, max_ts: int,
                      *, end_of_input: int | None = None) -> Output:
-        """`ingest` from a pyarrow RecordBatch: columns `ts` and `seq` (int64), `stream`
-        (optional when the engine reads one stream) and either the event's fields or one JSON
-        column `data`. The event's data is every column but `stream` and `seq` (so the time
-        field stays in it, as `events_from_dicts` keeps it), or the parsed `data`.
+        """`ingest` from a pyarrow RecordBatch: columns `ts` and `seq` (integers), `stream`
+        (optional when the engine reads one stream) and the event's fields; the event's data is
+        every column but `stream` and `seq` (so the time field stays in it, as
+        `events_from_dicts` keeps it).
 
-        First step: the batch is converted to Python events here (pyarrow's `to_pylist`), not
-        read by the core through the Arrow C data interface (docs/native-core.md)."""
-        return self.ingest(store, events_from_batch(batch, self._only_stream()), max_ts,
-                           end_of_input=end_of_input)
+        The core reads the batch through the Arrow C data interface (no Python object per
+        event; a row becomes a dict only for a result, a late report or serialised state).
+        A batch the core does not read (another column type, a JSON `data` column) is converted
+        to events here (`events_from_batch`) and ingested as such: same results, slower."""
+        st = self.state_of(store)
+        stream = self._only_stream()
+        if "data" in batch.schema.names:  # a JSON column: parsed in Python for now
+            return self.ingest(store, events_from_batch(batch, stream), max_ts,
+                               end_of_input=end_of_input)
+        try:
+            matches, late, touched, released, reset = self.core.ingest_arrow(
+                st, batch, max_ts, end_of_input, stream)
+        except _core.Unsupported:
+            return self.ingest(store, events_from_batch(batch, stream), max_ts,
+                               end_of_input=end_of_input)
+        return Output(matches=matches,
+                      late=[LateEvent(ids, key, events_from_batch(batch.slice(i, 1), stream)[0],
+                                      wm) for ids, key, i, wm in late],
+                      keys_touched=touched, keys_released=released, keys_reset=reset)
 
     def _only_stream(self) -> str | None:
         streams = {g.stream for g in self.groups.values()}

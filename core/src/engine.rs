@@ -12,14 +12,16 @@ use std::cmp::Ordering;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
-use crate::expr::Ev;
+use crate::arrow::read_batch;
+use crate::expr::{Cols, Ev, Row};
+use crate::value::Value;
 use crate::matcher::{Core, MState, Out};
 use crate::{build_core, panic_message, state, CoreError};
 
@@ -28,13 +30,32 @@ pub const AT_END: i64 = EOF_TS - 1;
 pub const KEY_MAGIC: &[u8; 5] = b"CEPNK";
 pub const KEY_VERSION: u16 = 1;
 
-/// A buffered event: `(ts, seq, data)` of the Python engine.
+/// A buffered event: `(ts, seq, data)` of the Python engine. An event from an Arrow batch has
+/// no Python objects (`seq` and `data` None): `seqi` and `row` hold it.
 struct Item {
     ts: i64,
-    seq: Py<PyAny>,
+    seq: Option<Py<PyAny>>,
     /// `seq` when it is a plain int that fits 64 bits: compared without Python.
     seqi: Option<i64>,
-    data: Py<PyAny>,
+    data: Option<Py<PyAny>>,
+    row: Option<Arc<Row>>,
+}
+
+impl Item {
+    fn seq_obj(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match &self.seq {
+            Some(s) => Ok(s.clone_ref(py)),
+            None => Ok(self.seqi.unwrap_or(0).into_pyobject(py)?.into_any().unbind()),
+        }
+    }
+
+    fn data_obj(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match (&self.data, &self.row) {
+            (Some(d), _) => Ok(d.clone_ref(py)),
+            (None, Some(r)) => r.to_dict(py),
+            (None, None) => Ok(py.None()),
+        }
+    }
 }
 
 struct Part {
@@ -134,6 +155,8 @@ struct RuleE {
     core: Core,
     id: String,
     version: String,
+    /// The program's field table (what an Arrow row is projected on).
+    fields: Vec<String>,
 }
 
 struct Group {
@@ -173,7 +196,8 @@ fn cmp_items(py: Python<'_>, a: &Item, b: &Item) -> Ordering {
     a.ts.cmp(&b.ts).then_with(|| match (a.seqi, b.seqi) {
         (Some(x), Some(y)) => x.cmp(&y),
         _ => {
-            let (x, y) = (a.seq.bind(py), b.seq.bind(py));
+            let (Ok(x), Ok(y)) = (a.seq_obj(py), b.seq_obj(py)) else { return Ordering::Equal };
+            let (x, y) = (x.bind(py), y.bind(py));
             if x.lt(y).unwrap_or(false) {
                 Ordering::Less
             } else if y.lt(x).unwrap_or(false) {
@@ -240,16 +264,19 @@ fn advance_key(
         };
         let out = Out { list: matches.clone(), key: Some(key_py.clone_ref(py)) };
         let core = &mut rule.core;
+        let fields = &rule.fields;
         let r = catch_unwind(AssertUnwindSafe(|| -> PyResult<Option<MState>> {
             let mut s = mstate;
             for it in &released {
-                let ev = Arc::new(Ev {
-                    obj: it.data.clone_ref(py),
-                    seq: it.seq.clone_ref(py),
-                    ts: it.ts,
-                    vals: OnceLock::new(),
-                });
-                s = core.feed(py, s, ev, None, &out)?;
+                let ev = match (&it.row, &it.data, &it.seq) {
+                    (Some(row), _, _) => {
+                        let vals = fields.iter().map(|f| row.get(f)).collect();
+                        Ev::from_row(row.clone(), it.seq.as_ref().map(|x| x.clone_ref(py)), it.seqi.unwrap_or(0), it.ts, vals)
+                    }
+                    (None, Some(d), Some(q)) => Ev::from_py(d.clone_ref(py), q.clone_ref(py), it.ts),
+                    _ => Ev::from_py(it.data_obj(py)?, it.seq_obj(py)?, it.ts),
+                };
+                s = core.feed(py, s, Arc::new(ev), None, &out)?;
             }
             if s.as_ref().and_then(|m| m.deadline).is_some_and(|d| d <= safe) {
                 if let Some(m) = s.take() {
@@ -294,6 +321,34 @@ fn advance_key(
     };
     st.wake_set(sk, when);
     Ok(())
+}
+
+impl Engine {
+    /// Advance every key with new events or due by `max_ts` (all keys at the end of input), in
+    /// (group id, key) order.
+    fn finish<'py>(
+        &mut self,
+        py: Python<'py>,
+        st: &mut EngineState,
+        mut pending: HashMap<Sk, Vec<Item>>,
+        max_ts: i64,
+        eof: bool,
+    ) -> PyResult<(Bound<'py, PyList>, Counts)> {
+        let mut due: Vec<Sk> = pending.keys().cloned().collect();
+        due.extend(if eof { st.pop_all() } else { st.pop_due(max_ts) });
+        let rank = &self.rank;
+        due.sort_by(|a, b| rank[a.0 as usize].cmp(&rank[b.0 as usize]).then_with(|| a.1.cmp(&b.1)));
+        due.dedup();
+        let matches = PyList::empty(py);
+        let mut counts = Counts::default();
+        for sk in due {
+            let g = &self.groups[sk.0 as usize];
+            let safe = if eof { max_ts } else { max_ts.saturating_sub(g.lateness).saturating_sub(1) };
+            let new = pending.remove(&sk);
+            advance_key(py, &mut self.rules, g, st, sk, new, safe, eof, &matches, &mut counts)?;
+        }
+        Ok((matches, counts))
+    }
 }
 
 type IngestOut<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, usize, usize, usize);
@@ -359,7 +414,8 @@ impl Engine {
             g.lateness = g.lateness.max(lateness);
             g.rules.push(i);
             g.rule_ids.push(id.clone());
-            rs.push(RuleE { core, id, version });
+            let fields = core.p.fields.iter().map(|f| f.bind(py).to_string()).collect();
+            rs.push(RuleE { core, id, version, fields });
         }
         let mut by_stream: HashMap<String, Vec<u32>> = HashMap::new();
         for (gi, (stream, _)) in members.iter().enumerate() {
@@ -441,8 +497,9 @@ impl Engine {
                 pending.entry((gi, key)).or_default().push(Item {
                     ts,
                     seqi: seq_int(&seq),
-                    seq: seq.clone().unbind(),
-                    data: data.clone().unbind(),
+                    seq: Some(seq.clone().unbind()),
+                    data: Some(data.clone().unbind()),
+                    row: None,
                 });
             }
             if !late_for.is_empty() {
@@ -452,21 +509,113 @@ impl Engine {
         if !events.is_empty() && !eof {
             max_ts = max_ts.max(top);
         }
-        let mut due: Vec<Sk> = pending.keys().cloned().collect();
-        due.extend(if eof { st.pop_all() } else { st.pop_due(max_ts) });
-        let rank = &self.rank;
-        due.sort_by(|a, b| rank[a.0 as usize].cmp(&rank[b.0 as usize]).then_with(|| a.1.cmp(&b.1)));
-        due.dedup();
-        let matches = PyList::empty(py);
-        let mut counts = Counts::default();
-        for sk in due {
-            let g = &self.groups[sk.0 as usize];
-            let safe = if eof { max_ts } else { max_ts.saturating_sub(g.lateness).saturating_sub(1) };
-            let new = pending.remove(&sk);
-            advance_key(py, &mut self.rules, g, &mut st, sk, new, safe, eof, &matches, &mut counts)?;
-        }
+        let (matches, counts) = self.finish(py, &mut st, pending, max_ts, eof)?;
         Ok((matches, late, counts.touched, counts.released, counts.reset))
     }
+
+    /// `ingest` from a pyarrow RecordBatch read through the Arrow C data interface: columns
+    /// `ts` and `seq` (integers, no nulls), `stream` (strings; else every row is `stream`) and
+    /// the event's fields (every other column). No Python object is made per event: a row
+    /// becomes a dict only when a result or the serialised state needs it. Raises
+    /// `Unsupported` for a column type the core does not read (`arrow.rs`).
+    #[pyo3(signature = (state, batch, max_ts, end_of_input=None, stream=None))]
+    fn ingest_arrow<'py>(
+        &mut self,
+        py: Python<'py>,
+        state: &Bound<'py, EngineState>,
+        batch: &Bound<'py, PyAny>,
+        max_ts: i64,
+        end_of_input: Option<i64>,
+        stream: Option<String>,
+    ) -> PyResult<IngestOut<'py>> {
+        let b = read_batch(batch)?;
+        let col = |name: &str| b.names.iter().position(|n| n == name);
+        let (Some(ts_i), Some(seq_i)) = (col("ts"), col("seq")) else {
+            return Err(PyValueError::new_err("an event batch needs the columns 'ts' and 'seq'"));
+        };
+        let stream_i = col("stream");
+        if stream_i.is_none() && stream.is_none() {
+            return Err(PyValueError::new_err("a batch without a 'stream' column needs stream="));
+        }
+        let ints = |i: usize, what: &str| -> PyResult<Vec<i64>> {
+            b.cols[i]
+                .iter()
+                .map(|v| match v {
+                    Value::Int(x) => Ok(*x),
+                    _ => Err(PyValueError::new_err(format!("column '{what}': integers without nulls expected"))),
+                })
+                .collect()
+        };
+        let tss = ints(ts_i, "ts")?;
+        let seqs = ints(seq_i, "seq")?;
+        let data_idx: Vec<usize> = (0..b.names.len()).filter(|&i| Some(i) != stream_i && i != seq_i).collect();
+        let cols = Arc::new(Cols {
+            names: data_idx.iter().map(|&i| b.names[i].clone()).collect(),
+            py_names: data_idx.iter().map(|&i| PyString::intern(py, &b.names[i]).unbind()).collect(),
+        });
+        let mut st = state.try_borrow_mut()?;
+        let eof = end_of_input.is_some();
+        let mut max_ts = end_of_input.unwrap_or(max_ts);
+        let late_wms: Vec<i64> =
+            self.groups.iter().map(|g| if eof { max_ts } else { max_ts.saturating_sub(g.lateness) }).collect();
+        let late = PyList::empty(py);
+        let mut pending: HashMap<Sk, Vec<Item>> = HashMap::new();
+        let mut top = i64::MIN;
+        for j in 0..b.len {
+            let ts = tss[j];
+            top = top.max(ts);
+            let sname: &str = match stream_i {
+                Some(i) => match &b.cols[i][j] {
+                    Value::Str(s) => s,
+                    _ => continue,
+                },
+                None => stream.as_deref().unwrap_or(""),
+            };
+            let Some(gs) = self.by_stream.get(sname) else { continue };
+            let row = Arc::new(Row { cols: cols.clone(), vals: data_idx.iter().map(|&i| b.cols[i][j].clone()).collect() });
+            let mut late_for: Vec<&str> = Vec::new();
+            let mut late_key: Arc<str> = Arc::from("");
+            let mut late_wm = 0i64;
+            for &gi in gs {
+                let g = &self.groups[gi as usize];
+                let key: Arc<str> = if g.kf.is_empty() {
+                    Arc::from("")
+                } else {
+                    match row.get(&g.kf) {
+                        Value::Null => continue,
+                        Value::Str(s) => s,
+                        Value::Int(i) => Arc::from(i.to_string()),
+                        Value::Bool(x) => Arc::from(if x { "True" } else { "False" }),
+                        v => key_text(v.to_py(py)?.bind(py))?,
+                    }
+                };
+                if ts < late_wms[gi as usize] {
+                    if late_for.is_empty() {
+                        late_key = key;
+                        late_wm = late_wms[gi as usize];
+                    }
+                    late_for.extend(g.rule_ids.iter().map(|s| s.as_str()));
+                    continue;
+                }
+                pending.entry((gi, key)).or_default().push(Item {
+                    ts,
+                    seqi: Some(seqs[j]),
+                    seq: None,
+                    data: None,
+                    row: Some(row.clone()),
+                });
+            }
+            if !late_for.is_empty() {
+                late.append((PyTuple::new(py, late_for)?, &*late_key, j, late_wm))?;
+            }
+        }
+        if b.len > 0 && !eof {
+            max_ts = max_ts.max(top);
+        }
+        let (matches, counts) = self.finish(py, &mut st, pending, max_ts, eof)?;
+        Ok((matches, late, counts.touched, counts.released, counts.reset))
+    }
+
 
     /// The smallest max event time at which some key of `state` has work to do.
     fn next_wake(&self, state: &Bound<'_, EngineState>) -> PyResult<Option<i64>> {
@@ -506,8 +655,12 @@ impl Engine {
             buf.extend_from_slice(&(m.len() as u32).to_le_bytes());
             buf.extend_from_slice(&m);
         }
-        let seqs = PyList::new(py, ks.buffer.iter().map(|x| x.seq.clone_ref(py)))?;
-        let datas = PyList::new(py, ks.buffer.iter().map(|x| x.data.clone_ref(py)))?;
+        let seqs = PyList::empty(py);
+        let datas = PyList::empty(py);
+        for x in &ks.buffer {
+            seqs.append(x.seq_obj(py)?)?;
+            datas.append(x.data_obj(py)?)?;
+        }
         let pickled = py.import("pickle")?.getattr("dumps")?.call1(((seqs, datas), 5))?;
         buf.extend_from_slice(pickled.downcast::<PyBytes>()?.as_bytes());
         Ok(Some(PyBytes::new(py, &buf).into_any().unbind()))
@@ -562,7 +715,7 @@ impl Engine {
         let mut buffer = Vec::with_capacity(times.len());
         for (i, ts) in times.into_iter().enumerate() {
             let seq = seqs.get_item(i)?;
-            buffer.push(Item { ts, seqi: seq_int(&seq), seq: seq.unbind(), data: datas.get_item(i)?.unbind() });
+            buffer.push(Item { ts, seqi: seq_int(&seq), seq: Some(seq.unbind()), data: Some(datas.get_item(i)?.unbind()), row: None });
         }
         let ks = KeyState { buffer, parts };
         let when = self.wake_of(gi, &ks);

@@ -11,12 +11,87 @@ use crate::program::bad;
 use crate::value::{self, ArOp, CmpOp, PyOps, Value};
 
 /// One event as the matcher keeps it: the Python object (returned in results), its sequence
-/// number, its time and the values of the fields the rule reads (filled on first use).
+/// number, its time and the values of the fields the rule reads (filled on first use). An event
+/// read from an Arrow batch has no Python object until a result or the serialised state needs
+/// one: `row` holds its values and `obj()` / `seq_obj()` build them then.
 pub struct Ev {
-    pub obj: Py<PyAny>,
-    pub seq: Py<PyAny>,
+    obj: std::sync::OnceLock<Py<PyAny>>,
+    seq: std::sync::OnceLock<Py<PyAny>>,
+    pub seqi: i64,
+    pub row: Option<Arc<Row>>,
     pub ts: i64,
     pub vals: std::sync::OnceLock<Vec<Value>>,
+}
+
+/// The column names of an Arrow batch (shared by its rows).
+pub struct Cols {
+    pub names: Vec<String>,
+    pub py_names: Vec<Py<pyo3::types::PyString>>,
+}
+
+/// One Arrow row: the values of its event columns (every column but `stream` and `seq`).
+pub struct Row {
+    pub cols: Arc<Cols>,
+    pub vals: Vec<Value>,
+}
+
+impl Row {
+    pub fn get(&self, name: &str) -> Value {
+        match self.cols.names.iter().position(|n| n == name) {
+            Some(i) => self.vals[i].clone(),
+            None => Value::Null,
+        }
+    }
+
+    /// The event as a dict, columns in batch order (what pyarrow's `to_pylist` gives).
+    pub fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let d = pyo3::types::PyDict::new(py);
+        for (n, v) in self.cols.py_names.iter().zip(&self.vals) {
+            d.set_item(n.bind(py), v.to_py(py)?)?;
+        }
+        Ok(d.into_any().unbind())
+    }
+}
+
+impl Ev {
+    pub fn from_py(obj: Py<PyAny>, seq: Py<PyAny>, ts: i64) -> Ev {
+        Ev {
+            obj: std::sync::OnceLock::from(obj),
+            seq: std::sync::OnceLock::from(seq),
+            seqi: 0,
+            row: None,
+            ts,
+            vals: std::sync::OnceLock::new(),
+        }
+    }
+
+    pub fn from_row(row: Arc<Row>, seq: Option<Py<PyAny>>, seqi: i64, ts: i64, vals: Vec<Value>) -> Ev {
+        let cell = std::sync::OnceLock::new();
+        if let Some(s) = seq {
+            let _ = cell.set(s);
+        }
+        Ev { obj: std::sync::OnceLock::new(), seq: cell, seqi, row: Some(row), ts, vals: std::sync::OnceLock::from(vals) }
+    }
+
+    pub fn obj(&self, py: Python<'_>) -> PyResult<&Py<PyAny>> {
+        if let Some(o) = self.obj.get() {
+            return Ok(o);
+        }
+        let built = match &self.row {
+            Some(r) => r.to_dict(py)?,
+            None => py.None(),
+        };
+        let _ = self.obj.set(built);
+        Ok(self.obj.get().expect("set above"))
+    }
+
+    pub fn seq_obj(&self, py: Python<'_>) -> PyResult<&Py<PyAny>> {
+        if let Some(o) = self.seq.get() {
+            return Ok(o);
+        }
+        let _ = self.seq.set(self.seqi.into_pyobject(py)?.into_any().unbind());
+        Ok(self.seq.get().expect("set above"))
+    }
 }
 
 #[derive(Clone)]
@@ -245,7 +320,7 @@ impl Cx<'_, '_> {
         if let Some(v) = ev.vals.get() {
             return Ok(v);
         }
-        let v = extract_fields(self.py, ev.obj.bind(self.py), self.fields)?;
+        let v = extract_fields(self.py, ev.obj(self.py)?.bind(self.py), self.fields)?;
         let _ = ev.vals.set(v);
         Ok(ev.vals.get().map(|v| v.as_slice()).unwrap_or(&[]))
     }

@@ -7,6 +7,7 @@
 //! (None when empty) that pickles as versioned bytes. No panic crosses the boundary: it becomes
 //! `CoreError` naming the rule.
 
+mod arrow;
 mod engine;
 mod expr;
 mod matcher;
@@ -136,9 +137,9 @@ impl Matcher {
 
     fn event(&self, py: Python<'_>, event: &Bound<'_, PyAny>, ts: i64, seq: Py<PyAny>) -> PyResult<Arc<Ev>> {
         let vals = extract_fields(py, event, &self.core.p.fields)?;
-        let cell = std::sync::OnceLock::new();
-        let _ = cell.set(vals);
-        Ok(Arc::new(Ev { obj: event.clone().unbind(), seq, ts, vals: cell }))
+        let ev = Ev::from_py(event.clone().unbind(), seq, ts);
+        let _ = ev.vals.set(vals);
+        Ok(Arc::new(ev))
     }
 }
 

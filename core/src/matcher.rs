@@ -479,7 +479,7 @@ impl Core {
             return Ok(k.clone_ref(py));
         }
         match &self.key_field {
-            Some(f) => Ok(caps[0].ev.obj.bind(py).call_method1("get", (f.bind(py),))?.unbind()),
+            Some(f) => Ok(caps[0].ev.obj(py)?.bind(py).call_method1("get", (f.bind(py),))?.unbind()),
             None => Ok(py.None()),
         }
     }
@@ -491,8 +491,8 @@ impl Core {
             items.push(cls.call1((
                 self.var_names[c.var as usize].clone_ref(py),
                 c.ev.ts,
-                c.ev.seq.clone_ref(py),
-                c.ev.obj.clone_ref(py),
+                c.ev.seq_obj(py)?.clone_ref(py),
+                c.ev.obj(py)?.clone_ref(py),
             ))?);
         }
         PyTuple::new(py, items)

@@ -96,8 +96,12 @@ pub fn encode_vec(py: Python<'_>, s: &MState) -> PyResult<Vec<u8>> {
     for ev in &events {
         e.i64(ev.ts);
     }
-    let objs = PyList::new(py, events.iter().map(|ev| ev.obj.clone_ref(py)))?;
-    let seqs = PyList::new(py, events.iter().map(|ev| ev.seq.clone_ref(py)))?;
+    let objs = PyList::empty(py);
+    let seqs = PyList::empty(py);
+    for ev in &events {
+        objs.append(ev.obj(py)?)?;
+        seqs.append(ev.seq_obj(py)?)?;
+    }
     let pickled = py.import("pickle")?.getattr("dumps")?.call1((PyTuple::new(py, [objs.into_any(), seqs.into_any()])?, 5))?;
     let pickled: &[u8] = pickled.downcast::<PyBytes>()?.as_bytes();
     e.buf.extend_from_slice(pickled);
@@ -188,12 +192,7 @@ pub fn decode(py: Python<'_>, data: &[u8]) -> PyResult<MState> {
     let seqs = loaded.get_item(1)?;
     let mut events = Vec::with_capacity(nev);
     for (i, t) in ts.into_iter().enumerate() {
-        events.push(Arc::new(Ev {
-            obj: objs.get_item(i)?.unbind(),
-            seq: seqs.get_item(i)?.unbind(),
-            ts: t,
-            vals: std::sync::OnceLock::new(),
-        }));
+        events.push(Arc::new(Ev::from_py(objs.get_item(i)?.unbind(), seqs.get_item(i)?.unbind(), t)));
     }
     let caps = |r: &RawCaps| -> PyResult<Caps> {
         let mut v = Vec::with_capacity(r.len());

@@ -12,7 +12,10 @@ identical: the results in order (matches, timeouts, dropped counts, with events,
 measures and their types, deadlines), the late reports (rule ids, key, event, watermark), the
 keys touched / released / reset, the next wake time and the set of keys holding state (so state
 is released exactly when the Python engine releases it). In some streams the native engine's
-key states go through their serialised bytes (`key_bytes` / `load_key`) after every call.
+key states go through their serialised bytes (`key_bytes` / `load_key`) after every call. When
+a stream's fields have one Arrow type each and its seq numbers are 64-bit ints, the same
+batches also go as Arrow record batches through `NativeEngine.ingest_batch` (read by the core)
+and, converted to events by `events_from_batch`, through the Python engine.
 
 Each example is one rule set and STREAMS_PER_RULESET (20) streams (compiling costs far more than
 running): 100 examples = 2,000 (rule set, stream) cases, each at 5 batch sizes, by default;
@@ -33,6 +36,7 @@ from cep.compile import CompileErrors, compile_rules
 from cep.runtime.bind import build_embedded_engine, build_engine, engine_kind
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore
 from cep.runtime.native import why_not_native
+from cep.runtime.native_engine import events_from_batch
 from tests.core.test_native_differential import DEFINES, MEASURES
 from tests.rules.strategies import rule_statement
 
@@ -155,6 +159,48 @@ def drive(engine, events: list[Event], batch: int, roundtrip: bool) -> list:  # 
     return trace
 
 
+def arrow_table(events: list[Event]):  # type: ignore[no-untyped-def]
+    """The events as one Arrow table (columns stream, seq and every field), or None when a
+    field's values have no common Arrow type (mixed types) or seq is not a 64-bit int."""
+    import pyarrow as pa
+
+    names: dict[str, None] = {}
+    for e in events:
+        names.update(dict.fromkeys(e.data))
+    try:
+        cols = {"stream": pa.array([e.stream for e in events], pa.string()),
+                "seq": pa.array([e.seq for e in events], pa.int64())}
+        for n in names:
+            cols[n] = pa.array([e.data.get(n) for e in events])
+        return pa.table(cols)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        return None
+
+
+def drive_arrow(engine, table, batch: int) -> list:  # type: ignore[no-untyped-def]
+    """`drive` over Arrow batches: the native engine reads them (`ingest_batch`), the Python
+    engine gets the same batches as events (`events_from_batch`)."""
+    store, max_ts, trace = MemoryKeyStore(), NEG_INF, []
+
+    def note(out) -> None:  # type: ignore[no-untyped-def]
+        trace.append(([_result(r) for r in out.matches],
+                      [(lt.rule_ids, lt.key, lt.event.ts, _value(lt.event.seq), lt.watermark,
+                        sorted(lt.event.data.items(), key=repr)) for lt in out.late],
+                      out.keys_touched, out.keys_released, out.keys_reset,
+                      engine.next_wake(store), _keys(engine, store)))
+
+    for i in range(0, table.num_rows, batch):
+        rb = table.slice(i, batch).combine_chunks().to_batches()[0]
+        if engine_kind(engine) == "native":
+            note(engine.ingest_batch(store, rb, max_ts))
+        else:
+            note(engine.ingest(store, events_from_batch(rb), max_ts))
+        max_ts = max(max_ts, max(rb.column("ts").to_pylist()))
+    if max_ts != NEG_INF:
+        note(engine.advance(store, max_ts, end_of_input=max_ts))
+    return trace
+
+
 @settings(max_examples=EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
@@ -171,10 +217,14 @@ def test_native_engine_equals_python_engine(text: tuple[str, list[str]], cases: 
     lateness = max(r.stream.lateness_ms for r in ruleset.rules)
     for raw, seed, extra_late, seq_kind, roundtrip in cases:
         events = make_events(raw, seed, extra_late, seq_kind, lateness)
+        table = arrow_table(events)
         for batch in BATCHES:
             expected = drive(python, events, batch, False)
             got = drive(native, events, batch, roundtrip and batch in (1, 3))
             assert got == expected, (text, [(e.stream, e.ts, e.seq, e.data) for e in events],
                                      batch)
+            if table is not None:
+                assert drive_arrow(native, table, batch) == drive_arrow(python, table, batch), (
+                    text, table.to_pylist(), batch)
             if batch >= len(events):
                 break
