@@ -200,3 +200,21 @@ def test_a_panic_in_the_native_engine_is_an_exception_naming_the_rule() -> None:
     engine.load_key(broken, "s:k", "K", bytes(data))
     with pytest.raises(_core.CoreError, match="rule probe"):
         engine.ingest(broken, [Event("s", 2, 2, {"k": "K", "v": 5, "ts": 2})], 1)
+
+
+def test_cep_test_cases_pass_on_the_native_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cep test rules/` with its engine built by `build_embedded_engine` (the runner still
+    calls `build_engine`, the Python loop, until it is switched over)."""
+    import cep.testing.runner as runner
+    from cep.cli import main
+
+    kinds = set()
+
+    def native_engine(ruleset):  # type: ignore[no-untyped-def]
+        engine = build_embedded_engine(ruleset)
+        kinds.add(engine_kind(engine))
+        return engine
+
+    monkeypatch.setattr(runner, "build_engine", native_engine)
+    assert main(["test", str(RULES)]) == 0
+    assert kinds == {"native"}
