@@ -16,6 +16,7 @@ from typing import Any
 
 from percolator import ast
 from percolator.analysis import AnalysedEvent, Schema
+from percolator.batch import BatchTerms
 from percolator.compile import LeafTable, PAnd, PLeaf, PNode, PNot, plan
 from percolator.highlight import Highlight, hits
 from percolator.index import QueryIndex, Weigher, anchor_of, default_cost
@@ -275,28 +276,59 @@ class Percolator:
         stats = BatchStats(events=len(events), queries=len(self._by_id),
                            always_run=len(self._index.always))
         out: list[Notification] = []
-        by_slot, fns, schema = self._by_slot, self._fns, self.schema
-        candidates = self._index.candidates
+        by_slot, schema = self._by_slot, self.schema
+        evs = [AnalysedEvent(event, schema) for event in events]
+        # Candidates once per batch (slot → mask of the events that could match it), each
+        # verified over its mask in columnar form (percolator/batch.py).
+        bt = BatchTerms(evs)
+        verify = bt.verify
+        found: list[tuple[int, str, _Entry]] = []
+        candidates = 0
+        for slot, cand in self._index.select_batch(bt).items():
+            candidates += cand.bit_count()
+            m = verify(by_slot[slot].compiled.plan, cand)
+            if m:
+                entry = by_slot[slot]
+                sid = entry.search.id
+                while m:
+                    low = m & -m
+                    found.append((low.bit_length() - 1, sid, entry))
+                    m ^= low
+        stats.candidates = candidates
+        found.sort(key=lambda h: (h[0], h[1]))
         highlight = self.highlight
-        for i, event in enumerate(events):
-            ev = AnalysedEvent(event, schema)
-            slots = candidates(ev)
-            stats.candidates += len(slots)
-            hits = [by_slot[s] for s in slots if fns[s](ev)]
-            if not hits:
-                continue
-            hits.sort(key=lambda e: e.search.id)
+        for i, _, entry in found:
+            ev = evs[i]
+            s = entry.search
+            labels, fields = entry.compiled.matched(ev)
+            hl = entry.compiled.highlights(ev) if highlight else ()
             pos = positions[i] if positions is not None else i
-            for entry in hits:
-                s = entry.search
-                labels, fields = entry.compiled.matched(ev)
-                hl = entry.compiled.highlights(ev) if highlight else ()
-                out.append(Notification(s.id, s.owner, event, labels, fields, s.targets,
-                                        s.metadata, pos, s.version, hl))
+            out.append(Notification(s.id, s.owner, events[i], labels, fields, s.targets,
+                                    s.metadata, pos, s.version, hl))
         stats.matched = len(out)
         stats.seconds = time.perf_counter() - started
         self.last_stats = stats
         self.total_stats.add(stats)
+        return out
+
+    def match_each(self, events: Sequence[Mapping[str, Any]],
+                   positions: Sequence[Any] | None = None) -> list[Notification]:
+        """As `match_batch`, one event at a time (per-event candidates and verification): the
+        reference the batch path is tested against."""
+        out: list[Notification] = []
+        by_slot, fns, schema = self._by_slot, self._fns, self.schema
+        candidates = self._index.candidates
+        for i, event in enumerate(events):
+            ev = AnalysedEvent(event, schema)
+            hits = sorted((by_slot[s] for s in candidates(ev) if fns[s](ev)),
+                          key=lambda e: e.search.id)
+            pos = positions[i] if positions is not None else i
+            for entry in hits:
+                s = entry.search
+                labels, fields = entry.compiled.matched(ev)
+                hl = entry.compiled.highlights(ev) if self.highlight else ()
+                out.append(Notification(s.id, s.owner, event, labels, fields, s.targets,
+                                        s.metadata, pos, s.version, hl))
         return out
 
     def scan(self, event: Mapping[str, Any]) -> list[str]:

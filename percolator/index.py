@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from percolator.analysis import AnalysedEvent, canonical_number
+from percolator.batch import BatchTerms
 from percolator.compile import Key, PLeaf, PNode, PNot, POr
 from percolator.geo import cell
 from percolator.ranges import RangeIndex
@@ -195,4 +196,75 @@ class QueryIndex:
             else:
                 for t in ev.terms(field):
                     rindex.stab(t, out)
+        return out
+
+    def select_batch(self, bt: BatchTerms) -> dict[int, int]:
+        """Candidates for a whole micro-batch, selected once: slot → bitmask of the batch's
+        events (bit i = event i) that produce one of the slot's keys. Term keys are looked up
+        per event with one C-level intersection; prefix and fuzzy keys are derived once per
+        distinct term of the batch (not once per event that carries it); always-run slots get
+        every event. A slot is in the result at most once per batch."""
+        evs, full = bt.events, bt.all
+        out: dict[int, int] = dict.fromkeys(self.always, full) if self.always else {}
+        get = out.get
+        for (kind, field), group in self.postings.items():
+            km: dict[Any, int] = {}
+            if kind == "t":
+                keys = group.keys()
+                for i, ev in enumerate(evs):
+                    found = keys & ev.terms(field)
+                    if found:
+                        bit = 1 << i
+                        for v in found:
+                            km[v] = km.get(v, 0) | bit
+            elif kind == "p":
+                lengths = tuple(self._prefix_lengths[field])
+                for t, tm in bt.inverted(field).items():
+                    lt = len(t)
+                    for n in lengths:
+                        if lt >= n:
+                            p = t[:n]
+                            if p in group:
+                                km[p] = km.get(p, 0) | tm
+            elif kind == "f":
+                kmax, lo, hi = self._fuzzy_spec[field]
+                keys = group.keys()
+                for t, tm in bt.inverted(field).items():
+                    if lo <= len(t) <= hi + kmax:
+                        for v in keys & deletion_variants(t, kmax):
+                            km[v] = km.get(v, 0) | tm
+            else:
+                for i, ev in enumerate(evs):
+                    found: Iterable[Any]
+                    if kind == "n":
+                        found = group.keys() & {canonical_number(x) for x in ev.numbers(field)}
+                    elif kind == "b":
+                        found = group.keys() & {"true" if b else "false" for b in ev.bools(field)}
+                    elif kind == "e":
+                        found = (None,) if ev.present(field) else ()
+                    else:  # "g"
+                        levels = self._geo_levels[field]
+                        found = group.keys() & {cell(lat, lon, k) for lat, lon in ev.points(field)
+                                                for k in levels}
+                    bit = 1 << i
+                    for v in found:
+                        km[v] = km.get(v, 0) | bit
+            for v, mask in km.items():
+                for s in group[v]:
+                    out[s] = get(s, 0) | mask
+        for (field, rkind), rindex in self.ranges.items():
+            for i, ev in enumerate(evs):
+                hit: set[int] = set()
+                if rkind == "num":
+                    for x in ev.numbers(field):
+                        rindex.stab(x, hit)
+                elif rkind == "date":
+                    for d in ev.dates(field):
+                        rindex.stab(d, hit)
+                else:
+                    for t in ev.terms(field):
+                        rindex.stab(t, hit)
+                bit = 1 << i
+                for s in hit:
+                    out[s] = get(s, 0) | bit
         return out

@@ -1,0 +1,67 @@
+"""Batch-level matching (percolator/batch.py, `QueryIndex.select_batch`): `match_batch` over a
+micro-batch gives exactly the notifications of matching each event on its own (`match_each`:
+per-event candidates and verification) and of the naive scan, on generated queries and events,
+after updates, and on the real corpus sample."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench import apt_corpus
+from percolator.model import SavedSearch
+from tests.hyp import examples
+from tests.percolator.test_oracle import _percolator, event, query
+
+
+def _pairs(notes: list) -> list[tuple]:
+    return [(n.position, n.search_id, n.matched, n.fields, n.highlights) for n in notes]
+
+
+def _check(perc, events: list[dict]) -> None:
+    batch = perc.match_batch(events)
+    stats = perc.last_stats
+    each = perc.match_each(events)
+    assert _pairs(batch) == _pairs(each)
+    scan = sorted((i, sid) for i, ev in enumerate(events) for sid in perc.scan(ev))
+    assert sorted((n.position, n.search_id) for n in batch) == scan
+    # The batch verifies each event against exactly the per-event presearcher's candidates.
+    assert stats.candidates == sum(len(perc.candidates(ev)) for ev in events)
+
+
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(query(), min_size=1, max_size=25), st.lists(event(), min_size=1, max_size=12))
+def test_batch_equals_each_equals_scan(queries: list[str], events: list[dict]) -> None:
+    _check(_percolator(queries), events)
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(query(1), min_size=1, max_size=30), st.lists(event(), min_size=1, max_size=8),
+       st.data())
+def test_batch_after_updates(queries: list[str], events: list[dict], data: st.DataObject) -> None:
+    perc = _percolator(queries)
+    perc.match_batch(events)
+    for i in range(len(queries)):
+        action = data.draw(st.sampled_from(["keep", "delete", "replace"]))
+        if action == "delete":
+            perc.remove(f"q{i}")
+        elif action == "replace":
+            perc.add(SavedSearch(f"q{i}", "o", data.draw(query(1))))
+    _check(perc, events)
+
+
+def test_empty_batch() -> None:
+    perc = _percolator(["title:blue", "NOT title:red"])
+    assert perc.match_batch([]) == []
+    assert perc.last_stats.candidates == 0
+
+
+def test_batch_on_the_real_corpus_sample() -> None:
+    from percolator import Percolator
+
+    sample, _ = apt_corpus.load("sample")
+    searches = apt_corpus.queries(sample, 3000, seed=11)
+    perc = Percolator.from_searches(searches, schema=apt_corpus.SCHEMA)
+    events = apt_corpus.shuffled(sample, 200, seed=11)
+    _check(perc, events)
+    assert perc.last_stats.matched > 0
