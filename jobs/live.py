@@ -36,6 +36,7 @@ from cep.delivery.preflight import claim_checkpoint, one_line, require_redis, re
 from cep.delivery.record import OutRecord
 from cep.errors import CepError
 from cep.events import MAX_BYTES
+from cep.runtime.alerts import AlertRow, DroppedRow, LateRow, StatsRow, decode_rows
 from jobs.metrics import Metrics
 
 log = logging.getLogger("cep.live")
@@ -82,28 +83,28 @@ class AlertRouter:
 
     def __call__(self, rows: Iterable[Any]) -> Iterable[OutRecord]:
         emitted_at = int(time.time() * 1000)
-        for row in rows:
-            if row.kind == "stats":
-                self.metrics.add_stats(json.loads(row.payload))
-            elif row.kind in ("match", "timeout"):
+        for row in decode_rows(rows):
+            if isinstance(row, StatsRow):
+                self.metrics.add_stats(row.info)
+            elif isinstance(row, AlertRow):
                 self.metrics.count("alerts")
                 rule = self.rules.get(row.rule_id)
                 topic = alert_topic(rule) if rule else f"alerts.{row.rule_id}"
                 channel = alert_channel(rule) if rule else f"cep:alerts:{row.rule_id}"
-                payload = json.loads(row.payload)
+                payload = row.record()
                 payload["emitted_at"] = emitted_at
                 yield OutRecord(
                     id=row.id, payload=payload, key=row.key, kafka_topic=topic,
                     redis_stream=f"cep:alerts:{row.rule_id}", redis_channel=channel,
                     redis_latest_hash=f"cep:latest:{row.rule_id}", redis_latest_field=row.key,
                 )
-            elif row.kind == "late":  # counted from the operator's stats rows
+            elif isinstance(row, LateRow):  # counted from the operator's stats rows
                 rid = hashlib.sha256(row.payload.encode()).hexdigest()[:32]
                 yield OutRecord(id=f"late-{rid}", payload=json.loads(row.payload),
                                 key=row.key, kafka_topic=self.settings.late_topic)
-            elif row.kind == "dropped":
-                self.metrics.count("partial_matches_dropped", json.loads(row.payload)["count"])
-                log.warning("partial-match cap hit: %s", row.payload)
+            elif isinstance(row, DroppedRow):
+                self.metrics.count("partial_matches_dropped", row.info["count"])
+                log.warning("partial-match cap hit: %s", json.dumps(row.info))
 
 
 class LiveJob:
@@ -202,17 +203,13 @@ class LiveJob:
     def _source(self) -> Any:
         from pyspark.sql import functions as F
 
+        from cep.spark.kafka import kafka_reader
+
         streams = [s.name for s in self.plan.streams]
         topic_of = {s: self.opts.topics.get(s, s) for s in streams}
-        reader = (self.spark.readStream.format("kafka")
-                  .option("kafka.bootstrap.servers", self.settings.kafka_bootstrap)
-                  .option("subscribe", ",".join(sorted(set(topic_of.values()))))
-                  .option("startingOffsets", self.opts.starting_offsets)
-                  .option("failOnDataLoss", "true"))
-        if self.opts.max_offsets_per_trigger:
-            reader = reader.option("maxOffsetsPerTrigger", self.opts.max_offsets_per_trigger)
-        for k, v in self.settings.kafka_options:
-            reader = reader.option(f"kafka.{k}", v)
+        reader = kafka_reader(self.spark.readStream, self.settings, topic_of.values(),
+                              starting=self.opts.starting_offsets, fail_on_data_loss=True,
+                              max_offsets_per_trigger=self.opts.max_offsets_per_trigger)
         stream_col = F.lit(None).cast("string")
         for stream, topic in topic_of.items():
             stream_col = F.when(F.col("topic") == topic, F.lit(stream)).otherwise(stream_col)
@@ -226,10 +223,9 @@ class LiveJob:
         from pyspark.sql import functions as F
 
         from cep.engines import SnapshotEngineFactory
-        from cep.runtime.alerts import output_rows
         from cep.spark.delivery import BatchDelivery
-        from cep.spark.operator import OUTPUT_SCHEMA, CepProcessor
-        from cep.spark.pipeline import fan_out, validated
+        from cep.spark.pipeline import validated
+        from cep.spark.query import match_rules
 
         # `--once` wins; else the `trigger` setting; else ("default") every trigger_seconds.
         trigger: dict[str, Any] = ({"availableNow": True} if self.opts.once
@@ -238,14 +234,8 @@ class LiveJob:
         parsed = validated(self._source(), self.plan, ("topic", "partition", "offset"),
                            MAX_BYTES)
         good = parsed.where(F.col("reason").isNull())
-        delay = self.plan.watermark_delay_ms
-        rows = (fan_out(good, self.plan)
-                .withWatermark("event_time", f"{delay} milliseconds").drop("event_time"))
         factory = SnapshotEngineFactory(self.snapshot, self.opts.max_partial_matches)
-        processor = CepProcessor(factory, output_rows, delay)
-        out = rows.groupBy("shard").transformWithStateInPandas(
-            statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA,
-            outputMode="Append", timeMode="EventTime")
+        out = match_rules(good, self.plan, factory)
         alerts_ck = str(self.ck / "alerts")
         deliver = BatchDelivery(self.settings, "alerts", alerts_ck, self.router,
                                 on_batch=self.metrics.on_batch("alerts"))

@@ -265,17 +265,12 @@ class PercolateJob:
         self._stop_requested = True
 
     def _source(self, spark: Any) -> Any:
-        reader = (spark.readStream.format("kafka")
-                  .option("kafka.bootstrap.servers", self.settings.kafka_bootstrap)
-                  .option("subscribe", ",".join(sorted(set(self.opts.topics))))
-                  .option("startingOffsets", self.opts.starting_offsets)
-                  .option("failOnDataLoss", "true"))
-        if self.opts.max_offsets_per_trigger:
-            reader = reader.option("maxOffsetsPerTrigger", self.opts.max_offsets_per_trigger)
-        if self.opts.min_partitions:
-            reader = reader.option("minPartitions", self.opts.min_partitions)
-        for k, v in self.settings.kafka_options:
-            reader = reader.option(f"kafka.{k}", v)
+        from cep.spark.kafka import kafka_reader
+
+        reader = kafka_reader(spark.readStream, self.settings, self.opts.topics,
+                              starting=self.opts.starting_offsets, fail_on_data_loss=True,
+                              max_offsets_per_trigger=self.opts.max_offsets_per_trigger,
+                              min_partitions=self.opts.min_partitions)
         return reader.load().select("value", "topic", "partition", "offset")
 
     def _batch(self, df: Any, batch_id: int) -> None:

@@ -198,13 +198,10 @@ def _stage_kafka(spec: InputSpec, staging: _Staging, spark: Any, settings: Setti
                  start: str | None, end: str | None) -> None:
     """Validate every message of the range, with its topic, partition and offset."""
     topic = spec.path.removeprefix("kafka:")
-    reader = (spark.read.format("kafka")
-              .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
-              .option("subscribe", topic)
-              .option("startingOffsets", start or "earliest")
-              .option("endingOffsets", end or "latest"))
-    for k, v in settings.kafka_options:
-        reader = reader.option(f"kafka.{k}", v)
+    from cep.spark.kafka import kafka_reader
+
+    reader = kafka_reader(spark.read, settings, [topic], starting=start or "earliest",
+                          ending=end or "latest")
     df = reader.load().orderBy("partition", "offset").select(
         "topic", "partition", "offset", "value")
     staging.files += 1
@@ -224,22 +221,24 @@ class _Collector:
         self.progress = progress
 
     def __call__(self, df: Any, batch_id: int) -> None:
+        from cep.runtime.alerts import AlertRow, DroppedRow, LateRow, StatsRow, decode_rows
+
         self.summary.batches += 1
-        for row in df.toLocalIterator():
-            if row.kind == "stats":
-                stats = json.loads(row.payload)
+        for row in decode_rows(df.toLocalIterator()):
+            if isinstance(row, StatsRow):
+                stats = row.info
                 self.summary.events_processed += stats["events"]
                 if stats["max_ts"] is not None:
                     self.summary.max_ts = max(self.summary.max_ts or stats["max_ts"],
                                               stats["max_ts"])
                 if self.progress is not None:
                     self.progress.advance(stats["events"])
-            elif row.kind == "late":
+            elif isinstance(row, LateRow):
                 self.late.append(row.payload)
                 self.summary.late += 1
-            elif row.kind == "dropped":  # the partial-match cap was hit: reported, not silent
-                self.summary.partials_dropped += json.loads(row.payload)["count"]
-            else:
+            elif isinstance(row, DroppedRow):  # the partial-match cap was hit: not silent
+                self.summary.partials_dropped += row.info["count"]
+            elif isinstance(row, AlertRow):
                 self.alerts.append(row.payload)
                 self.summary.alerts[row.rule_id] += 1
 
@@ -259,9 +258,8 @@ def _stream_query(spark: Any, staged: Path, plan: Any, factory: Any, checkpoint:
                   collector: _Collector, max_files: int | None, end_of_input: int | None) -> Any:
     from pyspark.sql import functions as F
 
-    from cep.runtime.alerts import output_rows
-    from cep.spark.operator import OUTPUT_SCHEMA, CepProcessor
-    from cep.spark.pipeline import fan_out, validated
+    from cep.spark.pipeline import validated
+    from cep.spark.query import match_rules
 
     reader = spark.readStream.format("text")
     if max_files:
@@ -270,14 +268,7 @@ def _stream_query(spark: Any, staged: Path, plan: Any, factory: Any, checkpoint:
     # The staged events are valid (staging validated them); they go through the same
     # validator again because that is the one way into the plan (cheap on canonical text).
     good = validated(raw, plan).where(F.col("reason").isNull())
-    delay = f"{plan.watermark_delay_ms} milliseconds"
-    # The watermark is computed from event_time; the column itself is not handed to the
-    # operator (so Spark does not drop late rows there: the engine reports them instead).
-    rows = fan_out(good, plan).withWatermark("event_time", delay).drop("event_time")
-    processor = CepProcessor(factory, output_rows, plan.watermark_delay_ms, end_of_input)
-    out = rows.groupBy("shard").transformWithStateInPandas(
-        statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA,
-        outputMode="Append", timeMode="EventTime")
+    out = match_rules(good, plan, factory, end_of_input)
     return (out.writeStream.foreachBatch(collector)
             .option("checkpointLocation", str(checkpoint))
             .trigger(availableNow=True).start())

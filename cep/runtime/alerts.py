@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from cep.runtime.engine import Engine, Output
@@ -81,6 +83,66 @@ def output_rows(engine: Engine, out: Output) -> list[Row]:
         rows.append(("late", ",".join(late.rule_ids), late.key, "",
                      json.dumps(info, default=str)))
     return rows
+
+
+# -- the rows, read back (on the driver): one decoding for every job ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AlertRow:
+    """A match or a timeout: `payload` is the alert record's JSON text (docs/alerts.md)."""
+
+    kind: str  # "match" | "timeout"
+    rule_id: str
+    key: str
+    id: str
+    payload: str
+
+    def record(self) -> dict[str, Any]:
+        return json.loads(self.payload)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True)
+class LateRow:
+    """An event behind its rules' watermark: `payload` is the JSON text of what `output_rows`
+    reports (rule ids, key, stream, ts, seq, watermark, the event)."""
+
+    rule_ids: str  # comma-separated
+    key: str
+    payload: str
+
+
+@dataclass(frozen=True, slots=True)
+class DroppedRow:
+    """The partial-match cap was hit: `info` has rule_id, key, count, ts."""
+
+    rule_id: str
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StatsRow:
+    """The operator's figures for one call (events, max_ts, …)."""
+
+    info: dict[str, Any]
+
+
+OperatorRow = AlertRow | LateRow | DroppedRow | StatsRow
+
+
+def decode_rows(rows: Iterable[Any]) -> Iterator[OperatorRow]:
+    """The operator's output rows (anything with kind, rule_id, key, id, payload: Spark `Row`s
+    or `Row` tuples' fields), in order, as typed values."""
+    for row in rows:
+        kind = row.kind
+        if kind == "stats":
+            yield StatsRow(json.loads(row.payload))
+        elif kind == "late":
+            yield LateRow(row.rule_id, row.key, row.payload)
+        elif kind == "dropped":
+            yield DroppedRow(row.rule_id, json.loads(row.payload))
+        else:
+            yield AlertRow(kind, row.rule_id, row.key, row.id, row.payload)
 
 
 def _jsonable(value: Any) -> Any:
