@@ -52,7 +52,10 @@ class PLeaf:
     fn: m.Matcher
     anchor: tuple[Key, ...] | None
     source: ast.Leaf | None = None           # the AST leaf (for highlighting)
-    field_fns: tuple[m.Matcher, ...] = ()    # the matcher per field, aligned with `fields`
+    field_fns: tuple[m.Matcher, ...] = ()    # per field, aligned with `fields`; () for one
+
+    def per_field(self) -> tuple[m.Matcher, ...]:
+        return self.field_fns or (self.fn,)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -79,6 +82,8 @@ class LeafTable:
 
     def __init__(self) -> None:
         self._ids: dict[Key, tuple[int, m.Matcher, tuple[Key, ...] | None]] = {}
+        self.fields: dict[tuple[str, ...], tuple[str, ...]] = {}  # one tuple per field list
+        self.leaves: dict[Key, PLeaf] = {}  # plan leaves shared by queries (same label too)
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -120,6 +125,14 @@ class _Compiler:
         if isinstance(q, ast.Not):
             return PNot(self.node(q.child))
         fields = self.fields_of(q)
+        ikey = (q, q.label, len(fields))  # the fields follow from q and the schema
+        shared = self.table.leaves.get(ikey)
+        if shared is not None:
+            return shared
+        leaf = self.table.leaves[ikey] = self.plan_leaf(q, fields)
+        return leaf
+
+    def plan_leaf(self, q: ast.Leaf, fields: list[str]) -> PLeaf:
         parts = [self.leaf(q, f) for f in fields]
         fns = [p[1] for p in parts]
         anchors = [p[2] for p in parts]
@@ -127,8 +140,11 @@ class _Compiler:
         if all(a is not None for a in anchors):
             anchor = tuple(k for a in anchors if a is not None for k in a)
         fn = fns[0] if len(fns) == 1 else m.any_of(fns)
+        fs = tuple(fields)
+        fs = self.table.fields.setdefault(fs, fs)
+        # field_fns stays empty for one field (then it is (fn,)): a tuple less per leaf.
         return PLeaf(parts[0][0] if len(parts) == 1 else -1, q.label or type(q).__name__,
-                     tuple(fields), fn, anchor, q, tuple(fns))
+                     fs, fn, anchor, q, tuple(fns) if len(fns) > 1 else ())
 
     def fields_of(self, q: ast.Leaf) -> list[str]:
         field = getattr(q, "field", None)

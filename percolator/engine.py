@@ -25,13 +25,39 @@ from percolator.model import Change, SavedSearch, Target
 from percolator.syntax import parse
 
 
-@dataclass(frozen=True, slots=True)
 class CompiledQuery:
-    text: str
-    query: ast.Query
-    plan: PNode
-    fn: Matcher
-    positive: tuple[PLeaf, ...]  # leaves under an even number of NOTs: reported when true
+    """A compiled query: its text and plan. The plan is what the index and the batch matcher
+    use; the closure (`fn`), the positive leaves and the AST are derived on first use and
+    cached, so a stored search that never matches costs only its plan (issue 17: ≤ 1 KB per
+    search)."""
+
+    __slots__ = ("text", "plan", "default_operator", "_fn", "_positive")
+
+    def __init__(self, text: str, plan: PNode, default_operator: str = "OR") -> None:
+        self.text = text
+        self.plan = plan
+        self.default_operator = default_operator
+        self._fn: Matcher | None = None
+        self._positive: tuple[PLeaf, ...] | None = None
+
+    @property
+    def fn(self) -> Matcher:
+        fn = self._fn
+        if fn is None:
+            fn = self._fn = _closure(self.plan)
+        return fn
+
+    @property
+    def positive(self) -> tuple[PLeaf, ...]:
+        """Leaves under an even number of NOTs: reported when true."""
+        pos = self._positive
+        if pos is None:
+            pos = self._positive = tuple(_positive(self.plan, True))
+        return pos
+
+    @property
+    def query(self) -> ast.Query:
+        return parse(self.text, default_operator=self.default_operator)
 
     def matches(self, ev: AnalysedEvent) -> bool:
         return self.fn(ev)
@@ -58,7 +84,7 @@ class CompiledQuery:
         for leaf in self.positive:
             if leaf.source is None or not leaf.fn(ev):
                 continue
-            for f, ffn in zip(leaf.fields, leaf.field_fns, strict=True):
+            for f, ffn in zip(leaf.fields, leaf.per_field(), strict=True):
                 if ffn(ev):
                     for h in hits(leaf.source, ffn, f, ev):
                         if h not in seen:
@@ -72,7 +98,7 @@ def compile_query(text: str, schema: Schema | None = None, *, default_operator: 
     """Parse and compile `text`; raises QueryError (with position and hint)."""
     query = parse(text, default_operator=default_operator)
     p = plan(query, schema or Schema(), text, table)
-    return CompiledQuery(text, query, p, _closure(p), tuple(_positive(p, True)))
+    return CompiledQuery(text, p, default_operator)
 
 
 def _closure(node: PNode) -> Matcher:
@@ -183,7 +209,6 @@ class Percolator:
         self._index = QueryIndex()
         self._by_id: dict[str, _Entry] = {}
         self._by_slot: dict[int, _Entry] = {}
-        self._fns: dict[int, Matcher] = {}
         self._next_slot = 0
         self.last_stats = BatchStats()
         self.total_stats = BatchStats()
@@ -229,7 +254,6 @@ class Percolator:
         entry = _Entry(search, compiled, slot)
         self._by_id[search.id] = entry
         self._by_slot[slot] = entry
-        self._fns[slot] = compiled.fn
         self._index.add(slot, anchor_of(compiled.plan, self.cost))
 
     def remove(self, search_id: str) -> bool:
@@ -237,7 +261,6 @@ class Percolator:
         if entry is None:
             return False
         del self._by_slot[entry.slot]
-        del self._fns[entry.slot]
         self._index.remove(entry.slot)
         return True
 
@@ -316,11 +339,11 @@ class Percolator:
         """As `match_batch`, one event at a time (per-event candidates and verification): the
         reference the batch path is tested against."""
         out: list[Notification] = []
-        by_slot, fns, schema = self._by_slot, self._fns, self.schema
+        by_slot, schema = self._by_slot, self.schema
         candidates = self._index.candidates
         for i, event in enumerate(events):
             ev = AnalysedEvent(event, schema)
-            hits = sorted((by_slot[s] for s in candidates(ev) if fns[s](ev)),
+            hits = sorted((by_slot[s] for s in candidates(ev) if by_slot[s].compiled.fn(ev)),
                           key=lambda e: e.search.id)
             pos = positions[i] if positions is not None else i
             for entry in hits:

@@ -23,11 +23,23 @@ def always(ev: AnalysedEvent) -> bool:
     return True
 
 
-def term_in(field: str, term: str) -> Matcher:
-    def match(ev: AnalysedEvent) -> bool:
+class TermIn:
+    """`term in the field's terms`: a slotted callable rather than a closure (about 100 bytes
+    instead of 270 with its memo wrapper; most leaves of most saved searches are plain terms).
+    `term` is (field, term), read by engine._closure and percolator.batch."""
+
+    __slots__ = ("term",)
+
+    def __init__(self, field: str, term: str) -> None:
+        self.term = (field, term)
+
+    def __call__(self, ev: AnalysedEvent) -> bool:
+        field, term = self.term
         return term in ev.terms(field)
-    match.term = (field, term)  # type: ignore[attr-defined]  # see engine._closure
-    return match
+
+
+def term_in(field: str, term: str) -> Matcher:
+    return TermIn(field, term)
 
 
 def term_of(fn: Matcher) -> tuple[str, str] | None:
@@ -84,6 +96,8 @@ def negate(m: Matcher) -> Matcher:
 
 def memoised(leaf_id: int, m: Matcher) -> Matcher:
     """Share one leaf's result between every query that contains it, for one event."""
+    if type(m) is TermIn:
+        return m  # a set lookup is cheaper than the memo
     def match(ev: AnalysedEvent) -> bool:
         memo = ev.memo
         r = memo.get(leaf_id)
