@@ -97,3 +97,38 @@ def test_cep_status_shows_each_file_and_the_counts(tmp_path, capsys):
     assert out[2] == f"accepted  {rules / 'fraud.cep'}"
     assert out[3] == "rules running: card_testing, impossible_travel, velocity"
     assert out[4].startswith("events read 10 = processed 7 + dead letters 3; late 0")
+
+
+def test_each_poll_reads_once_and_compiles_only_new_text(tmp_path, monkeypatch):
+    """The rule set that runs is built from the compilations that were checked: a poll compiles
+    each new text once, never an accepted one again, and reads each file once."""
+    import cep.engines as engines
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    shutil.copy(ROOT / "rules" / "fraud.cep", rules / "fraud.cep")
+    (rules / "big.cep").write_text(BIG)
+    compiled: list[str] = []
+    real = engines.compile_file
+
+    def counting(text: str, path: str = "<string>"):
+        compiled.append(Path(path).name)
+        return real(text, path)
+
+    monkeypatch.setattr(engines, "compile_file", counting)
+    watcher = RulesWatcher(str(rules), str(tmp_path / "snapshot.json"))
+    start = watcher.poll()
+    assert start is not None and start.accepted and sorted(compiled) == ["big.cep", "fraud.cep"]
+    assert start.ruleset is not None and {r.id for r in start.ruleset.rules} >= {"big_charge"}
+
+    compiled.clear()
+    (rules / "big.cep").write_text(BIG.replace("VERSION 1", "VERSION 2"))
+    change = watcher.poll()
+    assert change is not None and change.accepted and change.changed == ["big_charge"]
+    assert compiled == ["big.cep"]  # fraud.cep was accepted before: not compiled again
+
+    compiled.clear()
+    (rules / "big.cep").write_text("RULE oops FROM transactions PATTERN (a b\n")
+    change = watcher.poll()  # rejected: its previous text runs, from its earlier compilation
+    assert change is not None and not change.accepted and compiled == ["big.cep"]
+    assert change.files[str(rules / "big.cep")]["running"] == "previous"
