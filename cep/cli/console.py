@@ -37,11 +37,11 @@ def build_app(args: argparse.Namespace) -> Any:
     redis_url = None if args.no_redis else (args.redis or settings.redis_url)
     search_app = None
     if args.searches:
-        from cep.cli.search import _redis, _registry
+        from cep.cli.search import redis_client, registry
         from percolator.api import create_app
         from percolator.store import RedisApiKeys
 
-        search_app = create_app(_registry(args), RedisApiKeys(_redis(args)))
+        search_app = create_app(registry(args), RedisApiKeys(redis_client(args)))
     return create_console(Console(args.rules, metrics=metrics, redis_url=redis_url),
                           search_app=search_app)
 

@@ -96,12 +96,12 @@ def _schema(args: argparse.Namespace) -> Schema:
 def _settings(args: argparse.Namespace) -> Any:
     from cep.cli.common import settings
 
-    # `cep console --searches` calls _redis/_registry with its own args: no such flags there.
+    # `cep console --searches` calls redis_client/registry with its own args: no such flags there.
     return settings(args, redis_url=getattr(args, "redis_url", None),
                     kafka_bootstrap=getattr(args, "kafka_bootstrap", None))
 
 
-def _redis(args: argparse.Namespace) -> Any:
+def redis_client(args: argparse.Namespace) -> Any:
     import redis
 
     from cep.delivery.preflight import require_redis
@@ -111,7 +111,7 @@ def _redis(args: argparse.Namespace) -> Any:
     return redis.Redis.from_url(url)
 
 
-def _registry(args: argparse.Namespace) -> Any:
+def registry(args: argparse.Namespace) -> Any:
     from cep.delivery.preflight import kafka_topics, require_redis
     from percolator.changelog import KafkaChangelog
     from percolator.registry import SearchRegistry
@@ -139,7 +139,7 @@ def _add(args: argparse.Namespace) -> int:
         meta[k] = v
     targets = [Target("kafka", t) for t in args.kafka_topic]
     targets += [Target("redis", c) for c in args.redis_channel]
-    search = _registry(args).add(args.owner, args.query, search_id=args.search_id,
+    search = registry(args).add(args.owner, args.query, search_id=args.search_id,
                                  metadata=meta, targets=targets)
     print(search.id)
     return 0
@@ -148,7 +148,7 @@ def _add(args: argparse.Namespace) -> int:
 def _ls(args: argparse.Namespace) -> int:
     from percolator.store import RedisSearchStore
 
-    searches = RedisSearchStore(_redis(args)).list(args.owner)
+    searches = RedisSearchStore(redis_client(args)).list(args.owner)
     if args.json:
         print(json.dumps([s.to_dict() for s in searches], indent=2, ensure_ascii=False))
         return 0
@@ -160,7 +160,7 @@ def _ls(args: argparse.Namespace) -> int:
 def _find(args: argparse.Namespace) -> Any:
     from percolator.store import RedisSearchStore
 
-    search = RedisSearchStore(_redis(args)).get(args.search_id)
+    search = RedisSearchStore(redis_client(args)).get(args.search_id)
     if search is None or (args.owner and search.owner != args.owner):
         print(f"no search {args.search_id!r}", file=sys.stderr)
         return None
@@ -179,7 +179,7 @@ def _rm(args: argparse.Namespace) -> int:
     search = _find(args)
     if search is None:
         return 1
-    _registry(args).remove(search.owner, search.id)
+    registry(args).remove(search.owner, search.id)
     print(f"removed {search.id}")
     return 0
 
@@ -217,7 +217,7 @@ def _test(args: argparse.Namespace) -> int:
 def _key(args: argparse.Namespace) -> int:
     from percolator.store import RedisApiKeys
 
-    print(RedisApiKeys(_redis(args)).create(args.owner))
+    print(RedisApiKeys(redis_client(args)).create(args.owner))
     return 0
 
 
@@ -228,7 +228,7 @@ def _serve(args: argparse.Namespace) -> int:  # pragma: no cover - runs a server
     from percolator.store import RedisApiKeys
 
     try:
-        app = create_app(_registry(args), RedisApiKeys(_redis(args)))
+        app = create_app(registry(args), RedisApiKeys(redis_client(args)))
     except CepError as exc:
         print(str(exc), file=sys.stderr)
         return 2
