@@ -218,3 +218,24 @@ def test_cep_test_cases_pass_on_the_native_engine(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(runner, "build_engine", native_engine)
     assert main(["test", str(RULES)]) == 0
     assert kinds == {"native"}
+
+
+def test_a_key_state_of_another_rule_version_is_reset_as_in_the_python_engine() -> None:
+    def rules(within: str):  # type: ignore[no-untyped-def]
+        return compile_rules("STREAM s TIME BY ts;\nRULE probe FROM s PARTITION BY k PATTERN "
+                             f"(a b) DEFINE a AS v = 1, b AS v = 2 WITHIN {within} EMIT 'm';",
+                             "p.cep")
+
+    old, new = build_embedded_engine(rules("5ms")), build_embedded_engine(rules("9ms"))
+    store = MemoryKeyStore()
+    old.ingest(store, [Event("s", 0, 0, {"k": "K", "v": 1, "ts": 0})], NEG_INF)
+    old.ingest(store, [Event("s", 1, 1, {"k": "K", "v": 3, "ts": 1})], 0)
+    data = old.key_bytes(store, "s:k", "K")
+    moved = MemoryKeyStore()
+    new.load_key(moved, "s:k", "K", data)
+    out = new.ingest(moved, [Event("s", 2, 2, {"k": "K", "v": 2, "ts": 2})], 1)
+    # The partial match (a at ts 0) belongs to the old version: dropped, counted as a reset;
+    # the buffered event (ts 1) is matched by the new version.
+    assert out.keys_reset == 1 and out.matches == []
+    end = new.advance(moved, 2, end_of_input=2)
+    assert end.matches == [] and new.live_keys(moved) == 0

@@ -2,20 +2,21 @@
 `cep.runtime.native_engine.NativeEngine`) against the Python engine (`cep.runtime.engine.Engine`
 on the Python matcher), which is the specification.
 
-Random rule sets (1-3 rules from tests/rules/strategies.py, on one or two schema-less streams
-with their own LATENESS, partitioned or not, with measures, ON TIMEOUT and MAX PARTIAL MATCHES)
-and random multi-key streams (keys of mixed types, events without a key, int, big-int or string
-sequence numbers) that arrive out of order within the lateness, and in some streams beyond it
-(late events), go through both engines call by call as `run_embedded` drives them, at batch sizes
-1, 2, 3, 7 and all, ending with the end of input. After every call everything observable must be
-identical: the results in order (matches, timeouts, dropped counts, with events, times, keys,
-measures and their types, deadlines), the late reports (rule ids, key, event, watermark), the
-keys touched / released / reset, the next wake time and the set of keys holding state (so state
-is released exactly when the Python engine releases it). In some streams the native engine's
-key states go through their serialised bytes (`key_bytes` / `load_key`) after every call. When
-a stream's fields have one Arrow type each and its seq numbers are 64-bit ints, the same
-batches also go as Arrow record batches through `NativeEngine.ingest_batch` (read by the core)
-and, converted to events by `events_from_batch`, through the Python engine.
+Random rule sets (1-3 rules from tests/rules/strategies.py, on one or two schema-less streams with
+their own LATENESS, partitioned or not, with measures, ON TIMEOUT and MAX PARTIAL MATCHES) and
+random multi-key streams (keys of mixed types, events without a key, int, big-int or string
+sequence numbers, some events routed to one key field as Spark sends them) that arrive out of order
+within the lateness, and in some streams beyond it (late events), go through both engines call by
+call as `run_embedded` drives them, at batch sizes 1, 2, 3, 7 and all, ending with the end of
+input. After every call everything observable must be identical: the results in order (matches,
+timeouts, dropped counts, with events, times, keys, measures and their types, deadlines), the late
+reports (rule ids, key, event, watermark), the keys touched / released / reset, the next wake time
+and the set of keys holding state (so state is released exactly when the Python engine releases
+it). In some streams the native engine's key states go through their serialised bytes (`key_bytes`
+/ `load_key`) after every call. When a stream's fields have one Arrow type each and its seq numbers
+are 64-bit ints, the same batches also go as Arrow record batches through
+`NativeEngine.ingest_batch` (read by the core) and, converted to events by `events_from_batch`,
+through the Python engine.
 
 Each example is one rule set and STREAMS_PER_RULESET (20) streams (compiling costs far more than
 running): 100 examples = 2,000 (rule set, stream) cases, each at 5 batch sizes, by default;
@@ -100,7 +101,10 @@ def make_events(raw: list, seed: int, extra_late: int, seq_kind: str, lateness: 
         ts += gap
         seq: object = {"int": (i * 7919) % 101, "big": 2**70 - i * 3, "str": f"q{(i * 37) % 11}"}[
             seq_kind]
-        events.append(Event(stream, ts, seq, {**data, "ts": ts}))
+        # Spark sends a copy of an event per key field with `route` set: only that field's rules
+        # see it; embedded events have route None (every rule of the stream).
+        route = (None, None, None, "k", "")[i % 5] if seq_kind == "int" and seed % 3 == 0 else None
+        events.append(Event(stream, ts, seq, {**data, "ts": ts}, route))
     rnd = random.Random(seed)
     # Out of order within the lateness; with extra_late > 0 some events come later than that.
     return sorted(events, key=lambda e: e.ts + rnd.randint(0, lateness)
