@@ -161,9 +161,15 @@ class QueryIndex:
         elif kind == "f":
             spec = self._fuzzy.setdefault(field, Counter())
             key_k = (key[3], len(value))
-            spec[key_k] += delta
-            if spec[key_k] <= 0:
-                del spec[key_k]
+            count = spec[key_k] = spec[key_k] + delta
+            if count > 0:
+                if count == delta:  # a new (k, length): widen the bounds, no rescan
+                    k, n = key_k
+                    old = self._fuzzy_spec.get(field)
+                    self._fuzzy_spec[field] = (k, n, n) if old is None else (
+                        max(old[0], k), min(old[1], n), max(old[2], n))
+                return
+            del spec[key_k]
             if spec:
                 self._fuzzy_spec[field] = (max(kk for kk, _ in spec),
                                            min(n for _, n in spec), max(n for _, n in spec))
