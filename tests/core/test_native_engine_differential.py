@@ -39,10 +39,11 @@ from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore
 from cep.runtime.native import why_not_native
 from cep.runtime.native_engine import events_from_batch
 from tests.core.test_native_differential import DEFINES, MEASURES
+from tests.hyp import profile
 from tests.rules.strategies import rule_statement
 
 EXAMPLES = int(os.environ.get("CEP_ENGINE_DIFF_EXAMPLES")
-               or {"dev": 10, "ci": 100, "deep": 1_000}[os.environ.get("HYPOTHESIS_PROFILE", "ci")])
+               or {"dev": 10, "ci": 100, "deep": 1_000}[profile()])
 STREAMS_PER_RULESET = 20
 BATCHES = (1, 2, 3, 7, 10_000)
 
