@@ -87,7 +87,7 @@ class AlertRouter:
             if isinstance(row, StatsRow):
                 self.metrics.add_stats(row.info)
             elif isinstance(row, AlertRow):
-                self.metrics.count("alerts")
+                self.metrics.count_alert(row.rule_id)
                 rule = self.rules.get(row.rule_id)
                 topic = alert_topic(rule) if rule else f"alerts.{row.rule_id}"
                 channel = alert_channel(rule) if rule else f"cep:alerts:{row.rule_id}"

@@ -19,6 +19,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-redis", action="store_true", help="no live alerts")
     p.add_argument("--searches", action="store_true",
                    help="mount the saved-search API (needs Kafka and Redis, as `cep search`)")
+    p.add_argument("--inputs", action="append", metavar="PATH",
+                   help="a replay input folder or file the playground may load (repeatable; "
+                   "the bundled sample streams are always listed)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     p.add_argument("--port", type=int, default=8090)
     p.set_defaults(func=cmd_console)
@@ -26,7 +29,7 @@ def register(subparsers: Any) -> None:
 
 def build_app(args: argparse.Namespace) -> Any:
     from cep.config import load_settings
-    from jobs.console.app import Console, create_console
+    from jobs.console.app import DEFAULT_INPUTS, Console, create_console
 
     settings = load_settings(getattr(args, "config", None))
     metrics = None
@@ -42,8 +45,9 @@ def build_app(args: argparse.Namespace) -> Any:
         from percolator.store import RedisApiKeys
 
         search_app = create_app(registry(args), RedisApiKeys(redis_client(args)))
-    return create_console(Console(args.rules, metrics=metrics, redis_url=redis_url),
-                          search_app=search_app)
+    inputs = [*DEFAULT_INPUTS, *(getattr(args, "inputs", None) or [])]
+    return create_console(Console(args.rules, metrics=metrics, redis_url=redis_url,
+                                  inputs=inputs), search_app=search_app)
 
 
 def cmd_console(args: argparse.Namespace) -> int:  # pragma: no cover - runs a server

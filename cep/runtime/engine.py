@@ -53,6 +53,7 @@ class Matcher(Protocol):
     def on_time(self, state: Any, now: int, key: str) -> tuple[Any, list[Any]]: ...
     def next_deadline(self, state: Any) -> int | None: ...
     def is_empty(self, state: Any) -> bool: ...
+    def partial_count(self, state: Any) -> int: ...
     def on_end(self, state: Any, key: str) -> tuple[Any, list[Any]]:
         """End of input: emit what is complete (e.g. a greedy tail), drop the rest."""
         ...
@@ -119,6 +120,9 @@ class Output:
     keys_released: int = 0
     # Keys whose state belonged to a rule that was removed or changed since it was written.
     keys_reset: int = 0
+    # Per rule, the change in live partial matches over the call (only when the engine's
+    # `track_partials` is on: the live job's metrics; not worth its cost elsewhere).
+    partial_matches: dict[str, int] = field(default_factory=dict)
 
 
 # A key's state: (buffer, parts). The buffer is a sorted list of (ts, seq, data) not yet passed
@@ -239,6 +243,7 @@ class MemoryKeyStore:
 class Engine:
     def __init__(self, rules: Sequence[RuleRuntime]) -> None:
         self._eof = False
+        self.track_partials = False
         self.rules = {r.rule_id: r for r in rules}
         self.groups = {g.gid: g for g in group_rules(rules)}
         self.by_stream: dict[str, list[RuleGroup]] = {}
@@ -356,6 +361,7 @@ class Engine:
         released = buffer[:n]
         del buffer[:n]
         eof = self._eof
+        track = self.track_partials
         kept: dict[str, tuple[str, Any]] = {}
         due: int | None = buffer[0][0] if buffer else None
         for rule in group.rules:
@@ -370,6 +376,8 @@ class Engine:
                 out.keys_reset += 1
             else:
                 mstate = part[1]
+            before = (matcher.partial_count(part[1])
+                      if track and part is not None and part[0] == rule.version else 0)
             if released:
                 feed = getattr(matcher, "on_events", None)
                 if feed is not None:
@@ -383,6 +391,11 @@ class Engine:
             if eof:
                 mstate, final = matcher.on_end(mstate, key)
                 out.matches.extend(final)
+            if track:
+                after = 0 if matcher.is_empty(mstate) else matcher.partial_count(mstate)
+                if after != before:
+                    pm = out.partial_matches
+                    pm[rule.rule_id] = pm.get(rule.rule_id, 0) + after - before
             if not matcher.is_empty(mstate):
                 kept[rule.rule_id] = (rule.version, mstate)
                 deadline = matcher.next_deadline(mstate)

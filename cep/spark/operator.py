@@ -46,6 +46,8 @@ class CepProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.engine = _cached_engine(self.engine_factory)
+        # The job's metrics show each rule's live partial matches (the console's Rules view).
+        self.engine.track_partials = True
         self.store = MapStateKeyStore(
             handle.getMapState("buckets", _BUCKET_SCHEMA, _BLOB_SCHEMA),
             handle.getValueState("shard", _BLOB_SCHEMA),
@@ -105,6 +107,9 @@ class CepProcessor(StatefulProcessor):
                      state_reads=self.store.reads,
                      # Time in this call's Python (rows in, engine, state, rows out), in µs.
                      python_us=int(1e6 * (time.perf_counter() - started)))
+        partials = getattr(out, "partial_matches", None)
+        if partials:  # per rule, the change over this call (jobs/metrics.py)
+            stats["partial_matches"] = partials
         self.store.writes = self.store.reads = 0
         rows.append(("stats", "", "", "", json.dumps(stats)))
         return pd.DataFrame(rows, columns=["kind", "rule_id", "key", "id", "payload"])

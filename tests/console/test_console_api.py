@@ -211,3 +211,21 @@ def test_a_job_counting_alerts_only_in_all_has_no_per_rule_alert_figures(tmp_pat
     assert m.rules_live() == {"r": {}}
     m.count_alert("r")
     assert m.rules_live()["r"]["alerts"] == 1
+
+
+def test_cep_console_inputs_flag_adds_a_replay_folder_to_the_playground(tmp_path: Path) -> None:
+    """`cep console --inputs DIR` lists DIR's files beside the bundled samples."""
+    from cep.cli import build_parser
+    from cep.cli.console import build_app
+
+    root = Path(__file__).resolve().parents[2]
+    folder = tmp_path / "history" / "transactions"
+    folder.mkdir(parents=True)
+    (folder / "day-1.jsonl").write_text(
+        (root / "examples" / "transactions.jsonl").read_text().splitlines()[0] + "\n")
+    args = build_parser().parse_args(["console", "--rules", str(root / "rules"), "--no-redis",
+                                      "--inputs", str(tmp_path / "history")])
+    listed = {i["id"]: i for i in TestClient(build_app(args)).get(
+        "/api/playground/inputs").json()}
+    assert "examples/transactions.jsonl" in listed
+    assert listed["history/transactions/day-1.jsonl"]["stream"] == "transactions"
