@@ -132,7 +132,7 @@ class QueryIndex:
             posting = group.get(value)
             if posting is None:
                 group[value] = slot
-            elif type(posting) is int:
+            elif isinstance(posting, int):
                 if posting != slot:
                     group[value] = array("q", (posting, slot))
             elif posting[-1] != slot:  # slots only grow: a new one goes at the end
@@ -140,7 +140,7 @@ class QueryIndex:
         else:
             posting = group.get(value)
             if posting is not None:
-                if type(posting) is int:
+                if isinstance(posting, int):
                     if posting == slot:
                         del group[value]
                 elif slot in posting:
@@ -210,7 +210,7 @@ class QueryIndex:
                 found = group.keys() & variants
             for value in found:
                 posting = group[value]
-                if type(posting) is int:
+                if isinstance(posting, int):
                     out.add(posting)
                 else:
                     out.update(posting)
@@ -240,10 +240,10 @@ class QueryIndex:
             if kind == "t":
                 keys = group.keys()
                 for i, ev in enumerate(evs):
-                    found = keys & ev.terms(field)
-                    if found:
+                    hit_terms = keys & ev.terms(field)
+                    if hit_terms:
                         bit = 1 << i
-                        for v in found:
+                        for v in hit_terms:
                             km[v] = km.get(v, 0) | bit
             elif kind == "p":
                 lengths = tuple(self._prefix_lengths[field])
@@ -279,7 +279,7 @@ class QueryIndex:
                         km[v] = km.get(v, 0) | bit
             for v, mask in km.items():
                 posting = group[v]
-                if type(posting) is int:
+                if isinstance(posting, int):
                     out[posting] = get(posting, 0) | mask
                 else:
                     for s in posting:
