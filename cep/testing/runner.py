@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cep.runtime.bind import build_engine
+from cep.runtime.bind import build_embedded_engine
 from cep.runtime.embedded import alerts_for
 from cep.runtime.engine import content_seq
 from cep.testing.spec import Case, CaseEvent, ExpectedAlert, TestFile
@@ -68,7 +68,7 @@ class CaseResult:
 
 
 def run_case(test: TestFile, case: Case) -> CaseResult:
-    engine = build_engine(test.ruleset)
+    engine = build_embedded_engine(test.ruleset)
     streams: dict[str, list[dict[str, Any]]] = {}
     for ev in case.events:
         if ev.reason is None:  # a dead letter never reaches the engine, as in replay and live

@@ -203,8 +203,8 @@ def test_a_panic_in_the_native_engine_is_an_exception_naming_the_rule() -> None:
 
 
 def test_cep_test_cases_pass_on_the_native_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`cep test rules/` with its engine built by `build_embedded_engine` (the runner still
-    calls `build_engine`, the Python loop, until it is switched over)."""
+    """`cep test rules/` runs on the native engine loop (the runner calls
+    `build_embedded_engine`)."""
     import cep.testing.runner as runner
     from cep.cli import main
 
@@ -215,7 +215,7 @@ def test_cep_test_cases_pass_on_the_native_engine(monkeypatch: pytest.MonkeyPatc
         kinds.add(engine_kind(engine))
         return engine
 
-    monkeypatch.setattr(runner, "build_engine", native_engine)
+    monkeypatch.setattr(runner, "build_embedded_engine", native_engine)
     assert main(["test", str(RULES)]) == 0
     assert kinds == {"native"}
 
