@@ -36,7 +36,7 @@ def alert_record(engine: Engine, result: Match | Timeout) -> dict[str, Any]:
         "alert": result.alert,
         "rule_id": result.rule_id,
         "rule_version": result.version,
-        "rule_hash": engine.rules[result.rule_id].version,
+        "rule_hash": engine.rules[result.rule_id].content_hash,
         "severity": getattr(rule, "severity", None),
         "key": key,
         "first_ts": result.first_ts,

@@ -55,7 +55,7 @@ def build_engine(ruleset: RuleSet, *, max_partial_matches: int | None = None,
                     if near_misses else
                     make_matcher(rule, max_partial_matches=max_partial_matches,
                                  use_native=use_native),
-                    meta=rule, version=rule_hash(rule))
+                    meta=rule, content_hash=rule_hash(rule))
         for rule in ruleset.rules if rule.enabled
     ]
     return Engine(runtimes)
@@ -79,7 +79,7 @@ def build_embedded_engine(ruleset: RuleSet, *, max_partial_matches: int | None =
                             rule.stream.lateness_ms,
                             make_matcher(rule, max_partial_matches=max_partial_matches,
                                          use_native=True),
-                            meta=rule, version=rule_hash(rule))
+                            meta=rule, content_hash=rule_hash(rule))
                 for rule in rules
             ]
             return NativeEngine(runtimes, programs,  # type: ignore[arg-type]

@@ -73,7 +73,7 @@ class RuleRuntime:
     matcher: Matcher
     meta: Any = None  # what output formatting needs (the compiled rule)
     # Identifies the compiled rule's content: state built by another version is discarded.
-    version: str = ""
+    content_hash: str = ""
 
 
 def content_seq(data: Mapping[str, Any]) -> int:
@@ -126,7 +126,7 @@ class Output:
 
 
 # A key's state: (buffer, parts). The buffer is a sorted list of (ts, seq, data) not yet passed
-# by the watermark; parts maps a rule id to (rule version, matcher state) for the rules of the
+# by the watermark; parts maps a rule id to (the rule's content hash, matcher state) for the rules of the
 # key's group with a partial match alive.
 Buffered = tuple[int, Any, Mapping[str, Any]]
 KeyState = tuple[list[Buffered], dict[str, tuple[str, Any]]]
@@ -369,7 +369,7 @@ class Engine:
             part = parts.pop(rule.rule_id, None)
             if part is None:
                 mstate = matcher.initial()
-            elif part[0] != rule.version:
+            elif part[0] != rule.content_hash:
                 # Written by another version of the rule: its partial matches refer to another
                 # NFA. Buffered events have not been matched yet; they go to the new version.
                 mstate = matcher.initial()
@@ -377,7 +377,7 @@ class Engine:
             else:
                 mstate = part[1]
             before = (matcher.partial_count(part[1])
-                      if track and part is not None and part[0] == rule.version else 0)
+                      if track and part is not None and part[0] == rule.content_hash else 0)
             if released:
                 feed = getattr(matcher, "on_events", None)
                 if feed is not None:
@@ -397,7 +397,7 @@ class Engine:
                     pm = out.partial_matches
                     pm[rule.rule_id] = pm.get(rule.rule_id, 0) + after - before
             if not matcher.is_empty(mstate):
-                kept[rule.rule_id] = (rule.version, mstate)
+                kept[rule.rule_id] = (rule.content_hash, mstate)
                 deadline = matcher.next_deadline(mstate)
                 if deadline is not None and (due is None or deadline < due):
                     due = deadline

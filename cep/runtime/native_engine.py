@@ -53,7 +53,7 @@ class NativeEngine:
         self.rules = {r.rule_id: r for r in runtimes}
         self.groups: dict[str, RuleGroup] = {g.gid: g for g in group_rules(runtimes)}
         self.core = _core.Engine([
-            (program, max_partial_matches, r.stream, r.key_field, r.lateness_ms, r.version)
+            (program, max_partial_matches, r.stream, r.key_field, r.lateness_ms, r.content_hash)
             for r, program in zip(runtimes, programs, strict=True)])
 
     # -- the store -------------------------------------------------------------------------
