@@ -126,8 +126,8 @@ class Output:
 
 
 # A key's state: (buffer, parts). The buffer is a sorted list of (ts, seq, data) not yet passed
-# by the watermark; parts maps a rule id to (the rule's content hash, matcher state) for the rules of the
-# key's group with a partial match alive.
+# by the watermark; parts maps a rule id to (the rule's content hash, matcher state) for the
+# rules of the key's group with a partial match alive.
 Buffered = tuple[int, Any, Mapping[str, Any]]
 KeyState = tuple[list[Buffered], dict[str, tuple[str, Any]]]
 StateKey = tuple[str, str]  # (group id, key)
