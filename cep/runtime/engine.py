@@ -44,8 +44,9 @@ NEG_INF = -(2**62)
 AT_END = EOF_TS - 1
 
 
-class Matcher(Protocol):
-    """One rule's matcher core, as the engine drives it (see cep.runtime.matcher)."""
+class RuleMatcher(Protocol):
+    """What the engine drives for one rule: `cep.runtime.matcher.Matcher` (Python) or
+    `cep._core.Matcher` (native) implement it."""
 
     def initial(self) -> Any: ...
     def on_event(self, state: Any, event: Mapping[str, Any], ts: int, seq: Any,
@@ -70,7 +71,7 @@ class RuleRuntime:
     stream: str
     key_field: str
     lateness_ms: int
-    matcher: Matcher
+    matcher: RuleMatcher
     meta: Any = None  # what output formatting needs (the compiled rule)
     # Identifies the compiled rule's content: state built by another version is discarded.
     content_hash: str = ""
@@ -416,7 +417,7 @@ class Engine:
         wake.set(sk, AT_END if due is None else due + group.lateness_ms + 1)
 
 
-def _feed_each(matcher: Matcher, mstate: Any, items: list[Buffered], key: str,
+def _feed_each(matcher: RuleMatcher, mstate: Any, items: list[Buffered], key: str,
                out: list[Any]) -> Any:
     """Events through a matcher without `on_events`: fire the deadlines that fall before each
     event (`on_time` at ts - 1), then the event."""
