@@ -74,10 +74,12 @@ java_opts=(-Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
            "-Dlog4j2.configurationFile=$dir/log4j2.properties")
 cp="$jars/*"
 if [[ ! -f $dir/data/meta.properties ]]; then
-  # A KRaft cluster id is 16 random bytes, base64url without padding.
-  cluster_id=$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+  # A KRaft cluster id is 16 random bytes, base64url without padding. One in 64 starts with '-',
+  # which the storage tool's argument parser takes for an option ("--cluster-id: expected one
+  # argument"): pass it as --cluster-id=ID. CEP_KAFKA_CLUSTER_ID fixes the id (to check that case).
+  cluster_id=${CEP_KAFKA_CLUSTER_ID:-$(head -c16 /dev/urandom | base64 | tr "+/" "-_" | tr -d "=")}
   java "${java_opts[@]}" -cp "$cp" kafka.tools.StorageTool format \
-       -t "$cluster_id" -c "$dir/server.properties" --ignore-formatted > "$dir/format.log" 2>&1 \
+       "--cluster-id=$cluster_id" -c "$dir/server.properties" --ignore-formatted > "$dir/format.log" 2>&1 \
     || { echo "kafka.sh: storage format failed:" >&2; cat "$dir/format.log" >&2; exit 1; }
 fi
 # A restart must not mistake the previous run's "started" line for this one's.
