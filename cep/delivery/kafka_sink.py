@@ -11,6 +11,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from cep.delivery.preflight import quiet_kafka_conf
 from cep.delivery.record import OutRecord
 from cep.errors import CepError
 
@@ -32,7 +33,9 @@ def ensure_topics(
     config: Mapping[str, str] | None = None, client_conf: Mapping[str, str] | None = None,
 ) -> None:
     """Create missing topics (idempotent)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, **(client_conf or {})})
+    # librdkafka's own log lines (e.g. "Purging 1 unserved events" when the client goes away)
+    # go to the `cep.kafka.client` logger, not to the user's terminal.
+    admin = AdminClient(quiet_kafka_conf({"bootstrap.servers": bootstrap, **(client_conf or {})}))
     existing = set(admin.list_topics(timeout=10).topics)
     wanted = [t for t in dict.fromkeys(topics) if t and t not in existing]
     if not wanted:
