@@ -44,12 +44,9 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
 def _ours(tree: ast.AST) -> set[str]:
     """The project's modules a module imports (absolute imports; `from cep import x` counts as
     `cep.x`)."""
-    names: set[str] = set()
+    names = _imports(tree)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.update(f"{node.module}.{a.name}" for a in node.names)
     return {n for n in names if n.split(".")[0] in PACKAGES}
 
