@@ -9,12 +9,11 @@ ones).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from cep.delivery.record import OutRecord
 from cep.delivery.redis_sink import RedisSink
 from jobs.console.app import Console, create_console
 from jobs.metrics import Metrics
-from tests.services import free_port
+from tests.services import serve_in_thread
 
 pytestmark = pytest.mark.services
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -35,7 +34,6 @@ XSS = "<img src=x onerror=\"window.__xss=1\"><script>window.__xss=1</script>"
 
 @pytest.fixture
 def console_url(tmp_path: Path, redis_url: str) -> Iterator[str]:
-    import uvicorn
 
     rules = tmp_path / "rules"
     rules.mkdir()
@@ -58,18 +56,8 @@ def console_url(tmp_path: Path, redis_url: str) -> Iterator[str]:
     job.on_progress({"name": "alerts", "batchId": 7, "processedRowsPerSecond": 1234.5,
                      "durationMs": {"triggerExecution": 850}})
     app = create_console(Console(rules, metrics=metrics, redis_url=redis_url))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    assert server.started, "the console server did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with serve_in_thread(app) as url:
+        yield url
 
 
 @pytest.fixture
@@ -267,7 +255,6 @@ def test_saved_searches_list_add_test_edit_delete(page, redis_url, kafka_bootstr
     an owner adds a search, tests it against an event (the explanation shows which clause
     matched), edits it and deletes it."""
     import redis
-    import uvicorn
     from playwright.sync_api import expect
 
     from percolator.api import create_app
@@ -282,16 +269,10 @@ def test_saved_searches_list_add_test_edit_delete(page, redis_url, kafka_bootstr
     registry = SearchRegistry(RedisSearchStore.from_url(redis_url), changelog)
     app = create_console(Console(tmp_path, redis_url=None),
                          search_app=create_app(registry, keys))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    stack = contextlib.ExitStack()
     try:
-        for _ in range(200):
-            if server.started:
-                break
-            time.sleep(0.05)
-        page.goto(f"http://127.0.0.1:{port}/searches")
+        url = stack.enter_context(serve_in_thread(app))
+        page.goto(f"{url}/searches")
         page.fill("#api-key", key)
         page.click("#load-searches")
         page.fill("#new-query", "title:kafka AND price:[10 TO 100]")
@@ -313,6 +294,5 @@ def test_saved_searches_list_add_test_edit_delete(page, redis_url, kafka_bootstr
         expect(page.locator("tr.search")).to_have_count(0)
         assert [s.query for s in registry.owned(owner)] == []
     finally:
-        server.should_exit = True
-        thread.join(10)
+        stack.close()
         changelog.close()

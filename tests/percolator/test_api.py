@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urljoin, urlparse
@@ -199,24 +197,11 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 @pytest.fixture
 def api_server(env) -> Iterator[str]:
-    import uvicorn
-
-    from tests.services import free_port
+    from tests.services import serve_in_thread
 
     client, _, _, _ = env
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(client.app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(400):
-        if server.started:
-            break
-        time.sleep(0.05)
-    assert server.started
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with serve_in_thread(client.app) as url:
+        yield url
 
 
 def test_docs_render_in_chromium_with_no_other_host_and_an_authorize_button(api_server) -> None:
