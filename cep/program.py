@@ -37,8 +37,7 @@ import sys
 from typing import Any
 
 from cep import expr as X
-from cep.ast import Conn
-from cep.nfa import CompiledRule, Nfa, SkipStrategy, State, StateKind
+from cep.nfa import CompiledRule, Conn, Nfa, SkipStrategy, State, StateKind
 
 FORMAT = "cep-program"
 VERSION = 1
