@@ -151,6 +151,33 @@ impl EngineState {
     }
 }
 
+/// The groups one event came too late for: reported once, as `(rule ids, key, event index,
+/// watermark)` with the key and watermark of the first such group.
+#[derive(Default)]
+struct LateFor<'a> {
+    rules: Vec<&'a str>,
+    key: Option<Arc<str>>,
+    wm: i64,
+}
+
+impl<'a> LateFor<'a> {
+    fn add(&mut self, key: Arc<str>, wm: i64, rule_ids: &'a [String]) {
+        if self.rules.is_empty() {
+            self.key = Some(key);
+            self.wm = wm;
+        }
+        self.rules.extend(rule_ids.iter().map(String::as_str));
+    }
+
+    fn report(self, py: Python<'_>, late: &Bound<'_, PyList>, index: usize) -> PyResult<()> {
+        if !self.rules.is_empty() {
+            let key = self.key.as_deref().unwrap_or("");
+            late.append((PyTuple::new(py, self.rules)?, key, index, self.wm))?;
+        }
+        Ok(())
+    }
+}
+
 struct RuleE {
     core: Core,
     id: String,
@@ -466,9 +493,7 @@ impl Engine {
             let route = if route.is_none() { None } else { Some(route.downcast::<PyString>()?.to_str()?.to_owned()) };
             let seq = ev.getattr(a_seq)?;
             let dict = data.downcast::<PyDict>().ok();
-            let mut late_for: Vec<&str> = Vec::new();
-            let mut late_key: Arc<str> = Arc::from("");
-            let mut late_wm = 0i64;
+            let mut late_for = LateFor::default();
             for &gi in gs {
                 let g = &self.groups[gi as usize];
                 if route.as_ref().is_some_and(|r| *r != g.kf) {
@@ -487,11 +512,7 @@ impl Engine {
                     }
                 };
                 if ts < late_wms[gi as usize] {
-                    if late_for.is_empty() {
-                        late_key = key;
-                        late_wm = late_wms[gi as usize];
-                    }
-                    late_for.extend(g.rule_ids.iter().map(|s| s.as_str()));
+                    late_for.add(key, late_wms[gi as usize], &g.rule_ids);
                     continue;
                 }
                 pending.entry((gi, key)).or_default().push(Item {
@@ -502,9 +523,7 @@ impl Engine {
                     row: None,
                 });
             }
-            if !late_for.is_empty() {
-                late.append((PyTuple::new(py, late_for)?, &*late_key, i, late_wm))?;
-            }
+            late_for.report(py, &late, i)?;
         }
         if !events.is_empty() && !eof {
             max_ts = max_ts.max(top);
@@ -573,9 +592,7 @@ impl Engine {
             };
             let Some(gs) = self.by_stream.get(sname) else { continue };
             let row = Arc::new(Row { cols: cols.clone(), vals: data_idx.iter().map(|&i| b.cols[i][j].clone()).collect() });
-            let mut late_for: Vec<&str> = Vec::new();
-            let mut late_key: Arc<str> = Arc::from("");
-            let mut late_wm = 0i64;
+            let mut late_for = LateFor::default();
             for &gi in gs {
                 let g = &self.groups[gi as usize];
                 let key: Arc<str> = if g.kf.is_empty() {
@@ -590,11 +607,7 @@ impl Engine {
                     }
                 };
                 if ts < late_wms[gi as usize] {
-                    if late_for.is_empty() {
-                        late_key = key;
-                        late_wm = late_wms[gi as usize];
-                    }
-                    late_for.extend(g.rule_ids.iter().map(|s| s.as_str()));
+                    late_for.add(key, late_wms[gi as usize], &g.rule_ids);
                     continue;
                 }
                 pending.entry((gi, key)).or_default().push(Item {
@@ -605,9 +618,7 @@ impl Engine {
                     row: Some(row.clone()),
                 });
             }
-            if !late_for.is_empty() {
-                late.append((PyTuple::new(py, late_for)?, &*late_key, j, late_wm))?;
-            }
+            late_for.report(py, &late, j)?;
         }
         if b.len > 0 && !eof {
             max_ts = max_ts.max(top);
