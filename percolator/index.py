@@ -215,15 +215,7 @@ class QueryIndex:
                 else:
                     out.update(posting)
         for (field, rkind), rindex in self.ranges.items():
-            if rkind == "num":
-                for x in ev.numbers(field):
-                    rindex.stab(x, out)
-            elif rkind == "date":
-                for d in ev.dates(field):
-                    rindex.stab(d, out)
-            else:
-                for t in ev.terms(field):
-                    rindex.stab(t, out)
+            _stab(rindex, rkind, ev, field, out)
         return out
 
     def select_batch(self, bt: BatchTerms) -> dict[int, int]:
@@ -287,16 +279,17 @@ class QueryIndex:
         for (field, rkind), rindex in self.ranges.items():
             for i, ev in enumerate(evs):
                 hit: set[int] = set()
-                if rkind == "num":
-                    for x in ev.numbers(field):
-                        rindex.stab(x, hit)
-                elif rkind == "date":
-                    for d in ev.dates(field):
-                        rindex.stab(d, hit)
-                else:
-                    for t in ev.terms(field):
-                        rindex.stab(t, hit)
+                _stab(rindex, rkind, ev, field, hit)
                 bit = 1 << i
                 for s in hit:
                     out[s] = get(s, 0) | bit
         return out
+
+
+def _stab(rindex: Any, rkind: str, ev: AnalysedEvent, field: str, out: set[int]) -> None:
+    """Add to `out` the slots of the range searches on `field` that one of the event's values
+    (numbers, dates or terms, by the range index's kind) falls in."""
+    values = (ev.numbers(field) if rkind == "num" else ev.dates(field) if rkind == "date"
+              else ev.terms(field))
+    for v in values:
+        rindex.stab(v, out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,13 +164,19 @@ def test_native_engine_from_arrow_batches(json_data: bool) -> None:
     assert [alert_record(native, r) for r in got] == [alert_record(python, r) for r in want]
 
 
-def test_native_engine_key_state_bytes_are_versioned() -> None:
+def _probe_with_a_partial_match() -> tuple[Any, MemoryKeyStore]:
+    """The native engine of a two-step rule, and a store where key K holds a partial match."""
     ruleset = compile_rules("STREAM s TIME BY ts;\nRULE probe FROM s PARTITION BY k PATTERN (a b) "
                             "DEFINE a AS v = 1, b AS v = 2 WITHIN 5ms EMIT 'm';", "p.cep")
     engine = build_embedded_engine(ruleset)
     store = MemoryKeyStore()
     engine.ingest(store, [Event("s", 0, 0, {"k": "K", "v": 1, "ts": 0})], NEG_INF)
     engine.ingest(store, [Event("s", 1, 1, {"k": "K", "v": 3, "ts": 1})], 0)
+    return engine, store
+
+
+def test_native_engine_key_state_bytes_are_versioned() -> None:
+    engine, store = _probe_with_a_partial_match()
     assert engine.keys(store) == [("s:k", "K")]
     data = engine.key_bytes(store, "s:k", "K")
     assert data[:5] == b"CEPNK" and engine.key_bytes(store, "s:k", "other") is None
@@ -187,12 +194,7 @@ def test_native_engine_key_state_bytes_are_versioned() -> None:
 
 
 def test_a_panic_in_the_native_engine_is_an_exception_naming_the_rule() -> None:
-    ruleset = compile_rules("STREAM s TIME BY ts;\nRULE probe FROM s PARTITION BY k PATTERN (a b) "
-                            "DEFINE a AS v = 1, b AS v = 2 WITHIN 5ms EMIT 'm';", "p.cep")
-    engine = build_embedded_engine(ruleset)
-    store = MemoryKeyStore()
-    engine.ingest(store, [Event("s", 0, 0, {"k": "K", "v": 1, "ts": 0})], NEG_INF)
-    engine.ingest(store, [Event("s", 1, 1, {"k": "K", "v": 3, "ts": 1})], 0)
+    engine, store = _probe_with_a_partial_match()
     data = bytearray(engine.key_bytes(store, "s:k", "K"))
     at = data.index(b"CEPNS") + 42  # the first entry's state position (see the test above)
     data[at:at + 4] = (999).to_bytes(4, "little", signed=True)
