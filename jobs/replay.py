@@ -1,22 +1,24 @@
 """`cep replay`: run every rule over historical events on Spark and write every alert.
 
 Inputs are files (JSON lines, CSV, Parquet) or a Kafka range, each tagged with the stream it
-carries (`--input transactions=data/`). Kafka ranges and CSV/Parquet are first written to JSON
-lines in a staging folder, so every replay runs the same streaming plan as the live job:
-
-1. the query runs to completion with `availableNow` (batch size: `--max-files-per-trigger`);
-2. an end-of-input marker file is added and the same query runs again from its checkpoint, so
-   every shard flushes at the input's last event time (docs/spark-runtime.md).
+carries (`--input transactions=data/`). Bounded input is one Spark **batch** job
+(`cep.spark.batch.match_bounded`, docs/spark-runtime.md "Replay as a batch job"): read →
+validate and fan out on the executors → shuffle by shard → sort by event time within each
+partition → the embedded mode's engine over each partition, ending at the input's last event
+time. No state store, no micro-batches, nothing staged: the alerts equal the embedded engine's,
+whatever the shard and partition counts.
 
 Alerts are written sorted to `--out` (JSON lines), late events and dead letters beside it.
+The summary's `batches` is the number of Spark tasks that ran the engine (one per shuffle
+partition that had events); `--max-files-per-trigger` no longer applies (there are no
+micro-batches) and is accepted for compatibility.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,7 +27,6 @@ from typing import Any
 
 from cep.config import Settings
 from cep.errors import CepError
-from cep.events import MAX_BYTES
 from cep.runtime.engine import EOF_TS
 
 
@@ -73,7 +74,7 @@ class ReplaySummary:
                      f"late {self.late}, dead letters {self.dead_letters}, "
                      f"dropped by watermark {self.dropped_by_watermark}, "
                      f"partial matches dropped at the cap {self.partials_dropped}; "
-                     f"{self.batches} micro-batches in {self.seconds:.1f} s")
+                     f"{self.batches} engine tasks in {self.seconds:.1f} s")
         verdict = "balances" if self.balanced else "DOES NOT BALANCE"
         lines.append(f"accounting: read {self.events_read} = processed {self.events_processed}"
                      f" + dead letters {self.dead_letters} ({verdict}; late {self.late} are "
@@ -96,76 +97,9 @@ def parse_input(text: str, default_stream: str | None) -> InputSpec:
     return InputSpec(stream, path)
 
 
-@dataclass
-class _Staging:
-    """Every input record, validated once (`cep.events`), then staged in event-time order."""
+def _files(spec: InputSpec) -> list[Path]:
+    from cep.spark.batch import JSONL, TABLES
 
-    plan: Any
-    max_bytes: int
-    events: list[tuple[int, str, str]] = field(default_factory=list)  # (ts, stream, canonical)
-    dead: list[dict[str, Any]] = field(default_factory=list)
-    read: int = 0
-    files: int = 0
-
-    def __post_init__(self) -> None:
-        from cep.events import EventSchema
-
-        self.schemas = {s.name: EventSchema(s.name, s.time_field,
-                                            tuple(k for k in s.key_fields if k), s.schema)
-                        for s in self.plan.streams}
-
-    def add(self, stream: str, raw: bytes | None, **position: Any) -> None:
-        from cep.events import dead_letter, dumps, validate_text
-
-        self.read += 1
-        text, event, ts, reason = validate_text(raw, self.schemas[stream], self.max_bytes)
-        if event is None or ts is None or text is None:
-            self.dead.append(dead_letter(reason or "invalid", raw, stream, **position))
-        else:  # one staged line per event
-            self.events.append((ts, stream, dumps(event) if "\n" in text or "\r" in text
-                                else text))
-
-    def add_lines(self, stream: str, path: Path) -> None:
-        """Every line of a JSON-lines file (the hot loop of staging: kept lean)."""
-        from cep.events import dead_letter, dumps, validate_text
-
-        schema, limit, events, name = self.schemas[stream], self.max_bytes, self.events, str(path)
-        read = 0
-        with path.open("rb") as fh:
-            for lineno, line in enumerate(fh, 1):
-                raw = line.rstrip(b"\r\n")
-                if not raw or raw.isspace():  # a blank line is not a record
-                    continue
-                read += 1
-                text, event, ts, reason = validate_text(raw, schema, limit)
-                if text is None or ts is None:
-                    self.dead.append(dead_letter(reason or "invalid", raw, stream, file=name,
-                                                 line=lineno))
-                else:  # Spark's text source also splits at a lone CR: one line per event
-                    events.append((ts, stream, text if "\r" not in text else dumps(event or {})))
-        self.read += read
-
-    def write(self, dest: Path, chunks: int) -> None:
-        """`chunks` files of about equal size, in event-time order; a chunk never splits one
-        event time, so no batching can put an event after a later one (docs/spark-runtime.md,
-        "Replay order")."""
-        dest.mkdir(parents=True, exist_ok=True)
-        self.events.sort(key=lambda e: e[0])  # stable: ties keep their input order
-        n = len(self.events)
-        size = max(1, -(-n // max(1, chunks)))
-        start, k = 0, 0
-        while start < n:
-            end = min(n, start + size)
-            while end < n and self.events[end][0] == self.events[end - 1][0]:
-                end += 1
-            with (dest / f"{k:06d}.jsonl").open("w", encoding="utf-8") as fh:
-                fh.writelines(f"{st}\t{text}\n" for _, st, text in self.events[start:end])
-            start, k = end, k + 1
-        self.events = []
-
-
-def _stage_files(spec: InputSpec, staging: _Staging, spark: Any) -> None:
-    """Validate every line (JSON lines) or row (CSV, Parquet) of the input's files."""
     src = Path(spec.path)
     if not src.exists():
         raise ReplayError(f"input {spec.path} does not exist")
@@ -173,105 +107,66 @@ def _stage_files(spec: InputSpec, staging: _Staging, spark: Any) -> None:
                    if p.is_file() and not p.name.startswith((".", "_")))
     if not files:
         raise ReplayError(f"input {spec.path} has no files")
-    unknown = [p for p in files if p.suffix not in JSONL + (".csv", ".parquet")]
+    unknown = [p for p in files if p.suffix not in JSONL + TABLES]
     if unknown:
         raise ReplayError(f"input {spec.path}: cannot read {unknown[0].name} "
                           "(JSON lines, CSV or Parquet)")
-    for p in files:
-        staging.files += 1
-        if p.suffix in JSONL:
-            staging.add_lines(spec.stream, p)
-            continue
-        from pyspark.sql import functions as F
-
-        reader = spark.read.option("header", True).option("inferSchema", True)
-        df = reader.csv(str(p)) if p.suffix == ".csv" else spark.read.parquet(str(p))
-        rows = df.select(F.to_json(F.struct("*")).alias("value")).toLocalIterator()
-        for i, row in enumerate(rows, 1):
-            staging.add(spec.stream, row.value.encode(), file=str(p), row=i)
+    return files
 
 
-JSONL = (".json", ".jsonl", ".ndjson", ".txt", "")
+def _raw(spark: Any, spec: InputSpec, settings: Settings, start: str | None, end: str | None,
+         names: dict[str, str]) -> Any:
+    """The input's raw rows (`cep.spark.batch.RAW_COLUMNS`); `names` learns each file's
+    resolved path → the path as given (dead letters name files as the user did)."""
+    from cep.spark.batch import kafka_rows, read_files
+
+    if spec.path.startswith("kafka:"):
+        from cep.spark.kafka import kafka_reader
+
+        topic = spec.path.removeprefix("kafka:")
+        reader = kafka_reader(spark.read, settings, [topic], starting=start or "earliest",
+                              ending=end or "latest")
+        return kafka_rows(reader.load(), spec.stream)
+    files = _files(spec)
+    names.update((str(p.resolve()), str(p)) for p in files)
+    return read_files(spark, spec.stream, files)
 
 
-def _stage_kafka(spec: InputSpec, staging: _Staging, spark: Any, settings: Settings,
-                 start: str | None, end: str | None) -> None:
-    """Validate every message of the range, with its topic, partition and offset."""
-    topic = spec.path.removeprefix("kafka:")
-    from cep.spark.kafka import kafka_reader
-
-    reader = kafka_reader(spark.read, settings, [topic], starting=start or "earliest",
-                          ending=end or "latest")
-    df = reader.load().orderBy("partition", "offset").select(
-        "topic", "partition", "offset", "value")
-    staging.files += 1
-    for row in df.toLocalIterator():
-        raw = None if row.value is None else bytes(row.value)
-        staging.add(spec.stream, raw, topic=row.topic, partition=int(row.partition),
-                    offset=int(row.offset))
+@dataclass
+class _Outputs:
+    alerts: list[str] = field(default_factory=list)
+    late: list[str] = field(default_factory=list)
+    dead: list[dict[str, Any]] = field(default_factory=list)
 
 
-class _Collector:
-    """foreachBatch on the driver: gathers alerts, late events and stats; drives progress."""
+def _gather(rows: list[Any], summary: ReplaySummary, names: dict[str, str]) -> _Outputs:
+    """The job's rows (`match_bounded`), decoded on the driver into the summary and outputs."""
+    from cep.runtime.alerts import AlertRow, DroppedRow, LateRow, StatsRow, decode_rows
+    from cep.spark.batch import finish_dead_letter
 
-    def __init__(self, summary: ReplaySummary, progress: Any) -> None:
-        self.summary = summary
-        self.alerts: list[str] = []
-        self.late: list[str] = []
-        self.progress = progress
-
-    def __call__(self, df: Any, batch_id: int) -> None:
-        from cep.runtime.alerts import AlertRow, DroppedRow, LateRow, StatsRow, decode_rows
-
-        self.summary.batches += 1
-        for row in decode_rows(df.toLocalIterator()):
-            if isinstance(row, StatsRow):
-                stats = row.info
-                self.summary.events_processed += stats["events"]
-                if stats["max_ts"] is not None:
-                    self.summary.max_ts = max(self.summary.max_ts or stats["max_ts"],
-                                              stats["max_ts"])
-                if self.progress is not None:
-                    self.progress.advance(stats["events"])
-            elif isinstance(row, LateRow):
-                self.late.append(row.payload)
-                self.summary.late += 1
-            elif isinstance(row, DroppedRow):  # the partial-match cap was hit: not silent
-                self.summary.partials_dropped += row.info["count"]
-            elif isinstance(row, AlertRow):
-                self.alerts.append(row.payload)
-                self.summary.alerts[row.rule_id] += 1
-
-
-def _raw_lines(lines: Any) -> Any:
-    """Staged lines (`STREAM<TAB>canonical JSON`) as (stream, value, seq). Files carry no
-    source position the engine could order by, so seq is left to the operator (a content
-    hash); dead letters were already taken out, with their positions, when staging."""
-    from pyspark.sql import functions as F
-
-    parts = F.split(F.col("value"), "\t", 2)
-    return lines.select(parts.getItem(0).alias("stream"), parts.getItem(1).alias("value"),
-                        F.lit(None).cast("bigint").alias("seq"))
-
-
-def _stream_query(spark: Any, staged: Path, plan: Any, factory: Any, checkpoint: Path,
-                  collector: _Collector, max_files: int | None, end_of_input: int | None) -> Any:
-    from pyspark.sql import functions as F
-
-    from cep.spark.pipeline import validated
-    from cep.spark.query import match_rules
-
-    reader = spark.readStream.format("text")
-    if max_files:
-        reader = reader.option("maxFilesPerTrigger", max_files)
-    raw = _raw_lines(reader.load(str(staged / "*")))
-    # The staged events are valid (staging validated them); they go through the same
-    # validator again because that is the one way into the plan (cheap on canonical text).
-    good = validated(raw, plan).where(F.col("reason").isNull())
-    out = match_rules(good, plan, factory, end_of_input)
-    return (out.writeStream.foreachBatch(collector)
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True).start())
+    got = _Outputs()
+    for row in rows:
+        if row.kind == "dead":
+            got.dead.append(finish_dead_letter(json.loads(row.payload), names))
+    for r in decode_rows(row for row in rows if row.kind != "dead"):
+        if isinstance(r, StatsRow):
+            stats = r.info
+            summary.events_read += stats["read"]
+            summary.events_processed += stats["events"]
+            if stats["rows"]:  # a task whose partition had events
+                summary.batches += 1
+            if stats["max_ts"] is not None:
+                summary.max_ts = max(summary.max_ts or stats["max_ts"], stats["max_ts"])
+        elif isinstance(r, LateRow):
+            got.late.append(r.payload)
+            summary.late += 1
+        elif isinstance(r, DroppedRow):  # the partial-match cap was hit: not silent
+            summary.partials_dropped += r.info["count"]
+        elif isinstance(r, AlertRow):
+            got.alerts.append(r.payload)
+            summary.alerts[r.rule_id] += 1
+    summary.dead_letters = len(got.dead)
+    return got
 
 
 def run_replay(
@@ -279,13 +174,16 @@ def run_replay(
     max_files_per_trigger: int | None = None, kafka_from: str | None = None,
     kafka_to: str | None = None, work_dir: str | None = None, show_progress: bool | None = None,
 ) -> ReplaySummary:
+    """`max_files_per_trigger` and `work_dir` are accepted for compatibility and unused: a
+    replay is one batch job and stages nothing."""
     from cep.engines import RulesEngineFactory
-    from cep.spark.pipeline import EOF_STREAM, plan_for
+    from cep.spark.batch import match_bounded
+    from cep.spark.pipeline import plan_for
     from jobs.session import get_spark
 
+    del max_files_per_trigger, work_dir
     factory = RulesEngineFactory.from_path(rules)
-    ruleset = factory.ruleset()
-    plan = plan_for(ruleset, settings.shards)
+    plan = plan_for(factory.ruleset(), settings.shards)
     streams = {s.name for s in plan.streams}
     for spec in inputs:
         if spec.stream not in streams:
@@ -293,97 +191,99 @@ def run_replay(
                               f"(rules read: {', '.join(sorted(streams)) or 'nothing'})")
     started = time.monotonic()
     summary = ReplaySummary(out=out)
-    work = Path(work_dir or f"{out}.work")
-    shutil.rmtree(work, ignore_errors=True)
-    staged = work / "input"
+    for spec in inputs:  # before Spark starts: a missing input is a one-line error
+        if not spec.path.startswith("kafka:"):
+            _files(spec)
     spark = get_spark(settings, "cep-replay",
                       kafka=any(s.path.startswith("kafka:") for s in inputs))
-    # getOrCreate may hand back a running session: apply the partition count explicitly.
-    spark.conf.set("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
-    staging = _Staging(plan, MAX_BYTES)
-    for spec in inputs:
-        if spec.path.startswith("kafka:"):
-            _stage_kafka(spec, staging, spark, settings, kafka_from, kafka_to)
-        else:
-            _stage_files(spec, staging, spark)
-    staging.write(staged, staging.files)
-    _order_mtimes(staged)
-    dead = staging.dead
-    summary.events_read, summary.dead_letters = staging.read, len(dead)
-    progress = _progress(summary.events_read - len(dead), show_progress)
-    collector = _Collector(summary, progress)
-    checkpoint = work / "checkpoint"
-    try:
-        q = _stream_query(spark, staged, plan, factory, checkpoint, collector,
-                          max_files_per_trigger, None)
-        q.awaitTermination()
-        _raise_if_failed(q)
-        summary.dropped_by_watermark += _dropped(q)
-        if summary.max_ts is not None:
-            # End of input: a marker far in event time, then the same query once more.
-            (staged / "999999-end.jsonl").write_text(f"{EOF_STREAM}\t{{}}\n")
-            q = _stream_query(spark, staged, plan, factory, checkpoint, collector,
-                              max_files_per_trigger, summary.max_ts)
-            q.awaitTermination()
-            _raise_if_failed(q)
-    finally:
-        if progress is not None:
-            progress.stop()
+    names: dict[str, str] = {}
+    raws = [_raw(spark, spec, settings, kafka_from, kafka_to, names) for spec in inputs]
+    raw = raws[0]
+    for other in raws[1:]:
+        raw = raw.unionByName(other)
+    rows_df = match_bounded(raw, plan, factory, settings.shuffle_partitions)
+    rows = _collect(spark, rows_df, show_progress)
+    got = _gather(rows, summary, names)
     summary.seconds = time.monotonic() - started
-    _write_outputs(Path(out), collector, dead)
+    _write_outputs(Path(out), got)
     return summary
 
 
-def _order_mtimes(staged: Path) -> None:
-    """Spark's file source takes files oldest first: make that the staged name order."""
-    base = time.time() - 86_400
-    for i, p in enumerate(sorted(staged.iterdir())):
-        if p.is_file():
-            os.utime(p, (base + i, base + i))
+def _collect(spark: Any, df: Any, show: bool | None) -> list[Any]:
+    """`df.collect()`, with a progress bar of the job's tasks (Spark's status tracker) on a
+    terminal. The rows are few: alerts, late events, dead letters, one stats row per task."""
+    if show is None:
+        show = sys.stderr.isatty()
+    if not show:
+        return df.collect()  # type: ignore[no-any-return]
+    import uuid
+
+    group = f"cep-replay-{uuid.uuid4().hex[:8]}"
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        spark.sparkContext.setJobGroup(group, "cep replay")
+        try:
+            result["rows"] = df.collect()
+        except BaseException as exc:  # re-raised on the calling thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    bar = _Bar()
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.25)
+            bar.update(*_tasks(spark, group))
+    finally:
+        bar.stop()
+    if "error" in result:
+        raise result["error"]
+    return result["rows"]  # type: ignore[no-any-return]
 
 
-def _raise_if_failed(q: Any) -> None:
-    exc = q.exception()
-    if exc is not None:
-        raise ReplayError(f"the replay query failed: {exc}")
+def _tasks(spark: Any, group: str) -> tuple[int, int]:
+    """(tasks done, tasks known) over the job group's stages so far."""
+    tracker = spark.sparkContext.statusTracker()
+    done = total = 0
+    for job in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job)
+        for stage in (info.stageIds if info else []):
+            st = tracker.getStageInfo(stage)
+            if st is not None:
+                done += st.numCompletedTasks
+                total += st.numTasks
+    return done, total
 
 
-def _dropped(q: Any) -> int:
-    """Rows Spark itself dropped as late (0 by design: see docs/spark-runtime.md)."""
-    return sum(int(op.numRowsDroppedByWatermark or 0)
-               for p in q.recentProgress for op in (p.stateOperators or []))
-
-
-def _write_outputs(out: Path, collector: _Collector, dead: list[dict[str, Any]]) -> None:
+def _write_outputs(out: Path, got: _Outputs) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     # Sorted, canonical JSON: byte-identical for identical alert sets.
-    alerts = sorted(json.dumps(json.loads(a), sort_keys=True) for a in collector.alerts)
+    alerts = sorted(json.dumps(json.loads(a), sort_keys=True) for a in got.alerts)
     out.write_text("".join(a + "\n" for a in alerts))
     stem = out.with_suffix("")
-    Path(f"{stem}.late.jsonl").write_text("".join(sorted(x + "\n" for x in collector.late)))
+    Path(f"{stem}.late.jsonl").write_text("".join(sorted(x + "\n" for x in got.late)))
+    dead = sorted(got.dead, key=lambda d: (str(d.get("file", d.get("topic"))),
+                                           d.get("line", d.get("row", 0)) or 0,
+                                           d.get("partition") or 0, d.get("offset") or 0))
     Path(f"{stem}.dead-letters.jsonl").write_text(
         "".join(json.dumps(d, sort_keys=True) + "\n" for d in dead))
 
 
 class _Bar:
-    def __init__(self, total: int) -> None:
+    def __init__(self) -> None:
         from rich.progress import Progress
 
         self._p = Progress(transient=True)
-        self._task = self._p.add_task("replaying", total=max(total, 1))
+        self._task = self._p.add_task("replaying (Spark tasks)", total=None)
         self._p.start()
 
-    def advance(self, n: int) -> None:
-        self._p.update(self._task, advance=n)
+    def update(self, done: int, total: int) -> None:
+        if total:
+            self._p.update(self._task, completed=done, total=total)
 
     def stop(self) -> None:
         self._p.stop()
-
-
-def _progress(total: int, show: bool | None) -> _Bar | None:
-    if show is None:
-        show = sys.stderr.isatty()
-    return _Bar(total) if show else None
 
 
 __all__ = ["EOF_TS", "InputSpec", "ReplayError", "ReplaySummary", "parse_input", "run_replay"]

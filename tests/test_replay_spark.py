@@ -1,6 +1,6 @@
 """`cep replay` on Spark local mode: generated data with injected patterns → exactly the injected
-alerts, per domain; and the same alert file whatever the batch size, shard count, shuffle
-partitions and file split — identical to the embedded engine."""
+alerts, per domain; and the same alert file whatever the shard count, shuffle partitions, file
+split and input split size — identical to the embedded engine."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_replay_finds_exactly_the_injected_alerts(spark, settings, tmp_path, dom
     out = tmp_path / "alerts.jsonl"
     summary = run_replay(settings, str(RULES / f"{domain}.cep"),
                          [InputSpec(ds.stream, str(tmp_path / "in"))], str(out),
-                         max_files_per_trigger=1, show_progress=False)
+                         show_progress=False)
     assert _got(out) == _expected(ds)
     assert summary.events_read == summary.events_processed == len(ds.events)
     assert summary.late == summary.dead_letters == 0
@@ -44,20 +44,33 @@ def test_replay_finds_exactly_the_injected_alerts(spark, settings, tmp_path, dom
 def test_same_alerts_whatever_the_batching_and_identical_to_embedded(spark, settings, tmp_path):
     ds = GENERATORS["fraud"](n_events=4000, n_keys=40, inject=3)
     rules = RULES / "fraud.cep"
-    runs = [  # (files, max files per trigger, shards, shuffle partitions)
-        (1, None, 8, 2),
-        (6, 1, 3, 3),
+    runs = [  # (files, shards, shuffle partitions, max bytes per input split)
+        (1, 8, 2, None),
+        (6, 3, 3, None),
+        (3, 64, 1, None),
+        (2, 5, 4, 20_000),  # every file cut into several splits (several map tasks per file)
     ]
-    outputs = []
-    for i, (files, per_trigger, shards, partitions) in enumerate(runs):
+    outputs, summaries = [], []
+    for i, (files, shards, partitions, split_bytes) in enumerate(runs):
         write_jsonl(ds.events, tmp_path / f"in{i}", files=files)
         out = tmp_path / f"alerts{i}.jsonl"
-        run_replay(settings.with_overrides({"shards": shards, "shuffle_partitions": partitions}),
-                   str(rules), [InputSpec(ds.stream, str(tmp_path / f"in{i}"))], str(out),
-                   max_files_per_trigger=per_trigger, show_progress=False)
+        if split_bytes:
+            spark.conf.set("spark.sql.files.maxPartitionBytes", str(split_bytes))
+        try:
+            summaries.append(run_replay(
+                settings.with_overrides({"shards": shards, "shuffle_partitions": partitions}),
+                str(rules), [InputSpec(ds.stream, str(tmp_path / f"in{i}"))], str(out),
+                show_progress=False))
+        finally:
+            spark.conf.unset("spark.sql.files.maxPartitionBytes")
         outputs.append(out.read_bytes())
     engine = build_engine(compile_rules(rules.read_text(), str(rules)))
     embedded = "".join(line + "\n" for line in
                        canonical_lines(alerts_for(engine, {ds.stream: ds.events})))
-    assert outputs[0] == outputs[1] == embedded.encode()
+    assert all(o == embedded.encode() for o in outputs)
     assert len(embedded.splitlines()) == len(ds.expected) == 9
+    for s in summaries:
+        assert s.balanced and s.events_read == s.events_processed == len(ds.events)
+        assert s.late == 0
+    # The engine ran in as many tasks as there were partitions with events.
+    assert summaries[2].batches == 1 and summaries[0].batches <= 2

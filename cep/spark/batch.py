@@ -1,0 +1,352 @@
+"""The batch plan: the rules over bounded input as one Spark batch job (`cep replay`, and
+`cep.spark.detect` on a batch DataFrame). No state store, no micro-batches, no staging copy.
+
+raw rows ──Prepare (mapInArrow, per input split)──► repartition(shard) ──► sortWithinPartitions(ts)
+  │  validate: `cep.spark.pipeline.Validate`                         ──► RunEngine (mapInArrow)
+  │  good event → one row per key field of its stream, with its shard     per partition: the
+  │  bad record → one dead-letter row, with its source position          engine over its events
+  └  end of the split → one end-of-input marker per shard (the split's    in ts order, then the
+     last event time and how many records it read)                       end of input at the
+                                                                          largest marker
+                                                                      ──► OUTPUT_SCHEMA rows
+
+Why it equals the embedded engine (docs/spark-runtime.md, "Replay as a batch job"): each
+partition holds every event of its keys, sorted by event time, so no event is late; the engine
+orders each key's events by (ts, seq) itself and its results do not depend on how the events
+are cut into calls; and every partition ends its input at the same time, the input's last event
+time, which the markers bring to every shard within the same job (one pass over the input, no
+separate aggregate).
+
+Raw rows (`RAW_COLUMNS`): `stream`, `value` (the record's bytes as read), `seq` (the source
+position as an int, or null: files, whose ties in event time are ordered by content as in the
+embedded mode), and where the record was, for dead letters: `src` (file URI or topic), `part`
+(the file split's first byte, or the Kafka partition), `off` (the Kafka offset, a Parquet row
+index, or null: counted here) and `form` (`line` for JSON lines, `row` for CSV/Parquet, `kafka`).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from cep.engines import RulesEngineFactory
+from cep.events import MAX_BYTES, dead_letter
+from cep.runtime.alerts import output_rows
+from cep.runtime.bind import build_embedded_engine
+from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, content_seq
+from cep.spark.operator import OUTPUT_SCHEMA
+from cep.spark.pipeline import Plan, Validate
+
+RAW_COLUMNS = ("stream", "value", "seq", "src", "part", "off", "form")
+PREPARED_SCHEMA = ("shard int, kind string, stream string, ts bigint, seq bigint, data string, "
+                   "key_field string, primary boolean")
+# Row kinds between the two steps: an event (per key field), a dead letter, an end marker.
+EVENT, DEAD, MARK = "e", "d", "m"
+JSONL = (".json", ".jsonl", ".ndjson", ".txt", "")
+TABLES = (".csv", ".parquet")
+
+
+def shard_of(key_field: str, key: str, shards: int) -> int:
+    """The shard of a (key field, key): a stable hash (the same in every worker process)."""
+    return zlib.crc32(f"{key_field}\0{key}".encode("utf-8", "surrogatepass")) % shards
+
+
+class Prepare:
+    """The first step, on each input split: validation, fan-out, dead letters, markers."""
+
+    def __init__(self, plan: Plan, max_bytes: int = MAX_BYTES) -> None:
+        self.validate = Validate(plan, (), max_bytes)
+        self.key_fields = {s.name: s.key_fields for s in plan.streams}
+        self.shards = plan.shards
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        counted: dict[tuple[str, int], int] = {}  # lines (rows) so far per (file, split start)
+        last: int | None = None
+        read = dead = 0
+        for batch in batches:
+            values = batch.column("value").to_pylist()
+            srcs = batch.column("src").to_pylist()
+            parts = batch.column("part").to_pylist()
+            offs = batch.column("off").to_pylist()
+            forms = batch.column("form").to_pylist()
+            keep: list[int] = []
+            nums: list[int] = []  # per kept record: its line or row number in its split
+            for i, (raw, src, part, off, form) in enumerate(
+                    zip(values, srcs, parts, offs, forms, strict=True)):
+                if form == "kafka":
+                    nums.append(0)
+                else:
+                    if off is not None:
+                        n = off + 1
+                    else:
+                        k = (src, part or 0)
+                        n = counted.get(k, 0) + 1
+                        counted[k] = n
+                    if form == "line" and (not raw or raw.isspace()):
+                        continue  # a blank line is not a record
+                    nums.append(n)
+                keep.append(i)
+            read += len(keep)
+            if not keep:
+                continue
+            sub = batch if len(keep) == batch.num_rows else batch.take(pa.array(keep))
+            checked = next(iter(self.validate(iter([sub.select(["stream", "value", "seq"])]))))
+            streams = checked.column("stream").to_pylist()
+            reasons = checked.column("reason").to_pylist()
+            keys = checked.column("keys").to_pylist()
+            idx: list[int] = []
+            shard: list[int] = []
+            kfs: list[str] = []
+            primary: list[bool] = []
+            bad: list[int] = []
+            for j, (stream, reason, kv) in enumerate(zip(streams, reasons, keys, strict=True)):
+                if reason is not None:
+                    bad.append(j)
+                    continue
+                for p, (kf, key) in enumerate(zip(self.key_fields[stream], kv, strict=True)):
+                    idx.append(j)
+                    shard.append(shard_of(kf, key, self.shards))
+                    kfs.append(kf)
+                    primary.append(p == 0)
+            if idx:
+                take = pa.array(idx, pa.int32())
+                ts = checked.column("ts").take(take)
+                hi = pc.max(ts).as_py()
+                last = hi if last is None or hi > last else last
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array(shard, pa.int32()), pa.array([EVENT] * len(idx), pa.string()),
+                     checked.column("stream").take(take), ts, checked.column("seq").take(take),
+                     checked.column("data").take(take), pa.array(kfs, pa.string()),
+                     pa.array(primary, pa.bool_())], names=_PREPARED_NAMES)
+            if bad:
+                raws = checked.column("raw").to_pylist()
+                letters = []
+                for j in bad:
+                    i = keep[j]
+                    letters.append(json.dumps(_letter(
+                        reasons[j], raws[j], streams[j], srcs[i], parts[i], offs[i], forms[i],
+                        nums[j])))
+                yield _rows(pa, [(dead + n) % self.shards for n in range(len(bad))], DEAD,
+                            data=letters)
+                dead += len(bad)
+        if read:  # every shard learns this split's last event time; shard 0 counts its reads
+            shards = list(range(self.shards))
+            yield _rows(pa, shards, MARK, ts=[last] * len(shards),
+                        seq=[read] + [0] * (len(shards) - 1))
+
+
+_PREPARED_NAMES = ["shard", "kind", "stream", "ts", "seq", "data", "key_field", "primary"]
+
+
+def _rows(pa: Any, shards: list[int], kind: str, *, ts: list[int | None] | None = None,
+          seq: list[int] | None = None, data: list[str] | None = None) -> Any:
+    n = len(shards)
+    none: list[None] = [None] * n
+    return pa.RecordBatch.from_arrays(
+        [pa.array(shards, pa.int32()), pa.array([kind] * n, pa.string()),
+         pa.array(none, pa.string()), pa.array(ts or none, pa.int64()),
+         pa.array(seq or none, pa.int64()), pa.array(data or none, pa.string()),
+         pa.array(none, pa.string()), pa.array([False] * n, pa.bool_())],
+        names=_PREPARED_NAMES)
+
+
+def _letter(reason: str | None, raw: bytes | None, stream: str | None, src: str | None,
+            part: int | None, off: int | None, form: str, num: int) -> dict[str, Any]:
+    """The dead letter, with its position as far as this task knows it: a line or row counted
+    in a split that does not start the file is completed on the driver (`finish_dead_letter`)."""
+    if form == "kafka":
+        return dead_letter(reason or "invalid", raw, stream, topic=src, partition=part,
+                           offset=off)
+    if form == "line" and raw is not None:
+        raw = raw.rstrip(b"\r\n")
+    position: dict[str, Any] = {"file": src, form: num}
+    if part and off is None:
+        position["_split"] = part
+    return dead_letter(reason or "invalid", raw, stream, **position)
+
+
+class RunEngine:
+    """The second step, on each partition (every event of its shards, sorted by event time):
+    the embedded mode's engine (`build_embedded_engine`) over an in-memory key store, fed in
+    chunks (Arrow batches) with the highest event time seen before each, then the end of input
+    at the input's last event time (the largest end marker). Emits the operator's rows
+    (`cep.runtime.alerts.output_rows`), the dead letters that came through (kind `dead`), and
+    one stats row: events (each once), rows, max_ts, late, read (records read by the splits
+    whose shard-0 marker came here)."""
+
+    def __init__(self, factory: RulesEngineFactory) -> None:
+        self.factory = factory
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        engine = embedded_engine(self.factory)
+        store = MemoryKeyStore()
+        max_ts = NEG_INF
+        end: int | None = None
+        n_events = n_rows = n_late = n_read = n_dead = 0
+        for batch in batches:
+            cols = [batch.column(c).to_pylist() for c in
+                    ("kind", "stream", "ts", "seq", "data", "key_field", "primary")]
+            events: list[Event] = []
+            rows: list[tuple[str, str, str, str, str]] = []
+            for kind, stream, ts, seq, data, route, primary in zip(*cols, strict=True):
+                if kind == EVENT:
+                    fields = json.loads(data)
+                    pos = content_seq(fields) if seq is None else seq
+                    events.append(Event(stream, ts, pos, fields, route))
+                    n_events += primary
+                elif kind == MARK:
+                    if ts is not None and (end is None or ts > end):
+                        end = ts
+                    n_read += seq or 0
+                else:
+                    rows.append(("dead", "", "", "", data))
+                    n_dead += 1
+            if events:
+                out = engine.ingest(store, events, max_ts)
+                max_ts = max(max_ts, max(e.ts for e in events))
+                n_rows += len(events)
+                n_late += len(out.late)
+                rows += output_rows(engine, out)
+            if rows:
+                yield _output(rows)
+        if max_ts != NEG_INF:
+            final = max_ts if end is None or end < max_ts else end
+            out = engine.advance(store, final, end_of_input=final)
+            rows = output_rows(engine, out)
+            if rows:
+                yield _output(rows)
+        stats = {"events": n_events, "rows": n_rows, "late": n_late, "read": n_read,
+                 "dead": n_dead, "max_ts": None if max_ts == NEG_INF else max_ts}
+        yield _output([("stats", "", "", "", json.dumps(stats))])
+
+
+def _output(rows: list[tuple[str, str, str, str, str]]) -> Any:
+    import pyarrow as pa
+
+    cols = list(zip(*rows, strict=True))
+    return pa.RecordBatch.from_arrays([pa.array(c, pa.string()) for c in cols],
+                                      names=["kind", "rule_id", "key", "id", "payload"])
+
+
+_ENGINES: dict[int, Any] = {}
+
+
+def embedded_engine(factory: RulesEngineFactory) -> Any:
+    """The embedded mode's engine for these rules, compiled once per Python worker (workers
+    are reused across tasks; each task brings its own key store)."""
+    engine = _ENGINES.get(factory.cache_key)
+    if engine is None:
+        if len(_ENGINES) > 8:
+            _ENGINES.clear()
+        engine = build_embedded_engine(factory.ruleset(),
+                                       max_partial_matches=factory.max_partial_matches)
+        _ENGINES[factory.cache_key] = engine
+    return engine
+
+
+def match_bounded(raw: DataFrame, plan: Plan, factory: RulesEngineFactory,
+                  partitions: int) -> DataFrame:
+    """Raw rows (`RAW_COLUMNS`) → the engine's rows (OUTPUT_SCHEMA: alerts, late, dropped,
+    stats) plus `dead` rows (payload: the dead letter's JSON; see `finish_dead_letter`).
+    `partitions`: how many engine tasks (the alerts do not depend on it)."""
+    prepared = raw.select(*RAW_COLUMNS).mapInArrow(Prepare(plan), PREPARED_SCHEMA)
+    return (prepared.repartition(partitions, "shard").sortWithinPartitions("ts")
+            .mapInArrow(RunEngine(factory), OUTPUT_SCHEMA))
+
+
+# -- sources -----------------------------------------------------------------------------------
+
+
+def _located(df: DataFrame, stream: str, value: Any, form: str, row_index: bool = False,
+             ) -> DataFrame:
+    return df.select(F.lit(stream).alias("stream"), value.cast("binary").alias("value"),
+                     F.lit(None).cast("bigint").alias("seq"),
+                     F.col("_metadata.file_path").alias("src"),
+                     F.col("_metadata.file_block_start").alias("part"),
+                     (F.col("_metadata.row_index") if row_index
+                      else F.lit(None)).cast("bigint").alias("off"),
+                     F.lit(form).alias("form"))
+
+
+def read_files(spark: Any, stream: str, files: list[Path]) -> DataFrame:
+    """Raw rows of files: JSON lines (every line as read, split at `\\n` only), CSV (with a
+    header; types inferred per file, as before) and Parquet, each row as its JSON."""
+    lines = [str(p) for p in files if p.suffix in JSONL]
+    parts: list[DataFrame] = []
+    if lines:
+        df = spark.read.option("lineSep", "\n").text(lines)
+        parts.append(_located(df, stream, F.col("value"), "line"))
+    for p in files:
+        if p.suffix == ".csv":
+            df = spark.read.option("header", True).option("inferSchema", True).csv(str(p))
+            parts.append(_located(df, stream, F.to_json(F.struct("*")), "row"))
+        elif p.suffix == ".parquet":
+            df = spark.read.parquet(str(p))
+            parts.append(_located(df, stream, F.to_json(F.struct("*")), "row", row_index=True))
+    out = parts[0]
+    for df in parts[1:]:
+        out = out.unionByName(df)
+    return out
+
+
+def kafka_rows(df: DataFrame, stream: str) -> DataFrame:
+    """Raw rows of a Kafka read: seq is the source position, as the live job encodes it
+    (partition × 2^40 + offset), so a replay of a range gives the live job's alert ids."""
+    return df.select(F.lit(stream).alias("stream"), F.col("value").cast("binary").alias("value"),
+                     (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset"))
+                     .alias("seq"), F.col("topic").alias("src"),
+                     F.col("partition").cast("bigint").alias("part"),
+                     F.col("offset").cast("bigint").alias("off"), F.lit("kafka").alias("form"))
+
+
+def finish_dead_letter(record: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """A dead letter from `match_bounded`, its position completed on the driver: the file as
+    the user named it (`names`: resolved path → given path), and for a record in a split that
+    does not start its file, the lines (CSV: rows) before that split."""
+    file = record.get("file")
+    if file is None:
+        return record
+    path = _local_path(file)
+    record["file"] = names.get(path, path)
+    split = record.pop("_split", None)
+    if split:
+        before = _lines_before(path, int(split))
+        if "line" in record:
+            record["line"] += before
+        else:  # CSV: the header is a line, not a row
+            record["row"] += before - 1
+    return record
+
+
+def _local_path(uri: str) -> str:
+    parsed = urlparse(uri)
+    return unquote(parsed.path) if parsed.scheme in ("file", "") else uri
+
+
+def _lines_before(path: str, split: int) -> int:
+    """Lines that belong to the splits before the one starting at byte `split`: a split reads
+    the lines that start after its first byte (Hadoop's line reader skips the line it starts
+    in, which the previous split read), so every line starting at or before `split`."""
+    n, left = 1, split
+    with open(path, "rb") as fh:
+        while left > 0:
+            chunk = fh.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            left -= len(chunk)
+    return n
+
+
+__all__ = ["JSONL", "RAW_COLUMNS", "TABLES", "Prepare", "RunEngine", "embedded_engine",
+           "finish_dead_letter", "kafka_rows", "match_bounded", "read_files", "shard_of"]
