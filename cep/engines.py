@@ -25,7 +25,7 @@ from typing import Protocol
 from cep.compile import compile_file, merge_rulesets, read_sources, ruleset_from_sources
 from cep.errors import RuleSemanticError, SourceError, Span
 from cep.nfa import RuleSet
-from cep.runtime.bind import build_engine, rule_hash
+from cep.runtime.bind import build_embedded_engine, rule_hash
 from cep.runtime.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,10 @@ class RulesEngineFactory:
         return self.cache_key, self
 
     def __call__(self) -> Engine:
-        return build_engine(self.ruleset(), max_partial_matches=self.max_partial_matches)
+        # The engine loop in the native core when every rule runs there (as embedded runs
+        # and `cep test`), else the Python loop: the operator picks its key store to match.
+        return build_embedded_engine(  # type: ignore[no-any-return]
+            self.ruleset(), max_partial_matches=self.max_partial_matches)
 
 
 class SnapshotEngineFactory:

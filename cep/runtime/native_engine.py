@@ -56,9 +56,23 @@ class NativeEngine:
             (program, max_partial_matches, r.stream, r.key_field, r.lateness_ms, r.content_hash)
             for r, program in zip(runtimes, programs, strict=True)])
 
+    @property
+    def track_partials(self) -> bool:
+        """Count per-rule changes in live partial matches (`Output.partial_matches`), as
+        `Engine.track_partials`; off by default."""
+        return bool(self.core.track_partials)
+
+    @track_partials.setter
+    def track_partials(self, on: bool) -> None:
+        self.core.track_partials = on
+
     # -- the store -------------------------------------------------------------------------
     def state_of(self, store: KeyStore) -> Any:
-        """The native key states kept on `store` (created on first use)."""
+        """The native key states kept on `store` (created on first use), or those a store
+        of its own gives (`native_state(engine)`: `cep.runtime.state_store.NativeBucketStore`)."""
+        own = getattr(store, "native_state", None)
+        if own is not None:
+            return own(self)
         if not isinstance(store, MemoryKeyStore):
             raise TypeError("the native engine keeps its key states in a MemoryKeyStore "
                             f"(got {type(store).__name__}); use cep.runtime.engine.Engine")
@@ -101,7 +115,8 @@ class NativeEngine:
             self.state_of(store), events, max_ts, end_of_input)
         return Output(matches=matches,
                       late=[LateEvent(ids, key, events[i], wm) for ids, key, i, wm in late],
-                      keys_touched=touched, keys_released=released, keys_reset=reset)
+                      keys_touched=touched, keys_released=released, keys_reset=reset,
+                      partial_matches=self._partials())
 
     def advance(self, store: KeyStore, max_ts: int, *, end_of_input: int | None = None) -> Output:
         return self.ingest(store, [], max_ts, end_of_input=end_of_input)
@@ -114,27 +129,31 @@ class NativeEngine:
         """`ingest` from a pyarrow RecordBatch: columns `ts` and `seq` (integers), `stream`
         (optional when the engine reads one stream) and the event's fields; the event's data is
         every column but `stream` and `seq` (so the time field stays in it, as
-        `events_from_dicts` keeps it).
+        `events_from_dicts` keeps it) — or, when there is a `data` column, the JSON object in
+        it (parsed by the core; the other columns are then not part of the event, and a `route`
+        column says which key field a copy was routed by, as `Event.route`).
 
         The core reads the batch through the Arrow C data interface (no Python object per
         event; a row becomes a dict only for a result, a late report or serialised state).
-        A batch the core does not read (another column type, a JSON `data` column) is converted
-        to events here (`events_from_batch`) and ingested as such: same results, slower."""
+        A batch the core does not read (another column type) is converted to events here
+        (`events_from_batch`) and ingested as such: same results, slower."""
         st = self.state_of(store)
         stream = self._only_stream()
-        if "data" in batch.schema.names:  # a JSON column: parsed in Python for now
-            return self.ingest(store, events_from_batch(batch, stream), max_ts,
-                               end_of_input=end_of_input)
+        json_col = "data" if "data" in batch.schema.names else None
         try:
             matches, late, touched, released, reset = self.core.ingest_arrow(
-                st, batch, max_ts, end_of_input, stream)
+                st, batch, max_ts, end_of_input, stream, json_col)
         except _core.Unsupported:
             return self.ingest(store, events_from_batch(batch, stream), max_ts,
                                end_of_input=end_of_input)
         return Output(matches=matches,
                       late=[LateEvent(ids, key, events_from_batch(batch.slice(i, 1), stream)[0],
                                       wm) for ids, key, i, wm in late],
-                      keys_touched=touched, keys_released=released, keys_reset=reset)
+                      keys_touched=touched, keys_released=released, keys_reset=reset,
+                      partial_matches=self._partials())
+
+    def _partials(self) -> dict[str, int]:
+        return dict(self.core.take_partials()) if self.core.track_partials else {}
 
     def _only_stream(self) -> str | None:
         streams = {g.stream for g in self.groups.values()}
@@ -151,12 +170,16 @@ def events_from_batch(batch: Any, stream: str | None = None) -> list[Event]:
         streams = [stream] * batch.num_rows
     else:
         raise ValueError("a batch without a 'stream' column for an engine reading several streams")
+    routes: list[Any] = [None] * batch.num_rows
     if "data" in names:
         datas = [json.loads(d) for d in batch.column(names.index("data")).to_pylist()]
+        if "route" in names:
+            routes = batch.column(names.index("route")).to_pylist()
     else:
         keep = [n for n in names if n not in ("stream", "seq")]
         datas = batch.select(keep).to_pylist()
-    return [Event(s, t, q, d) for s, t, q, d in zip(streams, ts, seq, datas, strict=True)]
+    return [Event(s, t, q, d, r)
+            for s, t, q, d, r in zip(streams, ts, seq, datas, routes, strict=True)]
 
 
 __all__ = ["NativeEngine", "events_from_batch"]

@@ -8,6 +8,7 @@ so it is tested with dicts (tests/runtime/test_bucket_store.py) and the Spark op
 
 from __future__ import annotations
 
+import os
 import pickle
 import zlib
 from typing import Any
@@ -129,3 +130,149 @@ class MapStateKeyStore:
             self._cache[self._index(sk)][sk] = st
         # Every old bucket is rewritten or removed; new ones are written when not empty.
         self._dirty = {b for b in range(new) if b < old or self._cache[b]}
+
+
+class NativeBucketStore:
+    """The native engine's (`cep.runtime.native_engine.NativeEngine`) key states over a shard's
+    state in a stateful stream operator: the native `EngineState` of each shard is kept in the
+    worker process between calls, and the state store is the durable copy of it.
+
+    Layout: one MapState entry per bucket, a pickled `{(group id, key): key_bytes}` (the core's
+    versioned `CEPNK` bytes, docs/native-core.md), and one ValueState with `(buckets, token)`.
+    Every call that changes the shard writes a fresh random `token` with it. A call starts with
+    one state read, the token: when it equals the token of the copy this process holds (the
+    store is exactly as this process left it), the held `EngineState` is used as it is and no
+    bucket is read; otherwise (another process ran the shard, Spark re-ran a batch after a
+    failure, the rules changed) every bucket of the shard is read and loaded. At the end of a
+    call only the keys the engine advanced are serialised (`Engine.take_dirty`), and only
+    their buckets are written.
+
+    So the cost per call is ~1 state read plus one write per changed bucket, and a key that no
+    event touched costs nothing, where `MapStateKeyStore` reads, unpickles, pickles and writes
+    every key of every bucket it touches (issue 14: 637 µs per event in the live job).
+    """
+
+    MIN_BUCKETS = 8
+    MAX_PER_BUCKET = 64
+
+    def __init__(self, buckets: Any, meta: Any, held: dict[Any, Any]) -> None:
+        self._buckets = buckets
+        self._meta = meta
+        self._held = held  # shard -> _Held, shared by the stores of one worker process
+        self.writes = 0
+        self.reads = 0
+        self.reloads = 0  # calls that had to read the whole shard (the held copy was stale)
+        self._cur: _Held | None = None
+        self._shard: Any = None
+        self._engine: Any = None
+
+    def begin(self, shard: Any, engine: Any) -> None:
+        """Start a call for `shard` run by `engine`."""
+        row = self._meta.get()
+        n_buckets, token = (self.MIN_BUCKETS, b"") if row is None else pickle.loads(row[0])  # noqa: S301
+        held = self._held.get(shard)
+        self._shard, self._engine = shard, engine
+        if held is not None and held.token == token and held.engine is engine:
+            self._cur = held
+            return
+        self._held.pop(shard, None)
+        self.reloads += 1
+        from cep import _core  # type: ignore[attr-defined]
+
+        state = _core.EngineState(track_dirty=True)
+        buckets: dict[int, dict[tuple[str, str], bytes]] = {}
+        gids = set(engine.core.group_ids)
+        dropped: set[int] = set()
+        for b in range(n_buckets if row is not None else 0):
+            self.reads += 1
+            got = self._buckets.getValue((b,))
+            if got is None:
+                continue
+            content: dict[tuple[str, str], bytes] = pickle.loads(got[0])  # noqa: S301
+            for (gid, key), data in list(content.items()):
+                if gid not in gids:  # its rules were removed while the job ran
+                    del content[(gid, key)]
+                    dropped.add(b)
+                    continue
+                engine.core.load_key(state, gid, key, data)
+            buckets[b] = content
+        self._cur = _Held(token, engine, state, n_buckets, buckets, dropped)
+
+    def native_state(self, engine: Any) -> Any:
+        if self._cur is None or engine is not self._engine:
+            raise RuntimeError("NativeBucketStore: begin(shard, engine) first")
+        return self._cur.state
+
+    def flush(self) -> None:
+        """Write the keys this call changed; grow the buckets if they got too full."""
+        cur, self._cur = self._cur, None
+        if cur is None:
+            return
+        try:
+            dirty = set(cur.pending_drop)
+            cur.pending_drop = set()
+            for gid, key, data in self._engine.core.take_dirty(cur.state):
+                b = _bucket_of(gid, key, cur.n_buckets)
+                content = cur.buckets.setdefault(b, {})
+                if data is None:
+                    if content.pop((gid, key), None) is not None:
+                        dirty.add(b)
+                else:
+                    content[(gid, key)] = data
+                    dirty.add(b)
+            n_keys = len(cur.state)
+            if n_keys > self.MAX_PER_BUCKET * cur.n_buckets:
+                dirty |= self._grow(cur, n_keys)
+            if not dirty:
+                self._held[self._shard] = cur  # nothing changed: the token stays valid
+                return
+            for b in sorted(dirty):
+                self.writes += 1
+                held_content = cur.buckets.get(b)
+                if held_content:
+                    self._buckets.updateValue((b,), (pickle.dumps(held_content, protocol=5),))
+                else:
+                    cur.buckets.pop(b, None)
+                    self._buckets.removeKey((b,))
+            cur.token = os.urandom(8)
+            self._meta.update((pickle.dumps((cur.n_buckets, cur.token), protocol=5),))
+            self._held[self._shard] = cur
+        except BaseException:
+            self._held.pop(self._shard, None)
+            raise
+
+    def abandon(self) -> None:
+        """The call failed: forget the held copy (the store is re-read next time)."""
+        self._cur = None
+        self._held.pop(self._shard, None)
+
+    def _grow(self, cur: _Held, n_keys: int) -> set[int]:
+        old = cur.n_buckets
+        new = old
+        while n_keys > self.MAX_PER_BUCKET * new:
+            new *= 2
+        every = {sk: data for content in cur.buckets.values() for sk, data in content.items()}
+        cur.buckets = {}
+        for (gid, key), data in every.items():
+            cur.buckets.setdefault(_bucket_of(gid, key, new), {})[(gid, key)] = data
+        cur.n_buckets = new
+        return set(range(old)) | set(cur.buckets)
+
+
+def _bucket_of(gid: str, key: str, n: int) -> int:
+    return zlib.crc32(f"{gid}\x00{key}".encode()) % n
+
+
+class _Held:
+    """A shard's native state as this process last wrote it."""
+
+    __slots__ = ("buckets", "engine", "n_buckets", "pending_drop", "state", "token")
+
+    def __init__(self, token: bytes, engine: Any, state: Any, n_buckets: int,
+                 buckets: dict[int, dict[tuple[str, str], bytes]], pending_drop: set[int]) -> None:
+        self.token = token
+        self.engine = engine
+        self.state = state
+        self.n_buckets = n_buckets
+        self.buckets = buckets
+        self.pending_drop = pending_drop

@@ -1,7 +1,9 @@
 """The stateful operator: `transformWithStateInPandas` over shards of the partition key.
 
-Thin by design: it turns pandas rows into `Event`s, gives the engine a `KeyStore` backed by the
-shard's MapState (`cep.runtime.state_store.MapStateKeyStore`, plain logic), converts between
+Thin by design: it turns pandas rows into `Event`s, gives the engine a key store backed by the
+shard's state (plain logic in `cep.runtime.state_store`: `NativeBucketStore` for the engine loop
+in the native core, which keeps each shard's native state in the worker between calls and writes
+back only the keys a call changed; `MapStateKeyStore` for the Python loop), converts between
 Spark's watermark and the engine's max event time (docs/spark-runtime.md), keeps one timer per
 shard, and turns the engine's output into rows.
 """
@@ -18,8 +20,9 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 
 from cep.engines import EngineFactory
+from cep.runtime.bind import engine_kind
 from cep.runtime.engine import EOF_TS, Engine, Event, Output, content_seq
-from cep.runtime.state_store import MapStateKeyStore
+from cep.runtime.state_store import MapStateKeyStore, NativeBucketStore
 from cep.spark.pipeline import EOF_STREAM
 
 OUTPUT_SCHEMA = "kind string, rule_id string, key string, id string, payload string"
@@ -48,10 +51,23 @@ class CepProcessor(StatefulProcessor):
         self.engine = _cached_engine(self.engine_factory)
         # The job's metrics show each rule's live partial matches (the console's Rules view).
         self.engine.track_partials = True
-        self.store = MapStateKeyStore(
-            handle.getMapState("buckets", _BUCKET_SCHEMA, _BLOB_SCHEMA),
-            handle.getValueState("shard", _BLOB_SCHEMA),
-        )
+        # The two engines keep differently shaped state, under different names: a rules change
+        # that moves the job from one engine loop to the other starts the keys afresh
+        # (docs/spark-runtime.md).
+        self.native = engine_kind(self.engine) == "native"
+        if self.native:
+            self.store: Any = NativeBucketStore(
+                handle.getMapState("nbuckets", _BUCKET_SCHEMA, _BLOB_SCHEMA),
+                handle.getValueState("nshard", _BLOB_SCHEMA), _HELD)
+        else:
+            self.store = MapStateKeyStore(
+                handle.getMapState("buckets", _BUCKET_SCHEMA, _BLOB_SCHEMA),
+                handle.getValueState("shard", _BLOB_SCHEMA),
+            )
+
+    def _begin(self, key: Any) -> None:
+        if self.native:
+            self.store.begin(tuple(key), self.engine)
 
     def _max_ts(self, timer_values: Any) -> int:
         wm = int(timer_values.getCurrentWatermarkInMs())
@@ -60,10 +76,26 @@ class CepProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: Any) -> Iterator[pd.DataFrame]:
         started = time.perf_counter()
+        frames = list(rows)
+        primary = sum(int(pdf["primary"].sum()) for pdf in frames)
+        batch: Any = self._events_batch(frames) if self.native else self._events(frames)
+        n = batch.num_rows if self.native else len(batch)
+        self._begin(key)
+        try:
+            out = self._run(batch, timerValues)
+            self._reset_timer()
+            self.store.flush()
+        except BaseException:
+            self._abandon()
+            raise
+        max_ts = max((int(pdf["ts"].max()) for pdf in frames if len(pdf)), default=None)
+        yield self._frame(out, {"events": primary, "rows": n, "max_ts": max_ts}, started)
+
+    @staticmethod
+    def _events(frames: list[pd.DataFrame]) -> list[Event]:
+        """The rows as `Event`s, for the Python engine loop."""
         events: list[Event] = []
-        primary = 0
-        for pdf in rows:
-            primary += int(pdf["primary"].sum())
+        for pdf in frames:
             for stream, ts, seq, data, route in zip(pdf["stream"], pdf["ts"], pdf["seq"],
                                                     pdf["data"], pdf["key_field"], strict=True):
                 if stream == EOF_STREAM:
@@ -72,26 +104,51 @@ class CepProcessor(StatefulProcessor):
                 # Files have no source position: order ties by content, as the embedded mode.
                 pos = content_seq(fields) if pd.isna(seq) else int(seq)
                 events.append(Event(stream, int(ts), pos, fields, route))
-        out = self._run(events, timerValues)
-        self._reset_timer()
-        self.store.flush()
-        max_ts = max((e.ts for e in events), default=None)
-        yield self._frame(out, {"events": primary, "rows": len(events), "max_ts": max_ts},
-                          started)
+        return events
+
+    @staticmethod
+    def _events_batch(frames: list[pd.DataFrame]) -> Any:
+        """The rows as one Arrow batch for the native engine loop: no Python object per event
+        (the core parses `data`, the event's JSON text)."""
+        import pyarrow as pa
+
+        pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        pdf = pdf[pdf["stream"] != EOF_STREAM]
+        seq = pdf["seq"]
+        if seq.isna().any():  # no source position (files): order ties by content
+            seq = [content_seq(json.loads(d)) if pd.isna(q) else int(q)
+                   for q, d in zip(seq, pdf["data"], strict=True)]
+        return pa.RecordBatch.from_arrays(
+            [pa.array(pdf["stream"], pa.string()), pa.array(pdf["ts"], pa.int64()),
+             pa.array(seq, pa.int64()), pa.array(pdf["data"], pa.string()),
+             pa.array(pdf["key_field"], pa.string())],
+            names=["stream", "ts", "seq", "data", "route"])
 
     def handleExpiredTimer(self, key: Any, timerValues: Any,
                            expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
         started = time.perf_counter()
-        out = self._run([], timerValues)
-        self._reset_timer()
-        self.store.flush()
+        self._begin(key)
+        try:
+            out = self._run([], timerValues)
+            self._reset_timer()
+            self.store.flush()
+        except BaseException:
+            self._abandon()
+            raise
         yield self._frame(out, {"events": 0, "rows": 0, "max_ts": None}, started)
 
-    def _run(self, events: list[Event], timer_values: Any) -> Output:
+    def _abandon(self) -> None:
+        if self.native:
+            self.store.abandon()
+
+    def _run(self, events: Any, timer_values: Any) -> Output:
+        """`events`: a list of `Event`s (Python loop) or an Arrow batch (native loop)."""
         max_ts = self._max_ts(timer_values)
-        if self.end_of_input is not None and max_ts >= EOF_TS:
-            return self.engine.ingest(self.store, events, max_ts, end_of_input=self.end_of_input)
-        return self.engine.ingest(self.store, events, max_ts)
+        eoi = self.end_of_input if self.end_of_input is not None and max_ts >= EOF_TS else None
+        if isinstance(events, list):
+            return self.engine.ingest(self.store, events, max_ts, end_of_input=eoi)
+        return self.engine.ingest_batch(  # type: ignore[attr-defined,no-any-return]
+            self.store, events, max_ts, end_of_input=eoi)
 
     def _reset_timer(self) -> None:
         for t in list(self.handle.listTimers()):
@@ -110,6 +167,9 @@ class CepProcessor(StatefulProcessor):
         partials = getattr(out, "partial_matches", None)
         if partials:  # per rule, the change over this call (jobs/metrics.py)
             stats["partial_matches"] = partials
+        if self.native:
+            stats["state_reloads"] = self.store.reloads
+            self.store.reloads = 0
         self.store.writes = self.store.reads = 0
         rows.append(("stats", "", "", "", json.dumps(stats)))
         return pd.DataFrame(rows, columns=["kind", "rule_id", "key", "id", "payload"])
@@ -119,6 +179,8 @@ class CepProcessor(StatefulProcessor):
 
 
 _ENGINES: dict[int, Engine] = {}
+# Per worker process: each shard's native state as this process last wrote it (NativeBucketStore).
+_HELD: dict[Any, Any] = {}
 
 
 def _cached_engine(factory: EngineFactory) -> Engine:
@@ -128,6 +190,7 @@ def _cached_engine(factory: EngineFactory) -> Engine:
     if engine is None:
         if len(_ENGINES) > 8:
             _ENGINES.clear()
+            _HELD.clear()
         engine = build()
         _ENGINES[key] = engine
     return engine

@@ -10,7 +10,7 @@
 
 use std::cmp::Ordering;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -20,6 +20,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::arrow::read_batch;
+use crate::evcodec::{decode_events, Dec as EvDec, EvEnc, EvOwned, EvRef};
+use crate::json::{parse_row, ColsCache};
 use crate::expr::{Cols, Ev, Row};
 use crate::value::Value;
 use crate::matcher::{Core, MState, Out};
@@ -28,7 +30,7 @@ use crate::{build_core, panic_message, state, CoreError};
 pub const EOF_TS: i64 = 253_402_300_799_000;
 pub const AT_END: i64 = EOF_TS - 1;
 pub const KEY_MAGIC: &[u8; 5] = b"CEPNK";
-pub const KEY_VERSION: u16 = 1;
+pub const KEY_VERSION: u16 = 2;
 
 /// A buffered event: `(ts, seq, data)` of the Python engine. An event from an Arrow batch has
 /// no Python objects (`seq` and `data` None): `seqi` and `row` hold it.
@@ -82,6 +84,10 @@ pub struct EngineState {
     /// min-heap of (time, key) finds the due keys (superseded entries are skipped lazily).
     wake_at: HashMap<Sk, i64>,
     wake: BinaryHeap<Reverse<(i64, Sk)>>,
+    /// The keys advanced since `Engine.take_dirty` last ran (kept only when `track_dirty`):
+    /// what a store that writes changed keys back must write.
+    dirty: HashSet<Sk>,
+    track_dirty: bool,
 }
 
 impl EngineState {
@@ -130,9 +136,12 @@ impl EngineState {
 
 #[pymethods]
 impl EngineState {
+    /// `track_dirty`: remember which keys each call changed (`Engine.take_dirty`), for a
+    /// store that writes changed keys back (the Spark operator's).
     #[new]
-    fn new() -> Self {
-        Self::default()
+    #[pyo3(signature = (track_dirty=false))]
+    fn new(track_dirty: bool) -> Self {
+        Self { track_dirty, ..Self::default() }
     }
 
     /// The number of keys with state.
@@ -202,6 +211,9 @@ pub struct Engine {
     by_stream: HashMap<String, Vec<u32>>,
     /// Each group's place in the order of group ids (the Python engine sorts (gid, key)).
     rank: Vec<u32>,
+    /// Per rule, the change in live partial matches since `take_partials` (when tracked: the
+    /// Python engine's `track_partials`, for the live job's metrics).
+    partials: Option<Vec<i64>>,
 }
 
 #[derive(Default)]
@@ -209,6 +221,11 @@ struct Counts {
     touched: usize,
     released: usize,
     reset: usize,
+}
+
+/// A matcher state's live partial matches (`partial_count` of the matchers).
+fn partials_of(m: &MState) -> i64 {
+    m.runs.iter().map(|r| r.entries.len() as i64).sum()
 }
 
 fn seq_int(seq: &Bound<'_, PyAny>) -> Option<i64> {
@@ -249,6 +266,7 @@ fn key_text(key: &Bound<'_, PyAny>) -> PyResult<Arc<str>> {
 fn advance_key(
     py: Python<'_>,
     rules: &mut [RuleE],
+    partials: Option<&mut [i64]>,
     g: &Group,
     st: &mut EngineState,
     sk: Sk,
@@ -259,6 +277,10 @@ fn advance_key(
     counts: &mut Counts,
 ) -> PyResult<()> {
     let loaded = st.states.remove(&sk);
+    if st.track_dirty {
+        st.dirty.insert(sk.clone());
+    }
+    let mut partials = partials;
     let KeyState { mut buffer, mut parts } = loaded.unwrap_or_default();
     if let Some(new) = new {
         if buffer.is_empty() {
@@ -288,6 +310,10 @@ fn advance_key(
                     Some(p.state)
                 }
             }
+        };
+        let before = match (&partials, &mstate) {
+            (Some(_), Some(m)) => partials_of(m),
+            _ => 0,
         };
         let out = Out { list: matches.clone(), key: Some(key_py.clone_ref(py)) };
         let core = &mut rule.core;
@@ -327,6 +353,9 @@ fn advance_key(
                 )))
             }
         };
+        if let Some(p) = partials.as_deref_mut() {
+            p[ri] += s.as_ref().map_or(0, partials_of) - before;
+        }
         if let Some(m) = s {
             if let Some(d) = m.deadline {
                 due = Some(due.map_or(d, |x| x.min(d)));
@@ -372,11 +401,15 @@ impl Engine {
             let g = &self.groups[sk.0 as usize];
             let safe = if eof { max_ts } else { max_ts.saturating_sub(g.lateness).saturating_sub(1) };
             let new = pending.remove(&sk);
-            advance_key(py, &mut self.rules, g, st, sk, new, safe, eof, &matches, &mut counts)?;
+            let partials = self.partials.as_deref_mut();
+            advance_key(py, &mut self.rules, partials, g, st, sk, new, safe, eof, &matches, &mut counts)?;
         }
         Ok((matches, counts))
     }
 }
+
+/// A key a call changed: (group id, key, its state's bytes or None when it has none left).
+type DirtyKey = (String, String, Option<Py<PyAny>>);
 
 type IngestOut<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, usize, usize, usize);
 
@@ -454,7 +487,7 @@ impl Engine {
         for (r, &gi) in order.iter().enumerate() {
             rank[gi] = r as u32;
         }
-        Ok(Engine { rules: rs, groups, by_stream, rank })
+        Ok(Engine { rules: rs, groups, by_stream, rank, partials: None })
     }
 
     /// `Engine.ingest` over a list of `cep.runtime.engine.Event`: returns (results, late as
@@ -537,7 +570,13 @@ impl Engine {
     /// the event's fields (every other column). No Python object is made per event: a row
     /// becomes a dict only when a result or the serialised state needs it. Raises
     /// `Unsupported` for a column type the core does not read (`arrow.rs`).
-    #[pyo3(signature = (state, batch, max_ts, end_of_input=None, stream=None))]
+    ///
+    /// `json`: the name of a column holding each event as a JSON object's text (the live job's
+    /// `data`); the event is that object (parsed here, `json.rs`) and the other columns are not
+    /// part of it. A `route` column (strings, null for none) then says which key field a copy
+    /// of the event was routed by, as `Event.route`.
+    #[pyo3(signature = (state, batch, max_ts, end_of_input=None, stream=None, json=None))]
+    #[allow(clippy::too_many_arguments)]
     fn ingest_arrow<'py>(
         &mut self,
         py: Python<'py>,
@@ -546,6 +585,7 @@ impl Engine {
         max_ts: i64,
         end_of_input: Option<i64>,
         stream: Option<String>,
+        json: Option<String>,
     ) -> PyResult<IngestOut<'py>> {
         let b = read_batch(batch)?;
         let col = |name: &str| b.names.iter().position(|n| n == name);
@@ -567,7 +607,17 @@ impl Engine {
         };
         let tss = ints(ts_i, "ts")?;
         let seqs = ints(seq_i, "seq")?;
-        let data_idx: Vec<usize> = (0..b.names.len()).filter(|&i| Some(i) != stream_i && i != seq_i).collect();
+        let json_i = match &json {
+            None => None,
+            Some(name) => Some(col(name).ok_or_else(|| PyValueError::new_err(format!("no column '{name}' in the event batch")))?),
+        };
+        let route_i = if json_i.is_some() { col("route") } else { None };
+        let data_idx: Vec<usize> = if json_i.is_some() {
+            Vec::new()
+        } else {
+            (0..b.names.len()).filter(|&i| Some(i) != stream_i && i != seq_i).collect()
+        };
+        let mut cols_cache = ColsCache::default();
         let cols = Arc::new(Cols {
             names: data_idx.iter().map(|&i| b.names[i].clone()).collect(),
             py_names: data_idx.iter().map(|&i| PyString::intern(py, &b.names[i]).unbind()).collect(),
@@ -591,10 +641,23 @@ impl Engine {
                 None => stream.as_deref().unwrap_or(""),
             };
             let Some(gs) = self.by_stream.get(sname) else { continue };
-            let row = Arc::new(Row { cols: cols.clone(), vals: data_idx.iter().map(|&i| b.cols[i][j].clone()).collect() });
+            let row = Arc::new(match json_i {
+                Some(ji) => match &b.cols[ji][j] {
+                    Value::Str(text) => parse_row(py, text, &mut cols_cache)?,
+                    _ => return Err(PyValueError::new_err(format!("row {j}: the JSON column is null"))),
+                },
+                None => Row { cols: cols.clone(), vals: data_idx.iter().map(|&i| b.cols[i][j].clone()).collect() },
+            });
+            let route = route_i.and_then(|i| match &b.cols[i][j] {
+                Value::Str(r) => Some(r.clone()),
+                _ => None,
+            });
             let mut late_for = LateFor::default();
             for &gi in gs {
                 let g = &self.groups[gi as usize];
+                if route.as_ref().is_some_and(|r| **r != *g.kf) {
+                    continue;
+                }
                 let key: Arc<str> = if g.kf.is_empty() {
                     Arc::from("")
                 } else {
@@ -643,8 +706,9 @@ impl Engine {
     }
 
     /// A key's state as versioned bytes (None when the key has no state): magic `CEPNK`, u16
-    /// version, the buffered events' times, per rule (id, version, matcher state in the
-    /// `State.to_bytes` format), then the buffered events' `(seqs, datas)` pickled.
+    /// version, per rule (id, version, matcher state in the `State.to_bytes` format), then the
+    /// buffered events as `evcodec` writes them (version 2; version 1, still read, had the
+    /// buffered events' times first and their `(seqs, datas)` pickled last).
     fn key_bytes(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<Option<Py<PyAny>>> {
         let gi = self.gid_index(gid)?;
         let st = state.try_borrow()?;
@@ -652,10 +716,6 @@ impl Engine {
         let mut buf = Vec::with_capacity(128);
         buf.extend_from_slice(KEY_MAGIC);
         buf.extend_from_slice(&KEY_VERSION.to_le_bytes());
-        buf.extend_from_slice(&(ks.buffer.len() as u32).to_le_bytes());
-        for it in &ks.buffer {
-            buf.extend_from_slice(&it.ts.to_le_bytes());
-        }
         buf.extend_from_slice(&(ks.parts.len() as u32).to_le_bytes());
         for p in &ks.parts {
             for s in [&p.rule, &p.version] {
@@ -666,14 +726,15 @@ impl Engine {
             buf.extend_from_slice(&(m.len() as u32).to_le_bytes());
             buf.extend_from_slice(&m);
         }
-        let seqs = PyList::empty(py);
-        let datas = PyList::empty(py);
+        let mut enc = EvEnc::default();
         for x in &ks.buffer {
-            seqs.append(x.seq_obj(py)?)?;
-            datas.append(x.data_obj(py)?)?;
+            let r = match (&x.row, &x.data) {
+                (Some(row), None) => EvRef::Row { row, seq: x.seqi.unwrap_or(0) },
+                _ => EvRef::Py { data: x.data_obj(py)?, seq: x.seq_obj(py)? },
+            };
+            enc.push(py, x.ts, r);
         }
-        let pickled = py.import("pickle")?.getattr("dumps")?.call1(((seqs, datas), 5))?;
-        buf.extend_from_slice(pickled.downcast::<PyBytes>()?.as_bytes());
+        enc.finish(py, &mut buf)?;
         Ok(Some(PyBytes::new(py, &buf).into_any().unbind()))
     }
 
@@ -684,7 +745,7 @@ impl Engine {
             return Err(PyValueError::new_err("not a native engine key state (cep._core): wrong header"));
         }
         let version = u16::from_le_bytes([data[5], data[6]]);
-        if version != KEY_VERSION {
+        if version != KEY_VERSION && version != 1 {
             return Err(PyValueError::new_err(format!(
                 "native engine key state format version {version}, but this cep._core reads \
                  version {KEY_VERSION}: the state was written by another release; discard it \
@@ -700,11 +761,14 @@ impl Engine {
             Ok(s)
         };
         let u32_of = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
-        let nbuf = u32_of(take(4)?);
-        let mut times = Vec::with_capacity(nbuf.min(1 << 16));
-        for _ in 0..nbuf {
-            let b = take(8)?;
-            times.push(i64::from_le_bytes(b.try_into().map_err(|_| corrupt())?));
+        let mut times = Vec::new();
+        if version == 1 {
+            let nbuf = u32_of(take(4)?);
+            times.reserve(nbuf.min(1 << 16));
+            for _ in 0..nbuf {
+                let b = take(8)?;
+                times.push(i64::from_le_bytes(b.try_into().map_err(|_| corrupt())?));
+            }
         }
         let nparts = u32_of(take(4)?);
         let mut parts = Vec::new();
@@ -720,13 +784,26 @@ impl Engine {
             let rule = strs.pop().unwrap_or_default();
             parts.push(Part { rule, version, state: m });
         }
-        let loaded = py.import("pickle")?.getattr("loads")?.call1((PyBytes::new(py, &data[at..]),))?;
-        let seqs = loaded.get_item(0)?;
-        let datas = loaded.get_item(1)?;
         let mut buffer = Vec::with_capacity(times.len());
-        for (i, ts) in times.into_iter().enumerate() {
-            let seq = seqs.get_item(i)?;
-            buffer.push(Item { ts, seqi: seq_int(&seq), seq: Some(seq.unbind()), data: Some(datas.get_item(i)?.unbind()), row: None });
+        if version == 1 {
+            let loaded = py.import("pickle")?.getattr("loads")?.call1((PyBytes::new(py, &data[at..]),))?;
+            let seqs = loaded.get_item(0)?;
+            let datas = loaded.get_item(1)?;
+            for (i, ts) in times.into_iter().enumerate() {
+                let seq = seqs.get_item(i)?;
+                buffer.push(Item { ts, seqi: seq_int(&seq), seq: Some(seq.unbind()), data: Some(datas.get_item(i)?.unbind()), row: None });
+            }
+        } else {
+            let mut d = EvDec { data, at };
+            for (ts, ev) in decode_events(py, &mut d)? {
+                buffer.push(match ev {
+                    EvOwned::Py { data, seq } => {
+                        let seqi = seq_int(seq.bind(py));
+                        Item { ts, seqi, seq: Some(seq), data: Some(data), row: None }
+                    }
+                    EvOwned::Row { row, seq } => Item { ts, seqi: Some(seq), seq: None, data: None, row: Some(row) },
+                });
+            }
         }
         let ks = KeyState { buffer, parts };
         let when = self.wake_of(gi, &ks);
@@ -745,6 +822,39 @@ impl Engine {
         st.states.remove(&sk);
         st.wake_discard(&sk);
         Ok(())
+    }
+
+    /// Count per-rule changes in live partial matches (`take_partials`); off by default.
+    #[getter]
+    fn get_track_partials(&self) -> bool {
+        self.partials.is_some()
+    }
+
+    #[setter]
+    fn set_track_partials(&mut self, on: bool) {
+        self.partials = if on { Some(self.partials.take().unwrap_or_else(|| vec![0; self.rules.len()])) } else { None };
+    }
+
+    /// Per rule, the change in live partial matches since the last call (non-zero ones only).
+    fn take_partials(&mut self) -> Vec<(String, i64)> {
+        let Some(p) = self.partials.as_mut() else { return Vec::new() };
+        let out = self.rules.iter().zip(p.iter()).filter(|(_, &d)| d != 0).map(|(r, &d)| (r.id.clone(), d)).collect();
+        p.iter_mut().for_each(|d| *d = 0);
+        out
+    }
+
+    /// The keys advanced since the last call, each as `(group id, key, key_bytes or None when
+    /// the key no longer has state)`, sorted; clears the record (needs `EngineState(track_dirty=True)`).
+    fn take_dirty(&self, py: Python<'_>, state: &Bound<'_, EngineState>) -> PyResult<Vec<DirtyKey>> {
+        let mut dirty: Vec<Sk> = state.try_borrow_mut()?.dirty.drain().collect();
+        dirty.sort_by(|a, b| self.rank[a.0 as usize].cmp(&self.rank[b.0 as usize]).then_with(|| a.1.cmp(&b.1)));
+        let mut out = Vec::with_capacity(dirty.len());
+        for (gi, key) in dirty {
+            let gid = &self.groups[gi as usize].gid;
+            let b = self.key_bytes(py, state, gid, &key)?;
+            out.push((gid.clone(), key.to_string(), b));
+        }
+        Ok(out)
     }
 
     /// The group ids, in the engine's order.

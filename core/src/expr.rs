@@ -73,6 +73,12 @@ impl Ev {
         Ev { obj: std::sync::OnceLock::new(), seq: cell, seqi, row: Some(row), ts, vals: std::sync::OnceLock::from(vals) }
     }
 
+    /// A row read back from serialised state: its projection on a rule's fields is made when
+    /// the rule first reads it (`Cx::vals`).
+    pub fn from_row_lazy(row: Arc<Row>, seqi: i64, ts: i64) -> Ev {
+        Ev { obj: std::sync::OnceLock::new(), seq: std::sync::OnceLock::new(), seqi, row: Some(row), ts, vals: std::sync::OnceLock::new() }
+    }
+
     pub fn obj(&self, py: Python<'_>) -> PyResult<&Py<PyAny>> {
         if let Some(o) = self.obj.get() {
             return Ok(o);
@@ -320,7 +326,16 @@ impl Cx<'_, '_> {
         if let Some(v) = ev.vals.get() {
             return Ok(v);
         }
-        let v = extract_fields(self.py, ev.obj(self.py)?.bind(self.py), self.fields)?;
+        let v = match &ev.row {
+            Some(row) => {
+                let mut v = Vec::with_capacity(self.fields.len());
+                for f in self.fields {
+                    v.push(row.get(f.bind(self.py).to_str()?));
+                }
+                v
+            }
+            None => extract_fields(self.py, ev.obj(self.py)?.bind(self.py), self.fields)?,
+        };
         let _ = ev.vals.set(v);
         Ok(ev.vals.get().map(|v| v.as_slice()).unwrap_or(&[]))
     }

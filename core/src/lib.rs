@@ -9,7 +9,9 @@
 
 mod arrow;
 mod engine;
+mod evcodec;
 mod expr;
+mod json;
 mod matcher;
 mod program;
 mod state;

@@ -1,22 +1,24 @@
 //! The serialised form of a key's matcher state.
 //!
 //! Layout (little endian): magic `CEPNS`, u16 format VERSION, then the structure with each
-//! event referenced by its index in an event table, then the event table's Python objects
-//! (`(events, seqs)`) pickled. A different magic or version fails with a clear message instead
-//! of misreading an old checkpoint.
+//! event referenced by its index in an event table, then the event table: in version 2 as
+//! `evcodec` writes it (rows natively, Python objects pickled), in version 1 (still read) the
+//! events' times then their Python objects `(events, seqs)` pickled. Another magic or version
+//! fails with a clear message instead of misreading an old checkpoint.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::PyBytes;
 
+use crate::evcodec::{decode_events, Dec as EvDec, EvEnc, EvOwned, EvRef};
 use crate::expr::{Cap, Caps, Ev};
 use crate::matcher::{Entry, MState, Run};
 
 pub const MAGIC: &[u8; 5] = b"CEPNS";
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 
 struct Enc {
     buf: Vec<u8>,
@@ -91,20 +93,16 @@ pub fn encode_vec(py: Python<'_>, s: &MState) -> PyResult<Vec<u8>> {
             e.caps(&en.caps);
         }
     }
-    e.u32(e.events.len() as u32);
     let events: Vec<Arc<Ev>> = std::mem::take(&mut e.events);
+    let mut enc = EvEnc::default();
     for ev in &events {
-        e.i64(ev.ts);
+        let r = match &ev.row {
+            Some(row) => EvRef::Row { row, seq: ev.seqi },
+            None => EvRef::Py { data: ev.obj(py)?.clone_ref(py), seq: ev.seq_obj(py)?.clone_ref(py) },
+        };
+        enc.push(py, ev.ts, r);
     }
-    let objs = PyList::empty(py);
-    let seqs = PyList::empty(py);
-    for ev in &events {
-        objs.append(ev.obj(py)?)?;
-        seqs.append(ev.seq_obj(py)?)?;
-    }
-    let pickled = py.import("pickle")?.getattr("dumps")?.call1((PyTuple::new(py, [objs.into_any(), seqs.into_any()])?, 5))?;
-    let pickled: &[u8] = pickled.downcast::<PyBytes>()?.as_bytes();
-    e.buf.extend_from_slice(pickled);
+    enc.finish(py, &mut e.buf)?;
     Ok(e.buf)
 }
 
@@ -157,7 +155,7 @@ pub fn decode(py: Python<'_>, data: &[u8]) -> PyResult<MState> {
         return Err(PyValueError::new_err("not a native matcher state (cep._core): wrong header"));
     }
     let version = u16::from_le_bytes([data[5], data[6]]);
-    if version != VERSION {
+    if version != VERSION && version != 1 {
         return Err(PyValueError::new_err(format!(
             "native matcher state format version {version}, but this cep._core reads version \
              {VERSION}: the state was written by another release; discard it (reset the \
@@ -181,18 +179,28 @@ pub fn decode(py: Python<'_>, data: &[u8]) -> PyResult<MState> {
         }
         raw.push((start, matched, tpart, entries));
     }
-    let nev = d.u32()? as usize;
-    let mut ts = Vec::with_capacity(nev.min(1 << 16));
-    for _ in 0..nev {
-        ts.push(d.i64()?);
-    }
-    let rest = &data[d.at..];
-    let loaded = py.import("pickle")?.getattr("loads")?.call1((PyBytes::new(py, rest),))?;
-    let objs = loaded.get_item(0)?;
-    let seqs = loaded.get_item(1)?;
-    let mut events = Vec::with_capacity(nev);
-    for (i, t) in ts.into_iter().enumerate() {
-        events.push(Arc::new(Ev::from_py(objs.get_item(i)?.unbind(), seqs.get_item(i)?.unbind(), t)));
+    let mut events = Vec::new();
+    if version == 1 {
+        let nev = d.u32()? as usize;
+        let mut ts = Vec::with_capacity(nev.min(1 << 16));
+        for _ in 0..nev {
+            ts.push(d.i64()?);
+        }
+        let rest = &data[d.at..];
+        let loaded = py.import("pickle")?.getattr("loads")?.call1((PyBytes::new(py, rest),))?;
+        let objs = loaded.get_item(0)?;
+        let seqs = loaded.get_item(1)?;
+        for (i, t) in ts.into_iter().enumerate() {
+            events.push(Arc::new(Ev::from_py(objs.get_item(i)?.unbind(), seqs.get_item(i)?.unbind(), t)));
+        }
+    } else {
+        let mut ed = EvDec { data, at: d.at };
+        for (t, ev) in decode_events(py, &mut ed)? {
+            events.push(Arc::new(match ev {
+                EvOwned::Py { data, seq } => Ev::from_py(data, seq, t),
+                EvOwned::Row { row, seq } => Ev::from_row_lazy(row, seq, t),
+            }));
+        }
     }
     let caps = |r: &RawCaps| -> PyResult<Caps> {
         let mut v = Vec::with_capacity(r.len());

@@ -38,6 +38,7 @@ from cep.runtime.bind import build_embedded_engine, build_engine, engine_kind
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore
 from cep.runtime.native import why_not_native
 from cep.runtime.native_engine import events_from_batch
+from cep.runtime.state_store import NativeBucketStore
 from tests.core.test_native_differential import DEFINES, MEASURES
 from tests.hyp import profile
 from tests.rules.strategies import rule_statement
@@ -206,6 +207,66 @@ def drive_arrow(engine, table, batch: int) -> list:  # type: ignore[no-untyped-d
     return trace
 
 
+def json_batches(events: list[Event]):  # type: ignore[no-untyped-def]
+    """The events as the Spark operator hands them to the core: Arrow batches with the JSON text
+    of each event (`data`, parsed by the core), its int seq and its route; None when a value has
+    no JSON form (seq not an int, a value json cannot write)."""
+    import json
+
+    import pyarrow as pa
+
+    try:
+        if not all(type(e.seq) is int and -2**63 <= e.seq < 2**63 for e in events):
+            return None
+        texts = [json.dumps(e.data) for e in events]
+    except (TypeError, ValueError):
+        return None
+    return pa.table({"stream": pa.array([e.stream for e in events], pa.string()),
+                     "ts": pa.array([e.ts for e in events], pa.int64()),
+                     "seq": pa.array([e.seq for e in events], pa.int64()),
+                     "data": pa.array(texts, pa.string()),
+                     "route": pa.array([e.route for e in events], pa.string())})
+
+
+def drive_operator_store(engine, table, batch: int, seed: int) -> list:  # type: ignore[no-untyped-def]
+    """`drive` as the Spark operator runs the native loop: JSON batches read by the core, the key
+    states in a `NativeBucketStore` over (dict) MapState/ValueState, the shard's native state
+    held between calls and, at random, dropped (another worker ran the shard, a batch was re-run:
+    the next call reloads it from the stored bytes)."""
+    from tests.runtime.test_bucket_store import DictMapState, DictValueState
+
+    buckets, meta, held = DictMapState(), DictValueState(), {}
+    rnd = random.Random(seed)
+    max_ts, trace = NEG_INF, []
+    shard = ("shard", 0)
+
+    def call(rb, max_ts, eoi=None):  # type: ignore[no-untyped-def]
+        store = NativeBucketStore(buckets, meta, held)
+        store.MAX_PER_BUCKET = 2  # grow often
+        store.begin(shard, engine)
+        if rb is None:
+            out = engine.advance(store, max_ts, end_of_input=eoi)
+        else:
+            out = engine.ingest_batch(store, rb, max_ts)
+        trace.append(([_result(r) for r in out.matches],
+                      [(lt.rule_ids, lt.key, lt.event.ts, _value(lt.event.seq), lt.watermark)
+                       for lt in out.late],
+                      out.keys_touched, out.keys_released, out.keys_reset,
+                      engine.next_wake(store), _keys(engine, store)))
+        store.flush()
+        if rnd.random() < 0.4:
+            held.clear()
+
+    for i in range(0, table.num_rows, batch):
+        rb = table.slice(i, batch).combine_chunks().to_batches()[0]
+        call(rb, max_ts)
+        max_ts = max(max_ts, max(rb.column("ts").to_pylist()))
+    if max_ts != NEG_INF:
+        call(None, max_ts, max_ts)
+    assert buckets.d == {}, "state left in the store after the end of input"
+    return trace
+
+
 @settings(max_examples=EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
@@ -231,5 +292,14 @@ def test_native_engine_equals_python_engine(text: tuple[str, list[str]], cases: 
             if table is not None:
                 assert drive_arrow(native, table, batch) == drive_arrow(python, table, batch), (
                     text, table.to_pylist(), batch)
+            jtable = json_batches(events)
+            if jtable is not None and batch in (1, 3, 10_000):
+                import json
+
+                # The Python engine reads what json.loads makes of the text the core parsed.
+                parsed = [Event(e.stream, e.ts, e.seq, json.loads(json.dumps(e.data)), e.route)
+                          for e in events]
+                assert (drive_operator_store(native, jtable, batch, seed)
+                        == drive(python, parsed, batch, False)), (text, jtable.to_pylist(), batch)
             if batch >= len(events):
                 break
