@@ -280,7 +280,9 @@ def _located(df: DataFrame, stream: str, value: Any, form: str, row_index: bool 
 
 def read_files(spark: Any, stream: str, files: list[Path]) -> DataFrame:
     """Raw rows of files: JSON lines (every line as read, split at `\\n` only), CSV (with a
-    header; types inferred per file, as before) and Parquet, each row as its JSON."""
+    header; types inferred per file, as before) and Parquet, each row as its JSON. Paths are
+    resolved here: the JVM's working directory need not be this process's."""
+    files = [p.resolve() for p in files]
     lines = [str(p) for p in files if p.suffix in JSONL]
     parts: list[DataFrame] = []
     if lines:
