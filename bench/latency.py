@@ -554,7 +554,10 @@ def _warm_up(job: LiveJob, producer: Producer, monitor: MetricsMonitor, variant:
 
 
 def run_variant(services: Services, work: Path, variant: Variant,
-                log: Callable[[str], None] = print) -> dict[str, Any]:
+                log: Callable[[str], None] = print, drain_s: float | None = None,
+                ) -> dict[str, Any]:
+    """`drain_s`: after the last rate, wait up to this long for every measured alert whether the
+    job kept up or not (the test's completeness check); None: the benchmark's short drain."""
     import redis
 
     redis.Redis.from_url(services.redis_url).flushdb()
@@ -595,7 +598,8 @@ def run_variant(services: Services, work: Path, variant: Variant,
         wanted = {k for k, sent in producer.completing.items()
                   if any(ph.measure_from <= sent < ph.end for ph in phases)}
         # (A job that is behind will not deliver them in seconds: a short look only.)
-        drain_until = time.time() + (5.0 if behind else DRAIN_S)
+        drain_until = time.time() + (drain_s if drain_s is not None
+                                     else 5.0 if behind else DRAIN_S)
         while time.time() < drain_until and not wanted <= set(reader.arrived):
             if reader.error is not None:
                 raise LatencyBenchError(f"Redis reader failed: {reader.error!r}")
@@ -696,7 +700,8 @@ def plan(rates: tuple[int, ...], seconds: float, warmup: float, quick: bool,
 
 def run(rates: tuple[int, ...] = (5000, 20000, 50000), seconds: float = 30,
         warmup: float = 20, work: Path | None = None, *, quick: bool = False,
-        compare_triggers: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+        compare_triggers: bool = False, log: Callable[[str], None] = print,
+        drain_s: float | None = None) -> dict[str, Any]:
     work = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="cep-latency-"))
     work.mkdir(parents=True, exist_ok=True)
     variants, probes = plan(tuple(rates), seconds, warmup, quick, compare_triggers)
@@ -709,7 +714,7 @@ def run(rates: tuple[int, ...] = (5000, 20000, 50000), seconds: float = 30,
     try:
         services.start()
         for v in variants:
-            out["variants"].append(run_variant(services, work, v, log))
+            out["variants"].append(run_variant(services, work, v, log, drain_s))
         for name, trig in probes:
             out["probes"].append(probe_trigger(services, work, name, trig))
             log(f"[latency] probe {trig}: {out['probes'][-1]}")

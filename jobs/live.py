@@ -2,12 +2,13 @@
 Redis effectively once (docs/delivery.md); bad input to a dead-letter topic; late events to a
 late topic; rules changed while it runs.
 
-Two streaming queries share the Kafka source, each with its own checkpoint:
-- `alerts`: parse → good events → fan-out by key → transformWithStateInPandas → delivery;
-- `dead-letters`: validate → bad events (reason, topic, partition, offset) → the dead-letter
-  topic. Both run the same validator (`cep.events`, deterministic: the same bytes get the same
-  verdict in both); the stateful query only ever receives events it has accepted, so bad input
-  can never stall or crash it.
+One streaming query (`alerts`): Kafka → validate (`cep.events`) → fan-out by key →
+transformWithStateInPandas → delivery. A bad event travels with the good ones as a dead-letter
+row (`cep.spark.pipeline.with_dead_letters`: its reason, bytes and Kafka position): the operator
+never gives it to the engine, only passes it on to the dead-letter topic, in the same Kafka
+transaction as the batch's alerts. So bad input can never stall or crash the rules, and each
+message is read and validated once (until session 5 a second query read the topic again for the
+dead letters: two reads, two validations, two checkpoints per batch).
 
 Rules: the driver polls the rules directory between micro-batches (`RulesWatcher`), per file:
 a file that compiles is accepted, one that does not is rejected (its previous text keeps
@@ -20,6 +21,7 @@ in-process from its checkpoint. Each file's status and errors are in the metrics
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -30,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from cep.config import Settings, parse_trigger
-from cep.delivery.dead_letters import dead_letter_records
+from cep.delivery.dead_letters import dead_letter_record
 from cep.delivery.kafka_sink import ensure_topics
 from cep.delivery.preflight import claim_checkpoint, one_line, require_redis, require_topics
 from cep.delivery.record import OutRecord
 from cep.errors import CepError
 from cep.events import MAX_BYTES
-from cep.runtime.alerts import AlertRow, DroppedRow, LateRow, StatsRow, decode_rows
+from cep.runtime.alerts import AlertRow, DeadRow, DroppedRow, LateRow, StatsRow, decode_rows
 from jobs.metrics import Metrics
 
 log = logging.getLogger("cep.live")
@@ -105,6 +107,12 @@ class AlertRouter:
             elif isinstance(row, DroppedRow):
                 self.metrics.count("partial_matches_dropped", row.info["count"])
                 log.warning("partial-match cap hit: %s", json.dumps(row.info))
+            elif isinstance(row, DeadRow):
+                d = row.info
+                raw = None if d.get("raw_b64") is None else base64.b64decode(d["raw_b64"])
+                yield dead_letter_record(d["reason"], raw, d.get("stream"), d["topic"],
+                                         int(d["partition"]), int(d["offset"]), self.metrics,
+                                         self.settings.dead_letter_topic)
 
 
 class LiveJob:
@@ -199,7 +207,7 @@ class LiveJob:
         for d in getattr(self, "_deliveries", []):
             d.close()
 
-    # -- the two queries --------------------------------------------------------------------
+    # -- the query --------------------------------------------------------------------
     def _source(self) -> Any:
         from pyspark.sql import functions as F
 
@@ -220,11 +228,10 @@ class LiveJob:
             "topic", "partition", "offset")
 
     def _start(self) -> None:
-        from pyspark.sql import functions as F
 
         from cep.engines import SnapshotEngineFactory
         from cep.spark.delivery import BatchDelivery
-        from cep.spark.pipeline import validated
+        from cep.spark.pipeline import validated, with_dead_letters
         from cep.spark.query import match_rules
 
         # `--once` wins; else the `trigger` setting; else ("default") every trigger_seconds.
@@ -233,23 +240,13 @@ class LiveJob:
                                    or {"processingTime": f"{self.opts.trigger_seconds} seconds"})
         parsed = validated(self._source(), self.plan, ("topic", "partition", "offset"),
                            MAX_BYTES)
-        good = parsed.where(F.col("reason").isNull())
+        rows = with_dead_letters(parsed, "topic", "partition", "offset")
         factory = SnapshotEngineFactory(self.snapshot, self.opts.max_partial_matches)
-        out = match_rules(good, self.plan, factory)
+        out = match_rules(rows, self.plan, factory)
         alerts_ck = str(self.ck / "alerts")
         deliver = BatchDelivery(self.settings, "alerts", alerts_ck, self.router,
                                 on_batch=self.metrics.on_batch("alerts"))
         q1 = (out.writeStream.queryName("alerts").foreachBatch(deliver)
               .option("checkpointLocation", alerts_ck).trigger(**trigger).start())
-
-        bad = parsed.where(F.col("reason").isNotNull()).select(
-            "stream", "reason", "raw", "topic", "partition", "offset")
-        dlq_ck = str(self.ck / "dead-letters")
-        dlq_topic = self.settings.dead_letter_topic
-        dlq = BatchDelivery(self.settings, "dead-letters", dlq_ck,
-                            lambda rows: dead_letter_records(rows, self.metrics, dlq_topic),
-                            redis=False, on_batch=self.metrics.on_batch("dead-letters"))
-        q2 = (bad.writeStream.queryName("dead-letters").foreachBatch(dlq)
-              .option("checkpointLocation", dlq_ck).trigger(**trigger).start())
-        self.queries = [q1, q2]
-        self._deliveries = [deliver, dlq]
+        self.queries = [q1]
+        self._deliveries = [deliver]

@@ -20,9 +20,16 @@ def dead_letter_records(rows: Iterable[Any], metrics: Counter, topic: str,
     (`cep.events.dead_letter`: reason, topic, partition, offset, stream, the value cut at
     64 KiB), each counted as `dead_letters`."""
     for r in rows:
-        metrics.count("dead_letters")
         raw = bytes(r.raw) if r.raw is not None else None
-        payload = dead_letter(r.reason, raw, r.stream, topic=r.topic,
-                              partition=int(r.partition), offset=int(r.offset))
-        yield OutRecord(id=f"dlq-{r.topic}-{r.partition}-{r.offset}", payload=payload,
-                        key=f"{r.topic}/{r.partition}/{r.offset}", kafka_topic=topic)
+        yield dead_letter_record(r.reason, raw, r.stream, r.topic, int(r.partition),
+                                 int(r.offset), metrics, topic)
+
+
+def dead_letter_record(reason: str, raw: bytes | None, stream: str | None, source: str,
+                       partition: int, offset: int, metrics: Counter, topic: str) -> OutRecord:
+    """One bad Kafka message → its dead-letter record (id from its position: a re-run batch
+    writes the same record), counted as `dead_letters`."""
+    metrics.count("dead_letters")
+    payload = dead_letter(reason, raw, stream, topic=source, partition=partition, offset=offset)
+    return OutRecord(id=f"dlq-{source}-{partition}-{offset}", payload=payload,
+                     key=f"{source}/{partition}/{offset}", kafka_topic=topic)

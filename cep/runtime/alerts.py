@@ -127,7 +127,16 @@ class StatsRow:
     info: dict[str, Any]
 
 
-OperatorRow = AlertRow | LateRow | DroppedRow | StatsRow
+@dataclass(frozen=True, slots=True)
+class DeadRow:
+    """A bad event that travelled with the good ones (the live job's one query): `info` has
+    reason, raw_b64 (its bytes, base64), stream and its source position (topic, partition,
+    offset)."""
+
+    info: dict[str, Any]
+
+
+OperatorRow = AlertRow | LateRow | DroppedRow | StatsRow | DeadRow
 
 
 def decode_rows(rows: Iterable[Any]) -> Iterator[OperatorRow]:
@@ -141,6 +150,8 @@ def decode_rows(rows: Iterable[Any]) -> Iterator[OperatorRow]:
             yield LateRow(row.rule_id, row.key, row.payload)
         elif kind == "dropped":
             yield DroppedRow(row.rule_id, json.loads(row.payload))
+        elif kind == "dead":
+            yield DeadRow(json.loads(row.payload))
         else:
             yield AlertRow(kind, row.rule_id, row.key, row.id, row.payload)
 

@@ -27,6 +27,9 @@ from cep.nfa import RuleSet, StreamSpec
 from cep.runtime.engine import EOF_TS
 
 EOF_STREAM = "__end_of_input__"
+# A bad event travelling with the good ones (the live job's one query): the operator passes it
+# on as a dead-letter row; its `data` is `dead_letter_data`'s JSON.
+DEAD_STREAM = "__dead_letter__"
 
 
 @dataclass(frozen=True)
@@ -157,13 +160,30 @@ def parse(raw: DataFrame, plan: Plan) -> DataFrame:
     return validated(raw, plan)
 
 
+def with_dead_letters(parsed: DataFrame, *position: str) -> DataFrame:
+    """`validated` rows → the rows of one query: good events as they are, and each bad one as
+    an event of `DEAD_STREAM` whose `data` holds the dead letter's fields (reason, the raw bytes
+    in base64, its stream and the `position` columns), so one Kafka read and one validation
+    serve both the rules and the dead-letter topic (`cep.runtime.alerts.DeadRow`)."""
+    bad = F.col("reason").isNotNull()
+    info = F.to_json(F.struct(F.col("reason"), F.base64(F.col("raw")).alias("raw_b64"),
+                              F.col("stream"), *[F.col(c) for c in position]))
+    return parsed.select(
+        F.when(bad, F.lit(DEAD_STREAM)).otherwise(F.col("stream")).alias("stream"),
+        # A time the watermark never moves to (it takes the maximum).
+        F.when(bad, F.lit(0).cast("bigint")).otherwise(F.col("ts")).alias("ts"),
+        "seq", F.when(bad, info).otherwise(F.col("data")).alias("data"),
+        F.when(bad, F.array(F.lit(""))).otherwise(F.col("keys")).alias("keys"))
+
+
 def fan_out(events: DataFrame, plan: Plan) -> DataFrame:
     """One row per (event, key field); adds `shard` and the watermark's `event_time`."""
     per_stream = F.array().cast("array<string>")
     for s in plan.streams:
         per_stream = F.when(F.col("stream") == s.name,
                             F.array(*[F.lit(k) for k in s.key_fields])).otherwise(per_stream)
-    per_stream = F.when(F.col("stream") == EOF_STREAM, F.array(F.lit(""))).otherwise(per_stream)
+    per_stream = F.when(F.col("stream").isin(EOF_STREAM, DEAD_STREAM),
+                        F.array(F.lit(""))).otherwise(per_stream)
     out = events.select("*", F.posexplode(per_stream).alias("kf_pos", "key_field"))
     key = F.element_at(F.col("keys"), F.col("kf_pos") + 1)
     shard = F.pmod(F.xxhash64(F.col("key_field"), key), F.lit(plan.shards)).cast("int")
@@ -171,7 +191,8 @@ def fan_out(events: DataFrame, plan: Plan) -> DataFrame:
     return (out.withColumn("shard", shard)
             .withColumn("event_time", F.timestamp_millis(F.col("ts")))
             .select("shard", "stream", "ts", "seq", "data", "key_field",
-                    ((F.col("kf_pos") == 0) & (F.col("stream") != EOF_STREAM)).alias("primary"),
+                    ((F.col("kf_pos") == 0) & ~F.col("stream").isin(EOF_STREAM, DEAD_STREAM))
+                    .alias("primary"),
                     "event_time"))
 
 
