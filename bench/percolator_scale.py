@@ -2,6 +2,7 @@
 corpus, without the Lucene side (bench/corpus_peer.py compares with Lucene Monitor).
 
     python -m bench.percolator_scale --size 1000000 --events 3000 [--source apt|sample]
+        [--cache /tmp/perc_queries]   # keep the generated searches (1M: ~270 s to generate)
 
 Build rate is CPU seconds of `Percolator.from_searches` (process_time, so other load on the
 machine counts less); memory is the growth of the process's resident set over the build (the
@@ -16,9 +17,11 @@ import argparse
 import gc
 import json
 import os
+import pickle
 import resource
 import time
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 from bench import apt_corpus
@@ -30,11 +33,28 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def run(size: int, n_events: int, source: str = "auto", trace: bool = False) -> dict[str, Any]:
-    events_all, where = apt_corpus.load(source)
+def cached_queries(events: list[dict[str, Any]], size: int, cache: str | None
+                   ) -> tuple[list[SavedSearch], float | None]:
+    """`apt_corpus.queries(events, size)`, kept in `cache`/q{size}.pickle when given (the
+    generation time is None when read from the cache)."""
+    path = Path(cache) / f"q{size}.pickle" if cache else None
+    if path is not None and path.exists():
+        with path.open("rb") as f:
+            return pickle.load(f), None
     t = time.perf_counter()
-    queries = apt_corpus.queries(events_all, size)
+    queries = apt_corpus.queries(events, size)
     gen_s = time.perf_counter() - t
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as f:
+            pickle.dump(queries, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return queries, gen_s
+
+
+def run(size: int, n_events: int, source: str = "auto", trace: bool = False,
+        cache: str | None = None) -> dict[str, Any]:
+    events_all, where = apt_corpus.load(source)
+    queries, gen_s = cached_queries(events_all, size, cache)
     events = apt_corpus.shuffled(events_all, n_events)
     gc.collect()
     if trace:
@@ -83,8 +103,9 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=3000)
     ap.add_argument("--source", default="auto")
     ap.add_argument("--tracemalloc", action="store_true")
+    ap.add_argument("--cache", default=None, help="folder keeping the generated searches")
     a = ap.parse_args()
-    print(json.dumps(run(a.size, a.events, a.source, a.tracemalloc), indent=1))
+    print(json.dumps(run(a.size, a.events, a.source, a.tracemalloc, a.cache), indent=1))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -58,17 +58,20 @@ class PLeaf:
         return self.field_fns or (self.fn,)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+# The inner nodes are made once per stored search: not frozen, which halves their
+# construction time (a frozen dataclass sets fields through object.__setattr__). Nothing
+# assigns to them after construction.
+@dataclass(slots=True, eq=False)
 class PAnd:
     children: tuple[PNode, ...]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class POr:
     children: tuple[PNode, ...]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class PNot:
     child: PNode
 

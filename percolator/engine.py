@@ -12,7 +12,7 @@ import gc
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from percolator import ast
 from percolator.analysis import AnalysedEvent, Schema
@@ -22,6 +22,7 @@ from percolator.highlight import Highlight, hits
 from percolator.index import QueryIndex, Weigher, anchor_of, default_cost
 from percolator.match import Matcher, all_of, any_of, negate, term_of, term_sets
 from percolator.model import Change, SavedSearch, Target
+from percolator.shapes import ShapeCache
 from percolator.syntax import parse
 
 
@@ -190,11 +191,25 @@ class BatchStats:
                 "verified_fraction": self.verified_fraction, "seconds": self.seconds}
 
 
-@dataclass(slots=True)
-class _Entry:
-    search: SavedSearch
-    compiled: CompiledQuery
-    slot: int
+class _Entry(CompiledQuery):
+    """A stored search: the search, its slot in the index and its compiled query (one object
+    per search, not two: issue 17's ≤ 1 KB per search)."""
+
+    __slots__ = ("search", "slot")
+
+    def __init__(self, search: SavedSearch, plan: PNode, default_operator: str, slot: int
+                 ) -> None:
+        self.text = search.query
+        self.plan = plan
+        self.default_operator = default_operator
+        self._fn = None
+        self._positive = None
+        self.search = search
+        self.slot = slot
+
+    @property
+    def compiled(self) -> CompiledQuery:
+        return self
 
 
 @dataclass
@@ -206,9 +221,13 @@ class Percolator:
 
     def __post_init__(self) -> None:
         self._table = LeafTable()
+        self._shapes = ShapeCache(self.schema, self._table)
+        self._costs: dict[PLeaf, float] = {}  # anchor cost per plan leaf (see anchor_of)
         self._index = QueryIndex()
         self._by_id: dict[str, _Entry] = {}
-        self._by_slot: dict[int, _Entry] = {}
+        # Slot → entry; slots are never reused (range trees filter removed ones), a removed
+        # search leaves None (8 bytes) behind.
+        self._by_slot: list[_Entry | None] = []
         self._next_slot = 0
         self.last_stats = BatchStats()
         self.total_stats = BatchStats()
@@ -246,21 +265,27 @@ class Percolator:
     def add(self, search: SavedSearch) -> None:
         """Add or replace a search. Raises QueryError if its query does not compile (the index
         is unchanged then)."""
-        compiled = compile_query(search.query, self.schema,
-                                 default_operator=self.default_operator, table=self._table)
-        self.remove(search.id)
-        slot = self._next_slot  # slots are never reused: range trees filter removed ones
+        # Most searches are a cached shape over cached clauses (percolator/shapes.py): no
+        # parse; the others (and every error) take the full path.
+        p = self._shapes.plan(search.query)
+        if p is None:
+            p = compile_query(search.query, self.schema, default_operator=self.default_operator,
+                              table=self._table).plan
+        if search.id in self._by_id:
+            self.remove(search.id)
+        slot = self._next_slot
         self._next_slot += 1
-        entry = _Entry(search, compiled, slot)
+        entry = _Entry(search, p, self.default_operator, slot)
         self._by_id[search.id] = entry
-        self._by_slot[slot] = entry
-        self._index.add(slot, anchor_of(compiled.plan, self.cost))
+        self._by_slot.append(entry)
+        self._index.add(slot, p.anchor if isinstance(p, PLeaf) else
+                        anchor_of(p, self.cost, self._costs))
 
     def remove(self, search_id: str) -> bool:
         entry = self._by_id.pop(search_id, None)
         if entry is None:
             return False
-        del self._by_slot[entry.slot]
+        self._by_slot[entry.slot] = None
         self._index.remove(entry.slot)
         return True
 
@@ -286,7 +311,12 @@ class Percolator:
 
     def candidates(self, event: Mapping[str, Any] | AnalysedEvent) -> list[str]:
         ev = event if isinstance(event, AnalysedEvent) else self.analyse(event)
-        return sorted(self._by_slot[s].search.id for s in self._index.candidates(ev))
+        by_slot = self._live()
+        return sorted(by_slot[s].search.id for s in self._index.candidates(ev))
+
+    def _live(self) -> list[_Entry]:
+        """`_by_slot` for slots the index returns (live ones: never None)."""
+        return cast("list[_Entry]", self._by_slot)
 
     def match(self, event: Mapping[str, Any], position: Any = None) -> list[Notification]:
         return self.match_batch([event], [position])
@@ -299,7 +329,7 @@ class Percolator:
         stats = BatchStats(events=len(events), queries=len(self._by_id),
                            always_run=len(self._index.always))
         out: list[Notification] = []
-        by_slot, schema = self._by_slot, self.schema
+        by_slot, schema = self._live(), self.schema
         evs = [AnalysedEvent(event, schema) for event in events]
         # Candidates once per batch (slot → mask of the events that could match it), each
         # verified over its mask in columnar form (percolator/batch.py).
@@ -339,7 +369,7 @@ class Percolator:
         """As `match_batch`, one event at a time (per-event candidates and verification): the
         reference the batch path is tested against."""
         out: list[Notification] = []
-        by_slot, schema = self._by_slot, self.schema
+        by_slot, schema = self._live(), self.schema
         candidates = self._index.candidates
         for i, event in enumerate(events):
             ev = AnalysedEvent(event, schema)

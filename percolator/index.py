@@ -25,6 +25,7 @@ from percolator.terms import deletion_variants
 
 Weigher = Callable[[Key], float]
 intern = sys.intern
+_GONE: tuple[Key, ...] = (("gone",),)  # compared by identity: a slot not in the index
 
 
 def default_cost(key: Key) -> float:
@@ -49,8 +50,11 @@ def default_cost(key: Key) -> float:
     return 40.0  # "e": field present
 
 
-def anchor_of(node: PNode, cost: Weigher = default_cost) -> tuple[Key, ...] | None:
-    """Keys one of which every event matching `node` produces; None if there are none."""
+def anchor_of(node: PNode, cost: Weigher = default_cost,
+              memo: dict[PLeaf, float] | None = None) -> tuple[Key, ...] | None:
+    """Keys one of which every event matching `node` produces; None if there are none.
+    `memo` keeps the cost of each leaf's anchor (a leaf is shared by many searches): pass the
+    same dict only with the same `cost`."""
     if isinstance(node, PLeaf):
         return node.anchor
     if isinstance(node, PNot):
@@ -58,7 +62,7 @@ def anchor_of(node: PNode, cost: Weigher = default_cost) -> tuple[Key, ...] | No
     if isinstance(node, POr):
         keys: dict[Key, None] = {}
         for child in node.children:
-            a = anchor_of(child, cost)
+            a = anchor_of(child, cost, memo)
             if a is None:
                 return None
             keys.update(dict.fromkeys(a))
@@ -66,10 +70,20 @@ def anchor_of(node: PNode, cost: Weigher = default_cost) -> tuple[Key, ...] | No
     best: tuple[Key, ...] | None = None
     best_cost = float("inf")
     for child in node.children:
-        a = anchor_of(child, cost)
-        if a is None:
-            continue
-        c = sum(cost(k) for k in a)
+        if isinstance(child, PLeaf):
+            a = child.anchor
+            if a is None:
+                continue
+            c = memo.get(child) if memo is not None else None
+            if c is None:
+                c = sum(cost(k) for k in a)
+                if memo is not None:
+                    memo[child] = c
+        else:
+            a = anchor_of(child, cost, memo)
+            if a is None:
+                continue
+            c = sum(cost(k) for k in a)
         if c < best_cost:
             best, best_cost = a, c
     return best
@@ -86,25 +100,56 @@ class QueryIndex:
         self.postings: dict[tuple[str, str], dict[Any, int | array[int]]] = {}
         self.always: set[int] = set()
         self.ranges: dict[tuple[str, str], RangeIndex] = {}
-        self._keys: dict[int, tuple[Key, ...] | None] = {}
+        # Slot → its keys (to remove them), _GONE for a slot not in the index: a list, as
+        # slots are small increasing ints (8 bytes a slot instead of a dict entry's ~50).
+        self._keys: list[tuple[Key, ...] | None] = []
+        self._count = 0
         self._prefix_lengths: dict[str, Counter[int]] = {}
         self._geo_levels: dict[str, Counter[int]] = {}
         self._fuzzy: dict[str, Counter[tuple[int, int]]] = {}  # field → (k, variant length)
         self._fuzzy_spec: dict[str, tuple[int, int, int]] = {}  # field → (max k, min, max len)
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return self._count
 
     def add(self, slot: int, keys: tuple[Key, ...] | None) -> None:
-        self._keys[slot] = keys
+        """Index `keys` for `slot` (None: always run), replacing the slot's previous keys."""
+        stored = self._keys
+        if slot >= len(stored):
+            stored.extend([_GONE] * (slot + 1 - len(stored)))
+        elif stored[slot] is not _GONE:
+            self.remove(slot)
+        stored[slot] = keys
+        self._count += 1
         if keys is None:
             self.always.add(slot)
             return
+        postings = self.postings
         for key in keys:
-            self._index(slot, key, +1)
+            if key[0] != "t":
+                self._index(slot, key, +1)
+                continue
+            # Term keys (most of them) inline: the same as _index(slot, key, +1).
+            group = postings.get(("t", key[1]))
+            if group is None:
+                group = postings[("t", key[1])] = {}
+            value = key[2]
+            posting = group.get(value)
+            if posting is None:
+                group[intern(value)] = slot
+            elif type(posting) is int:
+                if posting != slot:
+                    group[value] = array("q", (posting, slot))
+            elif posting[-1] != slot:  # type: ignore[index]
+                posting.append(slot)  # type: ignore[union-attr]
 
     def remove(self, slot: int) -> None:
-        keys = self._keys.pop(slot, ())
+        stored = self._keys
+        if slot >= len(stored) or stored[slot] is _GONE:
+            return
+        keys = stored[slot]
+        stored[slot] = _GONE
+        self._count -= 1
         if keys is None:
             self.always.discard(slot)
             return
@@ -125,7 +170,9 @@ class QueryIndex:
         value: Any = key[2] if len(key) > 2 else None
         if type(value) is str:
             value = intern(value)
-        group = self.postings.setdefault((kind, field), {})
+        group = self.postings.get((kind, field))
+        if group is None:
+            group = self.postings[(kind, field)] = {}
         # A posting is the slot itself while it has one (most keys), then an array of slots:
         # 8 bytes a slot instead of a set's ~30-60 (issue 17: ≤ 1 KB per search).
         if delta > 0:
@@ -151,7 +198,9 @@ class QueryIndex:
                 del self.postings[(kind, field)]
         if kind in ("p", "g"):
             per = self._prefix_lengths if kind == "p" else self._geo_levels
-            lengths = per.setdefault(field, Counter())
+            lengths = per.get(field)
+            if lengths is None:
+                lengths = per[field] = Counter()
             size = len(value) if kind == "p" else value[0]
             lengths[size] += delta
             if lengths[size] <= 0:
@@ -159,7 +208,9 @@ class QueryIndex:
                 if not lengths:
                     del per[field]
         elif kind == "f":
-            spec = self._fuzzy.setdefault(field, Counter())
+            spec = self._fuzzy.get(field)
+            if spec is None:
+                spec = self._fuzzy[field] = Counter()
             key_k = (key[3], len(value))
             count = spec[key_k] = spec[key_k] + delta
             if count > 0:

@@ -1,0 +1,195 @@
+"""Plans for the common query shapes without parsing each search (issue 17: build ≥ 50k/s).
+
+A search such as `body:a AND NOT (title:b OR title:c)` is a *shape*, its text with every
+`field:value` clause cut out (`"" AND NOT ( OR )"`), filled with *clauses* (`body:a`, ...). The
+searches of one service have few shapes and share many clauses, so `ShapeCache` compiles each
+once and keeps it:
+
+* a shape is parsed once, by `parse_fast`, on a stand-in text with every clause written `f:x`,
+  and kept as its And/Or/Not tree over clause numbers. If the stand-in does not parse to exactly
+  one `f:x` term per clause, in order, the shape is marked unusable and its searches take the
+  full path (`compile_query`);
+* a clause is compiled once by the full path (`parse_fast` on the clause alone, then the plan
+  compiler with the percolator's `LeafTable`), and its plan leaf kept under its text.
+
+A search then costs one regular-expression split, two dictionary lookups per clause and the plan
+nodes. The clause expression is fastparse's own value tokens in fastparse's order, so the split
+cuts where fastparse would; a clause fastparse would read otherwise (a keyword as value, a
+field token as value, a stand-in that joins with its neighbours) declines. The plan is the same
+object tree `compile_query` gives with the same `LeafTable` (tests/percolator/test_shapes.py,
+on the corpus searches and generated texts, invalid ones included).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from operator import itemgetter
+from typing import cast
+
+from percolator import ast
+from percolator.analysis import Schema
+from percolator.compile import LeafTable, PAnd, PLeaf, PNode, PNot, POr, plan
+from percolator.syntax import parse_fast  # (syntax first: fastparse imports it)
+
+_VALUE = (r'"[A-Za-z0-9_ .,\']*"'
+          r"|[\[{](?:[A-Za-z0-9_.]+|\*) TO (?:[A-Za-z0-9_.]+|\*)[\]}]"
+          r"|[A-Za-z0-9_]+~[012](?![0-9.])"
+          r"|[A-Za-z0-9_]+\*"
+          r"|[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*")
+_CLAUSE = re.compile(r"((?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?:"
+                     + _VALUE + "))")
+_STAND_IN = "f:x"
+_OPS = frozenset({"AND", "OR", "NOT"})
+MAX_CHARS = 4096  # parse_fast's limit
+
+# A shape's tree: a clause number, or (kind, children) with kind "a" (and), "o" (or), "n" (not).
+Shape = int | tuple[str, tuple["Shape", ...]]
+Builder = Callable[[list[PLeaf]], PNode]
+
+
+class ShapeCache:
+    """Shapes and clause leaves of the searches compiled so far (see the module doc)."""
+
+    def __init__(self, schema: Schema, table: LeafTable) -> None:
+        self.schema = schema
+        self.table = table
+        self.shapes: dict[str, Builder | None] = {}  # shape text → plan builder
+        self.clauses: dict[str, PLeaf] = {}
+
+    def plan(self, text: str) -> PNode | None:
+        """The plan of `text`, or None when it is not a cached-shape search (then compile it
+        with `compile_query`, which also reports errors)."""
+        if len(text) > MAX_CHARS:
+            return None
+        # First without a regular expression: split at spaces, strip parentheses, look the
+        # clauses up (a phrase or range spans pieces until its closing character). Only texts
+        # the regular-expression split below accepted are in `clauses`, and such a clause,
+        # between spaces, parentheses or the ends, is also where that split cuts the text
+        # (clause tokens end at their first closing quote or bracket and never start inside
+        # AND/OR/NOT or parentheses), so both ways give the same shape and clauses.
+        get = self.clauses.get
+        pieces = text.split(" ")
+        skel: list[str] = []
+        leaves: list[PLeaf] = []
+        i, n = 0, len(pieces)
+        while i < n:
+            piece = pieces[i]
+            i += 1
+            leaf = get(piece)
+            if leaf is not None:
+                leaves.append(leaf)
+                skel.append("\0")
+                continue
+            if piece in _OPS:
+                skel.append(piece)
+                continue
+            body = piece.lstrip("(")
+            if body.count('"') == 1 or "[" in body or "{" in body:
+                close = '"' if body.count('"') == 1 else "]}"
+                while i < n and not any(c in pieces[i] for c in close):
+                    body += " " + pieces[i]
+                    i += 1
+                if i == n:
+                    return self._plan_split(text)
+                body += " " + pieces[i]
+                i += 1
+            clause = body.rstrip(")")
+            leaf = get(clause)
+            if leaf is None:
+                return self._plan_split(text)
+            leaves.append(leaf)
+            skel.append(piece[:len(piece) - len(piece.lstrip("("))] + "\0"
+                        + body[len(clause):])
+        key = " ".join(skel)
+        build = self.shapes.get(key)
+        if build is None and key not in self.shapes:
+            build = self.shapes[key] = _builder(_shape(key.split("\0")))
+        return None if build is None else build(leaves)
+
+    def _plan_split(self, text: str) -> PNode | None:
+        parts = _CLAUSE.split(text)
+        n = len(parts) >> 1
+        if n == 0:
+            return None
+        key = "\0".join(parts[0::2])
+        build = self.shapes.get(key)
+        if build is None and key not in self.shapes:
+            build = self.shapes[key] = _builder(_shape(parts[0::2]))
+        if build is None:
+            return None
+        clauses = self.clauses
+        leaves: list[PLeaf] = []
+        for c in parts[1::2]:
+            leaf = clauses.get(c)
+            if leaf is None:
+                leaf = self._clause(c)
+                if leaf is None:
+                    return None
+            leaves.append(leaf)
+        return build(leaves)
+
+    def _clause(self, text: str) -> PLeaf | None:
+        q = parse_fast(text)  # declines keywords as values, as in the whole search
+        if not isinstance(q, ast.Leaf) or q.label != " ".join(text.split()):
+            return None
+        try:
+            leaf = plan(q, self.schema, text, self.table)
+        except Exception:  # the full path reports it, with the span in the whole search
+            return None
+        assert isinstance(leaf, PLeaf)
+        self.clauses[text] = leaf
+        return leaf
+
+
+def _shape(seps: list[str]) -> Shape | None:
+    stand_in = _STAND_IN.join(seps)
+    q = parse_fast(stand_in)
+    if q is None:
+        return None
+    count = [0]
+
+    def walk(node: ast.Query) -> Shape | None:
+        if isinstance(node, (ast.And, ast.Or)):
+            kids = []
+            for c in node.children:
+                k = walk(c)
+                if k is None:
+                    return None
+                kids.append(k)
+            return ("a" if isinstance(node, ast.And) else "o", tuple(kids))
+        if isinstance(node, ast.Not):
+            k = walk(node.child)
+            return None if k is None else ("n", (k,))
+        if isinstance(node, ast.Term) and node.field == "f" and node.value == "x" \
+                and node.label == _STAND_IN:
+            count[0] += 1
+            return count[0] - 1
+        return None
+
+    tree = walk(q)
+    if tree is None or count[0] != len(seps) - 1:
+        return None
+    return tree
+
+
+def _builder(shape: Shape | None, top: bool = True) -> Builder | None:
+    """A function from a search's clause leaves to its plan, for one shape."""
+    if shape is None:
+        return None
+    if isinstance(shape, int):
+        return itemgetter(shape)
+    kind, kids = shape
+    if kind == "n":
+        inner = _builder(kids[0], False)
+        assert inner is not None
+        return lambda leaves: PNot(inner(leaves))
+    node = PAnd if kind == "a" else POr
+    if len(kids) > 1 and all(isinstance(k, int) for k in kids):
+        ints = cast("tuple[int, ...]", kids)
+        if top and ints == tuple(range(len(ints))):
+            return lambda leaves: node(tuple(leaves))  # the whole search: `a AND b AND c`
+        pick = itemgetter(*ints)
+        return lambda leaves: node(pick(leaves))
+    parts = [_builder(k, False) for k in kids]
+    return lambda leaves: node(tuple([p(leaves) for p in parts]))  # type: ignore[misc]
