@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import zlib
+from dataclasses import dataclass
 from typing import Any
 
 from cep.runtime.engine import KeyState, StateKey, Wake
@@ -263,16 +264,13 @@ def _bucket_of(gid: str, key: str, n: int) -> int:
     return zlib.crc32(f"{gid}\x00{key}".encode()) % n
 
 
+@dataclass(slots=True)
 class _Held:
     """A shard's native state as this process last wrote it."""
 
-    __slots__ = ("buckets", "engine", "n_buckets", "pending_drop", "state", "token")
-
-    def __init__(self, token: bytes, engine: Any, state: Any, n_buckets: int,
-                 buckets: dict[int, dict[tuple[str, str], bytes]], pending_drop: set[int]) -> None:
-        self.token = token
-        self.engine = engine
-        self.state = state
-        self.n_buckets = n_buckets
-        self.buckets = buckets
-        self.pending_drop = pending_drop
+    token: bytes
+    engine: Any
+    state: Any
+    n_buckets: int
+    buckets: dict[int, dict[tuple[str, str], bytes]]
+    pending_drop: set[int]
