@@ -194,7 +194,60 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     res["meta"]["machine"]["load average at end"] = " ".join(
         f"{x:.2f}" for x in os.getloadavg())
     res["headline"] = headline(res)
+    if ((res.get("spark") or {}).get("batch") or {}).get("replay_batch"):
+        res["replay_batch"] = batch_ratios(res)
     return res
+
+
+def batch_ratios(res: dict[str, Any]) -> dict[str, Any]:
+    """Issue 14's replay targets, from this run only: the batch replay against Flink CEP (same
+    files) and against the bare Spark batch ceiling (same files, same session)."""
+    variants = res["spark"]["batch"]
+    ours = variants["replay_batch"].get("events_per_s")
+    ceiling = (variants.get("ceiling_batch") or {}).get("events_per_s")
+    flink = (res.get("flink") or {}).get("events_per_s")
+    expected = sorted(map(tuple, res.get("expected_fraud") or []))
+    alerts = sorted(map(tuple, variants["replay_batch"].get("alerts") or []))
+    return {"replay_batch_eps": ours, "ceiling_batch_eps": ceiling, "flink_eps": flink,
+            "over_flink": ours / flink if ours and flink else None,
+            "over_ceiling": ours / ceiling if ours and ceiling else None,
+            "alerts_as_injected": alerts == expected}
+
+
+def write_batch(res: dict[str, Any], path: Path) -> None:
+    """bench/results/replay_batch.md: the batch replay's figures of this run (nothing else)."""
+    r, m = res["replay_batch"], res["meta"]
+    v = res["spark"]["batch"]
+
+    def secs(variant: str) -> str:
+        return ", ".join(f"{x:.1f}" for x in (v.get(variant) or {}).get("all_runs_seconds", []))
+
+    def n(x: float | None, d: int = 0) -> str:
+        return "not measured" if x is None else f"{x:,.{d}f}"
+
+    lines = [
+        "# Replay as a batch job (issue 14): measured figures", "",
+        f"Command: `{m['command']}` (started {m['started_utc']} UTC, {m['seconds']:.0f} s).",
+        f"Machine: {m['machine']['nproc']} cores, {m['machine']['cpu']}; load average "
+        f"(1, 5, 15 min) at start {m['machine']['load average at start']}, at end "
+        f"{m['machine'].get('load average at end')}.",
+        f"Input: {m['sizes']['events']:,} fraud events, {m['sizes']['keys']:,} cards, "
+        f"{m['sizes']['spark_files']} JSON-lines files; Spark {res['spark'].get('master')}, "
+        f"{res['spark'].get('shards')} shards, {res['spark'].get('shuffle_partitions')} "
+        "shuffle partitions.", "",
+        "| what | events/s | wall s (runs) |", "|---|---|---|",
+        f"| `cep replay` batch plan (`match_bounded`, rows collected) | {n(r['replay_batch_eps'])}"
+        f" | {secs('replay_batch')} |",
+        f"| ceiling: read → shard → sort → mapInArrow identity → noop | "
+        f"{n(r['ceiling_batch_eps'])} | {secs('ceiling_batch')} |",
+        f"| Flink CEP, same files (warm run) | {n(r['flink_eps'])} | |", "",
+        f"- batch replay / Flink CEP: **{n(r['over_flink'], 3)}** (target ≥ 2)",
+        f"- batch replay / ceiling: **{n(r['over_ceiling'], 3)}** (target ≥ 0.7)",
+        f"- batch replay's alerts equal the injected ones: {r['alerts_as_injected']}", "",
+        "Each Spark figure is the last of its runs in one session (Python workers warm); "
+        "events/s = input events / wall time of the Spark job.",
+    ]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def write(res: dict[str, Any], out: Path) -> Path:
@@ -213,6 +266,8 @@ def write(res: dict[str, Any], out: Path) -> Path:
     (out / "latest.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     md = out / "latest.md"
     md.write_text(render(res, names))
+    if res.get("replay_batch"):
+        write_batch(res, out / "replay_batch.md")
     return md
 
 
@@ -227,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                 "ours_over_flink"):
         if h.get(key) is not None:
             print(f"  {key}: {h[key]:,.3f}", file=sys.stderr)
+    for key, value in (res.get("replay_batch") or {}).items():
+        print(f"  replay batch {key}: {value}", file=sys.stderr)
     return 1 if res.get("errors") else 0
 
 

@@ -15,6 +15,16 @@ the stateful step differs:
   before the run, `maxOffsetsPerTrigger` = events / files so batches match the file runs),
   on a broker of our own (scripts/kafka.sh) — the live job's source.
 
+Two batch variants (issue 14: `cep replay` is a batch job) read the same input files with
+`spark.read` instead and are timed end to end (wall clock of the Spark job, `BATCH_RUNS` runs
+in the session, the last, warm, one reported; Python workers are reused between runs):
+- `replay_batch`: `cep.spark.batch.match_bounded` as `cep replay` runs it (read → validate and
+  fan out → shuffle by shard → sort by ts → the engine per partition), rows collected;
+- `ceiling_batch`: its ceiling — read → shard (JVM: xxhash64 of the card) → shuffle → sort
+  (JVM: the line's ts) → `mapInArrow` identity → `noop` sink: Spark's own cost of that plan
+  with one Python pass and no work in it.
+Their figures go to the result's `batch` section (bench/run.py writes replay_batch.md).
+
 Steady state: per-batch `numInputRows` and `durationMs.triggerExecution` from the query's
 progress, leaving out the first `warmup` batches (worker start-up, JIT, first state commits).
 """
@@ -24,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import threading
 import time
 from collections import Counter
@@ -33,11 +44,15 @@ from typing import Any
 from bench import noop_ops
 from cep.config import Settings
 
-VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "state_only", "ours", "ours_kafka")
+VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "state_only", "ours", "ours_kafka",
+            "replay_batch", "ceiling_batch")
+BATCH_VARIANTS = ("replay_batch", "ceiling_batch")
+BATCH_RUNS = 2
 # `make bench` leaves out state_only (it measured the state traffic that led to the bucketed
 # store, docs/spark-runtime.md); `--spark-variants` runs it.
-DEFAULT_VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "ours", "ours_kafka")
-QUICK_VARIANTS = ("ceiling_aipws", "ours", "ours_kafka")
+DEFAULT_VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "ours", "ours_kafka",
+                    *BATCH_VARIANTS)
+QUICK_VARIANTS = ("ceiling_aipws", "ours", "ours_kafka", *BATCH_VARIANTS)
 STATE_BLOB_BYTES = 200  # about a fraud key state pickled (see the state benchmark)
 SHARDS = 64
 
@@ -290,6 +305,7 @@ def run_spark(rules_file: Path, input_dir: Path, work: Path, warmup: int,
     from jobs.session import get_spark
 
     cloudpickle.register_pickle_by_value(noop_ops)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # _identity, on the workers
     settings = Settings(shards=SHARDS, shuffle_partitions=4, spark_master="local[2]",
                         checkpoint_dir=str(work / "checkpoints"))
     factory = RulesEngineFactory.from_path(rules_file)
@@ -313,6 +329,8 @@ def run_spark(rules_file: Path, input_dir: Path, work: Path, warmup: int,
                                          "partitions": KAFKA_PARTITIONS,
                                          "max_offsets_per_trigger": kafka.per_batch}
                     _variant(spark, variant, staged, plan, factory, work, warmup, out, kafka)
+            elif variant in BATCH_VARIANTS:
+                _batch_variant(spark, variant, input_dir, plan, factory, settings, out)
             else:
                 _variant(spark, variant, staged, plan, factory, work, warmup, out, None)
     finally:
@@ -340,3 +358,55 @@ def _variant(spark: Any, variant: str, staged: Path, plan: Any, factory: Any, wo
                worker_pss_max_bytes=mem.max_pss_total,
                worker_rss_max_bytes=mem.max_rss_single, workers_max=mem.max_workers)
     out["variants"][variant] = res
+
+
+def _identity(batches: Any) -> Any:
+    yield from batches
+
+
+def _batch_variant(spark: Any, variant: str, input_dir: Path, plan: Any, factory: Any,
+                   settings: Settings, out: dict[str, Any]) -> None:
+    """One batch variant, `BATCH_RUNS` times on the same files; the last run is the figure."""
+    from pyspark.sql import functions as F
+
+    from cep.runtime.alerts import AlertRow, StatsRow, decode_rows
+    from cep.spark.batch import match_bounded, read_files
+
+    files = sorted(p for p in input_dir.iterdir() if p.is_file())
+    stream = plan.streams[0].name
+    runs: list[dict[str, Any]] = []
+    with WorkerMemory() as mem:
+        for _ in range(BATCH_RUNS):
+            started = time.perf_counter()
+            if variant == "replay_batch":
+                raw = read_files(spark, stream, files)
+                rows = match_bounded(raw, plan, factory, settings.shuffle_partitions).collect()
+                wall = time.perf_counter() - started
+                events, alerts, tasks = 0, [], 0
+                for r in decode_rows(x for x in rows if x.kind != "dead"):
+                    if isinstance(r, StatsRow):
+                        events += r.info["events"]
+                        tasks += 1
+                    elif isinstance(r, AlertRow):
+                        rec = r.record()
+                        alerts.append((r.rule_id, r.key, rec["first_ts"], rec["last_ts"]))
+                runs.append({"wall_seconds": wall, "events": events, "tasks": tasks,
+                             "alerts": sorted(alerts),
+                             "dead_letters": sum(1 for x in rows if x.kind == "dead")})
+            else:
+                text = spark.read.option("lineSep", "\n").text([str(p) for p in files])
+                card = F.get_json_object("value", "$.card")
+                shard = F.pmod(F.xxhash64(card), F.lit(SHARDS)).cast("int")
+                ts = F.get_json_object("value", "$.ts").cast("long")
+                (text.select(shard.alias("shard"), ts.alias("ts"), "value")
+                 .repartition(settings.shuffle_partitions, "shard").sortWithinPartitions("ts")
+                 .mapInArrow(_identity, "shard int, ts bigint, value string")
+                 .write.format("noop").mode("overwrite").save())
+                wall = time.perf_counter() - started
+                runs.append({"wall_seconds": wall, "events": text.count()})
+    last = runs[-1]
+    # Beside the streaming variants (whose report reads per-batch progress): out["batch"].
+    out.setdefault("batch", {})[variant] = {
+        **last, "events_per_s": last["events"] / last["wall_seconds"],
+        "all_runs_seconds": [r["wall_seconds"] for r in runs],
+        "worker_pss_max_bytes": mem.max_pss_total, "workers_max": mem.max_workers}

@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 from cep.engines import RulesEngineFactory
 from cep.events import MAX_BYTES, dead_letter
 from cep.runtime.alerts import output_rows
-from cep.runtime.bind import build_embedded_engine
+from cep.runtime.bind import build_embedded_engine, engine_kind
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, content_seq
 from cep.spark.operator import OUTPUT_SCHEMA
 from cep.spark.pipeline import Plan, Validate
@@ -58,11 +58,29 @@ def shard_of(key_field: str, key: str, shards: int) -> int:
     return zlib.crc32(f"{key_field}\0{key}".encode("utf-8", "surrogatepass")) % shards
 
 
+class _Validate(Validate):
+    """`Validate`, keeping each record's event as the validator decoded it, so that its content
+    seq needs no second parse (`events` is reset per batch; unused if `Validate` stops calling
+    `_one`, in which case the seq is computed from the canonical text)."""
+
+    def __init__(self, plan: Plan, max_bytes: int) -> None:
+        super().__init__(plan, (), max_bytes)
+        self.events: list[dict[str, Any] | None] = []
+
+    def _one(self, stream: str | None, raw: bytes | None,
+             ) -> tuple[str | None, dict[str, Any] | None, int | None, str | None]:
+        out = super()._one(stream, raw)
+        self.events.append(out[1])
+        return out
+
+
 class Prepare:
-    """The first step, on each input split: validation, fan-out, dead letters, markers."""
+    """The first step, on each input split: validation, fan-out, dead letters, markers. An
+    event without a source position gets its content seq here (`content_seq`, as the embedded
+    mode and the operator order ties in event time), so the engine's step is all Arrow."""
 
     def __init__(self, plan: Plan, max_bytes: int = MAX_BYTES) -> None:
-        self.validate = Validate(plan, (), max_bytes)
+        self.validate = _Validate(plan, max_bytes)
         self.key_fields = {s.name: s.key_fields for s in plan.streams}
         self.shards = plan.shards
 
@@ -100,24 +118,35 @@ class Prepare:
             if not keep:
                 continue
             sub = batch if len(keep) == batch.num_rows else batch.take(pa.array(keep))
+            self.validate.events = []
             checked = next(iter(self.validate(iter([sub.select(["stream", "value", "seq"])]))))
+            decoded = self.validate.events
+            if len(decoded) != checked.num_rows:  # Validate no longer calls _one
+                decoded = [None if d is None else json.loads(d)
+                           for d in checked.column("data").to_pylist()]
             streams = checked.column("stream").to_pylist()
             reasons = checked.column("reason").to_pylist()
             keys = checked.column("keys").to_pylist()
+            seqs = checked.column("seq").to_pylist()
             idx: list[int] = []
             shard: list[int] = []
             kfs: list[str] = []
             primary: list[bool] = []
+            seq_out: list[int] = []
             bad: list[int] = []
-            for j, (stream, reason, kv) in enumerate(zip(streams, reasons, keys, strict=True)):
+            for j, (stream, reason, kv, q) in enumerate(
+                    zip(streams, reasons, keys, seqs, strict=True)):
                 if reason is not None:
                     bad.append(j)
                     continue
+                if q is None:
+                    q = content_seq(decoded[j] or {})
                 for p, (kf, key) in enumerate(zip(self.key_fields[stream], kv, strict=True)):
                     idx.append(j)
                     shard.append(shard_of(kf, key, self.shards))
                     kfs.append(kf)
                     primary.append(p == 0)
+                    seq_out.append(q)
             if idx:
                 take = pa.array(idx, pa.int32())
                 ts = checked.column("ts").take(take)
@@ -125,7 +154,7 @@ class Prepare:
                 last = hi if last is None or hi > last else last
                 yield pa.RecordBatch.from_arrays(
                     [pa.array(shard, pa.int32()), pa.array([EVENT] * len(idx), pa.string()),
-                     checked.column("stream").take(take), ts, checked.column("seq").take(take),
+                     checked.column("stream").take(take), ts, pa.array(seq_out, pa.int64()),
                      checked.column("data").take(take), pa.array(kfs, pa.string()),
                      pa.array(primary, pa.bool_())], names=_PREPARED_NAMES)
             if bad:
@@ -179,42 +208,53 @@ class RunEngine:
     """The second step, on each partition (every event of its shards, sorted by event time):
     the embedded mode's engine (`build_embedded_engine`) over an in-memory key store, fed in
     chunks (Arrow batches) with the highest event time seen before each, then the end of input
-    at the input's last event time (the largest end marker). Emits the operator's rows
-    (`cep.runtime.alerts.output_rows`), the dead letters that came through (kind `dead`), and
-    one stats row: events (each once), rows, max_ts, late, read (records read by the splits
-    whose shard-0 marker came here)."""
+    at the input's last event time (the largest end marker). The native engine loop reads the
+    chunks as Arrow (the core parses the events' JSON); the Python loop gets `Event`s. Emits
+    the operator's rows (`cep.runtime.alerts.output_rows`), the dead letters that came through
+    (kind `dead`), and one stats row: events (each once), rows, max_ts, late, read (records
+    read by the splits whose shard-0 marker came here), dead."""
 
     def __init__(self, factory: RulesEngineFactory) -> None:
         self.factory = factory
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow.compute as pc
+
         engine = embedded_engine(self.factory)
+        arrow = engine_kind(engine) == "native"
         store = MemoryKeyStore()
         max_ts = NEG_INF
         end: int | None = None
         n_events = n_rows = n_late = n_read = n_dead = 0
         for batch in batches:
-            cols = [batch.column(c).to_pylist() for c in
-                    ("kind", "stream", "ts", "seq", "data", "key_field", "primary")]
-            events: list[Event] = []
+            kind = batch.column("kind")
             rows: list[tuple[str, str, str, str, str]] = []
-            for kind, stream, ts, seq, data, route, primary in zip(*cols, strict=True):
-                if kind == EVENT:
-                    fields = json.loads(data)
-                    pos = content_seq(fields) if seq is None else seq
-                    events.append(Event(stream, ts, pos, fields, route))
-                    n_events += primary
-                elif kind == MARK:
-                    if ts is not None and (end is None or ts > end):
-                        end = ts
-                    n_read += seq or 0
+            is_event = pc.equal(kind, EVENT)
+            if batch.num_rows and not pc.all(is_event).as_py():
+                other = batch.filter(pc.invert(is_event))
+                for k, ts, seq, data in zip(*(other.column(c).to_pylist() for c in
+                                              ("kind", "ts", "seq", "data")), strict=True):
+                    if k == MARK:
+                        if ts is not None and (end is None or ts > end):
+                            end = ts
+                        n_read += seq or 0
+                    else:
+                        rows.append(("dead", "", "", "", data))
+                        n_dead += 1
+                batch = batch.filter(is_event)
+            if batch.num_rows:
+                n_events += pc.sum(batch.column("primary").cast("int64")).as_py() or 0
+                n_rows += batch.num_rows
+                events = batch.select(["stream", "ts", "seq", "data", "key_field"])
+                top = pc.max(events.column("ts")).as_py()
+                if arrow:
+                    out = engine.ingest_batch(store, events.rename_columns(
+                        ["stream", "ts", "seq", "data", "route"]), max_ts)
                 else:
-                    rows.append(("dead", "", "", "", data))
-                    n_dead += 1
-            if events:
-                out = engine.ingest(store, events, max_ts)
-                max_ts = max(max_ts, max(e.ts for e in events))
-                n_rows += len(events)
+                    out = engine.ingest(store, [
+                        Event(s, t, q, json.loads(d), r) for s, t, q, d, r in zip(
+                            *(c.to_pylist() for c in events.columns), strict=True)], max_ts)
+                max_ts = max(max_ts, top)
                 n_late += len(out.late)
                 rows += output_rows(engine, out)
             if rows:
