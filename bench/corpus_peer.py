@@ -23,6 +23,7 @@ from typing import Any
 
 from bench import apt_corpus
 from bench.lucene_peer import build, compare, java_version, read_matches, run_jar, run_ours
+from bench.percolator_scale import cached_queries
 
 FIELDS_ARG = ("--fields", "title,body,section:keyword,priority:keyword,installed_size:long")
 PRESEARCHERS = ("term", "multipass")
@@ -50,11 +51,13 @@ def index_bytes(queries: list[Any], schema: Any) -> dict[str, float]:
 
 def run(sizes: tuple[int, ...], n_events: int, work: Path, *, source: str = "auto",
         presearchers: tuple[str, ...] = PRESEARCHERS, runs: int = 1, memory: bool = False,
-        batches: tuple[int, ...] = (0, 1), timeout: int = 1800) -> dict[str, Any]:
+        batches: tuple[int, ...] = (0, 1), timeout: int = 1800, cache: str | None = None,
+        xmx: str | None = None) -> dict[str, Any]:
     """`batches`: Lucene events per Monitor.match call, 0 = all in one call (a batch index,
     every query whose terms occur anywhere in the batch runs), 1 = one document per call (a
     MemoryIndex per event); every (presearcher, batch) runs, the fastest is the yardstick and
-    every one's pairs are compared with ours."""
+    every one's pairs are compared with ours. `cache`: a folder keeping the generated searches
+    (bench.percolator_scale.cached_queries); `xmx`: the JVM's maximum heap."""
     info = build()
     work.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
@@ -63,7 +66,7 @@ def run(sizes: tuple[int, ...], n_events: int, work: Path, *, source: str = "aut
     for n in sizes:
         t_size = time.perf_counter()
         load_before = _load()
-        queries = apt_corpus.queries(events_all, n)
+        queries, _ = cached_queries(events_all, n, cache)
         events = apt_corpus.shuffled(events_all, n_events)
         qpath, epath = work / f"corpus_q{n}.tsv", work / f"corpus_q{n}_events.tsv"
         with qpath.open("w", encoding="utf-8") as f:
@@ -78,7 +81,7 @@ def run(sizes: tuple[int, ...], n_events: int, work: Path, *, source: str = "aut
             tag = "all" if batch == 0 else str(batch)
             mpath = work / f"corpus_q{n}_lucene_b{tag}_matches.tsv"
             luc = run_jar(qpath, epath, presearchers=presearchers, runs=runs, batch=batch,
-                          matches_out=mpath, timeout=timeout, extra_args=FIELDS_ARG)
+                          matches_out=mpath, timeout=timeout, extra_args=FIELDS_ARG, xmx=xmx)
             for p, r in luc["by_presearcher"].items():
                 by_ps[f"{p}/batch={tag}"] = r
                 commands[f"{p}/batch={tag}"] = luc["command"]
@@ -158,10 +161,14 @@ def main() -> None:  # pragma: no cover - manual runs
     ap.add_argument("--batches", default="0,1", help="Lucene events per match call (0: all)")
     ap.add_argument("--work", default="/tmp/corpus_peer")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--cache", default=None, help="folder keeping the generated searches")
+    ap.add_argument("--xmx", default=None, help="JVM maximum heap, e.g. 8g (default 4g)")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per Lucene run")
     a = ap.parse_args()
     sec = run(tuple(int(s) for s in a.sizes.split(",")), a.events, Path(a.work),
               source=a.source, presearchers=tuple(a.presearchers.split(",")), runs=a.runs,
-              memory=a.memory, batches=tuple(int(b) for b in a.batches.split(",")))
+              memory=a.memory, batches=tuple(int(b) for b in a.batches.split(",")),
+              timeout=a.timeout, cache=a.cache, xmx=a.xmx)
     if a.json:
         Path(a.json).write_text(json.dumps(sec, indent=1, default=str))
     print(render_md(sec))

@@ -25,7 +25,8 @@ from percolator.terms import deletion_variants
 
 Weigher = Callable[[Key], float]
 intern = sys.intern
-_GONE: tuple[Key, ...] = (("gone",),)  # compared by identity: a slot not in the index
+_GONE: tuple[Key, ...] = (("gone",),)
+_TALLIED = frozenset({"p", "g", "f"})  # compared by identity: a slot not in the index
 
 
 def default_cost(key: Key) -> float:
@@ -115,33 +116,41 @@ class QueryIndex:
     def add(self, slot: int, keys: tuple[Key, ...] | None) -> None:
         """Index `keys` for `slot` (None: always run), replacing the slot's previous keys."""
         stored = self._keys
-        if slot >= len(stored):
-            stored.extend([_GONE] * (slot + 1 - len(stored)))
-        elif stored[slot] is not _GONE:
-            self.remove(slot)
-        stored[slot] = keys
+        if slot == len(stored):
+            stored.append(keys)
+        else:
+            if slot > len(stored):
+                stored.extend([_GONE] * (slot - len(stored)))
+                stored.append(keys)
+            else:
+                if stored[slot] is not _GONE:
+                    self.remove(slot)
+                stored[slot] = keys
         self._count += 1
         if keys is None:
             self.always.add(slot)
             return
         postings = self.postings
         for key in keys:
-            if key[0] != "t":
+            # The same as _index(slot, key, +1), inline but for range keys.
+            kind = key[0]
+            if kind == "r":
                 self._index(slot, key, +1)
                 continue
-            # Term keys (most of them) inline: the same as _index(slot, key, +1).
-            group = postings.get(("t", key[1]))
+            group = postings.get((kind, key[1]))
             if group is None:
-                group = postings[("t", key[1])] = {}
-            value = key[2]
+                group = postings[(kind, key[1])] = {}
+            value = key[2] if len(key) > 2 else None
             posting = group.get(value)
             if posting is None:
-                group[intern(value)] = slot
+                group[intern(value) if type(value) is str else value] = slot
             elif type(posting) is int:
                 if posting != slot:
                     group[value] = array("q", (posting, slot))
             elif posting[-1] != slot:  # type: ignore[index]
                 posting.append(slot)  # type: ignore[union-attr]
+            if kind in _TALLIED:
+                self._tally(kind, key[1], key, value, +1)
 
     def remove(self, slot: int) -> None:
         stored = self._keys
@@ -196,6 +205,10 @@ class QueryIndex:
                         group[value] = posting[0]
             if not group:
                 del self.postings[(kind, field)]
+        self._tally(kind, field, key, value, delta)
+
+    def _tally(self, kind: str, field: str, key: Key, value: Any, delta: int) -> None:
+        """Keep the prefix lengths, geo levels and fuzzy bounds in use per field."""
         if kind in ("p", "g"):
             per = self._prefix_lengths if kind == "p" else self._geo_levels
             lengths = per.get(field)

@@ -55,7 +55,8 @@ class ShapeCache:
         self.schema = schema
         self.table = table
         self.shapes: dict[str, Builder | None] = {}  # shape text → plan builder
-        self.clauses: dict[str, PLeaf] = {}
+        # Clause text → its plan leaf; AND, OR and NOT map to themselves (one lookup a piece).
+        self.clauses: dict[str, PLeaf | str] = {op: op for op in _OPS}
 
     def plan(self, text: str) -> PNode | None:
         """The plan of `text`, or None when it is not a cached-shape search (then compile it
@@ -70,6 +71,12 @@ class ShapeCache:
         # AND/OR/NOT or parentheses), so both ways give the same shape and clauses.
         get = self.clauses.get
         pieces = text.split(" ")
+        found = list(map(get, pieces))  # a leaf, or the operator itself, or None
+        if None not in found:  # clauses and operators only (no parentheses, phrases, ranges)
+            key = " ".join([f if f.__class__ is str else "\0" for f in found])  # type: ignore[misc]
+            build = self.shapes.get(key)
+            if build is not None:
+                return build([f for f in found if f.__class__ is not str])  # type: ignore[misc]
         skel: list[str] = []
         leaves: list[PLeaf] = []
         i, n = 0, len(pieces)
@@ -78,11 +85,11 @@ class ShapeCache:
             i += 1
             leaf = get(piece)
             if leaf is not None:
-                leaves.append(leaf)
-                skel.append("\0")
-                continue
-            if piece in _OPS:
-                skel.append(piece)
+                if leaf.__class__ is str:
+                    skel.append(piece)
+                else:
+                    leaves.append(leaf)  # type: ignore[arg-type]
+                    skel.append("\0")
                 continue
             body = piece.lstrip("(")
             if body.count('"') == 1 or "[" in body or "{" in body:
@@ -96,9 +103,9 @@ class ShapeCache:
                 i += 1
             clause = body.rstrip(")")
             leaf = get(clause)
-            if leaf is None:
+            if leaf is None or leaf.__class__ is str:
                 return self._plan_split(text)
-            leaves.append(leaf)
+            leaves.append(leaf)  # type: ignore[arg-type]
             skel.append(piece[:len(piece) - len(piece.lstrip("("))] + "\0"
                         + body[len(clause):])
         key = " ".join(skel)
@@ -122,11 +129,11 @@ class ShapeCache:
         leaves: list[PLeaf] = []
         for c in parts[1::2]:
             leaf = clauses.get(c)
-            if leaf is None:
+            if leaf is None or leaf.__class__ is str:
                 leaf = self._clause(c)
                 if leaf is None:
                     return None
-            leaves.append(leaf)
+            leaves.append(leaf)  # type: ignore[arg-type]
         return build(leaves)
 
     def _clause(self, text: str) -> PLeaf | None:
