@@ -590,11 +590,9 @@ def run_variant(services: Services, work: Path, variant: Variant,
             phases.append(Phase(rate, start, measure_from, time.time()))
             lag = _lag(producer, monitor.batches, time.time())
             behind = behind or lag is None or lag > OVERLOAD_LAG_S * rate
-        producer.stop_flag.set()
-        producer.join(40)
-        if producer.error is not None:
-            raise LatencyBenchError(f"producer failed: {producer.error!r}")
         # Drain: wait for the measured alerts (bounded; a job that fell behind will not catch up).
+        # The stream keeps flowing meanwhile, as a live one does: the last patterns are matched
+        # once later events move the watermark past them (LATENESS), never without them.
         wanted = {k for k, sent in producer.completing.items()
                   if any(ph.measure_from <= sent < ph.end for ph in phases)}
         # (A job that is behind will not deliver them in seconds: a short look only.)
@@ -605,6 +603,10 @@ def run_variant(services: Services, work: Path, variant: Variant,
                 raise LatencyBenchError(f"Redis reader failed: {reader.error!r}")
             time.sleep(0.2)
         drained_at = time.time()
+        producer.stop_flag.set()
+        producer.join(40)
+        if producer.error is not None:
+            raise LatencyBenchError(f"producer failed: {producer.error!r}")
         time.sleep(0.5)
         final = monitor.last
     finally:

@@ -111,7 +111,9 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0) -> lis
 
     def fire_timers() -> None:
         for (shard,), ts in sorted(state.timers.items()):
-            if any(t <= wm for t in ts):
+            expired = {t for t in ts if t <= wm}
+            if expired:
+                ts -= expired  # Spark removes a timer once it has fired
                 call(shard, None)
 
     # Files have no source position: seq is left to the operator (a content hash, as embedded).

@@ -138,19 +138,20 @@ class NativeBucketStore:
     state in a stateful stream operator: the native `EngineState` of each shard is kept in the
     worker process between calls, and the state store is the durable copy of it.
 
-    Layout: one MapState entry per bucket, a pickled `{(group id, key): key_bytes}` (the core's
-    versioned `CEPNK` bytes, docs/native-core.md), and one ValueState with `(buckets, token)`.
-    Every call that changes the shard writes a fresh random `token` with it. A call starts with
-    one state read, the token: when it equals the token of the copy this process holds (the
-    store is exactly as this process left it), the held `EngineState` is used as it is and no
-    bucket is read; otherwise (another process ran the shard, Spark re-ran a batch after a
-    failure, the rules changed) every bucket of the shard is read and loaded. At the end of a
-    call only the keys the engine advanced are serialised (`Engine.take_dirty`), and only
-    their buckets are written.
+    Layout: one MapState entry per bucket, a blob the core writes (`Engine.export_buckets`:
+    each key's group, key, wake time and versioned `CEPNK` bytes), and one ValueState with
+    `(buckets, token)`. Every call that changes the shard writes a fresh random `token` with it.
+    A call starts with one state read, the token: when it equals the token of the copy this
+    process holds (the store is exactly as this process left it), the held `EngineState` is used
+    as it is and no bucket is read; otherwise (another process ran the shard, Spark re-ran a
+    batch after a failure, the rules changed) every bucket of the shard is read back into a new
+    `EngineState` (`Engine.import_bucket`: keys stay raw bytes until an event or a deadline
+    reaches them, so a reload costs a copy, not a decode, per key). At the end of a call the
+    core serialises the keys it advanced and returns only their buckets to write.
 
-    So the cost per call is ~1 state read plus one write per changed bucket, and a key that no
-    event touched costs nothing, where `MapStateKeyStore` reads, unpickles, pickles and writes
-    every key of every bucket it touches (issue 14: 637 µs per event in the live job).
+    So the cost per call is ~1 state read plus one write per changed bucket, and a key no event
+    touched costs nothing, where `MapStateKeyStore` reads, unpickles, pickles and writes every key
+    of every bucket it touches (issue 14: 637 µs per event in the live job).
     """
 
     MIN_BUCKETS = 8
@@ -163,6 +164,7 @@ class NativeBucketStore:
         self.writes = 0
         self.reads = 0
         self.reloads = 0  # calls that had to read the whole shard (the held copy was stale)
+        self.dropped = 0  # keys of rule groups that no longer exist, dropped on a reload
         self._cur: _Held | None = None
         self._shard: Any = None
         self._engine: Any = None
@@ -176,28 +178,32 @@ class NativeBucketStore:
         if held is not None and held.token == token and held.engine is engine:
             self._cur = held
             return
+        self.timer = UNKNOWN
         self._held.pop(shard, None)
         self.reloads += 1
         from cep import _core  # type: ignore[attr-defined]
 
         state = _core.EngineState(track_dirty=True)
-        buckets: dict[int, dict[tuple[str, str], bytes]] = {}
-        gids = set(engine.core.group_ids)
-        dropped: set[int] = set()
+        dropped = 0
         for b in range(n_buckets if row is not None else 0):
             self.reads += 1
             got = self._buckets.getValue((b,))
-            if got is None:
-                continue
-            content: dict[tuple[str, str], bytes] = pickle.loads(got[0])  # noqa: S301
-            for (gid, key), data in list(content.items()):
-                if gid not in gids:  # its rules were removed while the job ran
-                    del content[(gid, key)]
-                    dropped.add(b)
-                    continue
-                engine.core.load_key(state, gid, key, data)
-            buckets[b] = content
-        self._cur = _Held(token, engine, state, n_buckets, buckets, dropped)
+            if got is not None:
+                dropped += engine.core.import_bucket(state, got[0])
+        self.dropped += dropped
+        # Dropped keys are purged from the store by rewriting every bucket at the end.
+        self._cur = _Held(token, engine, state, n_buckets, dropped > 0, UNKNOWN)
+
+    @property
+    def timer(self) -> Any:
+        """The event-time timer the operator last registered for this shard, as far as this
+        process knows it: `UNKNOWN` after a reload (the operator then lists Spark's timers)."""
+        return UNKNOWN if self._cur is None else self._cur.timer
+
+    @timer.setter
+    def timer(self, value: Any) -> None:
+        if self._cur is not None:
+            self._cur.timer = value
 
     def native_state(self, engine: Any) -> Any:
         if self._cur is None or engine is not self._engine:
@@ -205,36 +211,28 @@ class NativeBucketStore:
         return self._cur.state
 
     def flush(self) -> None:
-        """Write the keys this call changed; grow the buckets if they got too full."""
+        """Write the buckets of the keys this call changed; grow the buckets if they got too
+        full (every bucket is then rewritten)."""
         cur, self._cur = self._cur, None
         if cur is None:
             return
         try:
-            dirty = set(cur.pending_drop)
-            cur.pending_drop = set()
-            for gid, key, data in self._engine.core.take_dirty(cur.state):
-                b = _bucket_of(gid, key, cur.n_buckets)
-                content = cur.buckets.setdefault(b, {})
-                if data is None:
-                    if content.pop((gid, key), None) is not None:
-                        dirty.add(b)
-                else:
-                    content[(gid, key)] = data
-                    dirty.add(b)
-            n_keys = len(cur.state)
-            if n_keys > self.MAX_PER_BUCKET * cur.n_buckets:
-                dirty |= self._grow(cur, n_keys)
-            if not dirty:
+            core = self._engine.core
+            n = cur.n_buckets
+            while len(cur.state) > self.MAX_PER_BUCKET * n:
+                n *= 2
+            rewrite_all = cur.rewrite or n != cur.n_buckets
+            out = core.export_buckets(cur.state, n, rewrite_all)
+            cur.n_buckets, cur.rewrite = n, False
+            if not out:
                 self._held[self._shard] = cur  # nothing changed: the token stays valid
                 return
-            for b in sorted(dirty):
+            for b, blob in out:
                 self.writes += 1
-                held_content = cur.buckets.get(b)
-                if held_content:
-                    self._buckets.updateValue((b,), (pickle.dumps(held_content, protocol=5),))
-                else:
-                    cur.buckets.pop(b, None)
+                if blob is None:
                     self._buckets.removeKey((b,))
+                else:
+                    self._buckets.updateValue((b,), (blob,))
             cur.token = os.urandom(8)
             self._meta.update((pickle.dumps((cur.n_buckets, cur.token), protocol=5),))
             self._held[self._shard] = cur
@@ -247,22 +245,6 @@ class NativeBucketStore:
         self._cur = None
         self._held.pop(self._shard, None)
 
-    def _grow(self, cur: _Held, n_keys: int) -> set[int]:
-        old = cur.n_buckets
-        new = old
-        while n_keys > self.MAX_PER_BUCKET * new:
-            new *= 2
-        every = {sk: data for content in cur.buckets.values() for sk, data in content.items()}
-        cur.buckets = {}
-        for (gid, key), data in every.items():
-            cur.buckets.setdefault(_bucket_of(gid, key, new), {})[(gid, key)] = data
-        cur.n_buckets = new
-        return set(range(old)) | set(cur.buckets)
-
-
-def _bucket_of(gid: str, key: str, n: int) -> int:
-    return zlib.crc32(f"{gid}\x00{key}".encode()) % n
-
 
 @dataclass(slots=True)
 class _Held:
@@ -272,5 +254,8 @@ class _Held:
     engine: Any
     state: Any
     n_buckets: int
-    buckets: dict[int, dict[tuple[str, str], bytes]]
-    pending_drop: set[int]
+    rewrite: bool  # every bucket must be written at the next flush
+    timer: Any  # the registered timer (None: none), or UNKNOWN
+
+
+UNKNOWN = object()  # NativeBucketStore.timer when this process does not know it

@@ -23,7 +23,7 @@ from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 from cep.engines import EngineFactory
 from cep.runtime.bind import engine_kind
 from cep.runtime.engine import EOF_TS, Engine, Event, Output, content_seq
-from cep.runtime.state_store import MapStateKeyStore, NativeBucketStore
+from cep.runtime.state_store import UNKNOWN, MapStateKeyStore, NativeBucketStore
 from cep.spark.pipeline import DEAD_STREAM, EOF_STREAM
 
 OUTPUT_SCHEMA = "kind string, rule_id string, key string, id string, payload string"
@@ -146,7 +146,7 @@ class CepProcessor(StatefulProcessor):
         self._begin(key)
         try:
             out = self._run([], timerValues)
-            self._reset_timer()
+            self._reset_timer(expired=True)
             self.store.flush()
         except BaseException:
             self._abandon()
@@ -166,12 +166,28 @@ class CepProcessor(StatefulProcessor):
         return self.engine.ingest_batch(  # type: ignore[attr-defined,no-any-return]
             self.store, events, max_ts, end_of_input=eoi)
 
-    def _reset_timer(self) -> None:
-        for t in list(self.handle.listTimers()):
-            self.handle.deleteTimer(t)
+    def _reset_timer(self, expired: bool = False) -> None:
+        """One event-time timer per shard, at its next wake. Each timer call is a round trip to
+        the state server: the native store remembers the timer it registered (while its held
+        copy is valid), so an unchanged wake costs none and a changed one two; otherwise (the
+        Python loop, a reload) the timers are listed and replaced."""
         nxt = self.engine.next_wake(self.store)
-        if nxt is not None:
-            self.handle.registerTimer(max(1, nxt - self.delay))
+        want = None if nxt is None else max(1, nxt - self.delay)
+        known = self.store.timer if self.native else UNKNOWN
+        if expired and known is not UNKNOWN:
+            known = None  # Spark removed the timer that fired (the only one)
+        if known is UNKNOWN:
+            for t in list(self.handle.listTimers()):
+                self.handle.deleteTimer(t)
+            if want is not None:
+                self.handle.registerTimer(want)
+        elif known != want:
+            if known is not None:
+                self.handle.deleteTimer(known)  # type: ignore[arg-type]
+            if want is not None:
+                self.handle.registerTimer(want)
+        if self.native:
+            self.store.timer = want
 
     def _frame(self, out: Output, stats: dict[str, Any], started: float,
                dead: list[str] = ()) -> pd.DataFrame:  # type: ignore[assignment]

@@ -31,6 +31,11 @@ pub const EOF_TS: i64 = 253_402_300_799_000;
 pub const AT_END: i64 = EOF_TS - 1;
 pub const KEY_MAGIC: &[u8; 5] = b"CEPNK";
 pub const KEY_VERSION: u16 = 2;
+/// A bucket of key states as the Spark operator stores it (`Engine.export_buckets`): magic,
+/// u16 version, u32 count, then per key its group id and key (u32 length + UTF-8), its wake
+/// time (i64) and its `CEPNK` bytes (u32 length + bytes).
+pub const BUCKET_MAGIC: &[u8; 5] = b"CEPNB";
+pub const BUCKET_VERSION: u16 = 1;
 
 /// A buffered event: `(ts, seq, data)` of the Python engine. An event from an Arrow batch has
 /// no Python objects (`seq` and `data` None): `seqi` and `row` hold it.
@@ -88,6 +93,9 @@ pub struct EngineState {
     /// what a store that writes changed keys back must write.
     dirty: HashSet<Sk>,
     track_dirty: bool,
+    /// Keys read from a stored bucket and not needed since: their `CEPNK` bytes, decoded when an
+    /// event or a deadline reaches the key (`Engine.import_bucket`, `Engine.export_buckets`).
+    raw: HashMap<Sk, Vec<u8>>,
 }
 
 impl EngineState {
@@ -146,7 +154,7 @@ impl EngineState {
 
     /// The number of keys with state.
     fn __len__(&self) -> usize {
-        self.states.len()
+        self.states.len() + self.raw.len()
     }
 
     /// The number of keys in the wake index.
@@ -398,6 +406,10 @@ impl Engine {
         let matches = PyList::empty(py);
         let mut counts = Counts::default();
         for sk in due {
+            if let Some(raw) = st.raw.remove(&sk) {
+                let ks = decode_key(py, &raw)?;
+                st.states.insert(sk.clone(), ks);
+            }
             let g = &self.groups[sk.0 as usize];
             let safe = if eof { max_ts } else { max_ts.saturating_sub(g.lateness).saturating_sub(1) };
             let new = pending.remove(&sk);
@@ -420,6 +432,17 @@ impl Engine {
             .position(|g| g.gid == gid)
             .map(|i| i as u32)
             .ok_or_else(|| PyValueError::new_err(format!("no rule group {gid:?} in this engine")))
+    }
+
+    /// The bucket of a key in `export_buckets` (stable across processes and releases).
+    fn bucket_of(&self, sk: &Sk, n: u32) -> u32 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let gid = self.groups[sk.0 as usize].gid.as_bytes();
+        for &b in gid.iter().chain(std::iter::once(&0u8)).chain(sk.1.as_bytes()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        (h % u64::from(n)) as u32
     }
 
     fn wake_of(&self, gi: u32, ks: &KeyState) -> i64 {
@@ -699,8 +722,12 @@ impl Engine {
     /// The (group id, key) of every key with state.
     fn keys(&self, state: &Bound<'_, EngineState>) -> PyResult<Vec<(String, String)>> {
         let st = state.try_borrow()?;
-        let mut v: Vec<(String, String)> =
-            st.states.keys().map(|(g, k)| (self.groups[*g as usize].gid.clone(), k.to_string())).collect();
+        let mut v: Vec<(String, String)> = st
+            .states
+            .keys()
+            .chain(st.raw.keys())
+            .map(|(g, k)| (self.groups[*g as usize].gid.clone(), k.to_string()))
+            .collect();
         v.sort();
         Ok(v)
     }
@@ -712,35 +739,200 @@ impl Engine {
     fn key_bytes(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<Option<Py<PyAny>>> {
         let gi = self.gid_index(gid)?;
         let st = state.try_borrow()?;
-        let Some(ks) = st.states.get(&(gi, Arc::from(key))) else { return Ok(None) };
-        let mut buf = Vec::with_capacity(128);
-        buf.extend_from_slice(KEY_MAGIC);
-        buf.extend_from_slice(&KEY_VERSION.to_le_bytes());
-        buf.extend_from_slice(&(ks.parts.len() as u32).to_le_bytes());
-        for p in &ks.parts {
-            for s in [&p.rule, &p.version] {
-                buf.extend_from_slice(&(s.len() as u32).to_le_bytes());
-                buf.extend_from_slice(s.as_bytes());
-            }
-            let m = state::encode_vec(py, &p.state)?;
-            buf.extend_from_slice(&(m.len() as u32).to_le_bytes());
-            buf.extend_from_slice(&m);
-        }
-        let mut enc = EvEnc::default();
-        for x in &ks.buffer {
-            let r = match (&x.row, &x.data) {
-                (Some(row), None) => EvRef::Row { row, seq: x.seqi.unwrap_or(0) },
-                _ => EvRef::Py { data: x.data_obj(py)?, seq: x.seq_obj(py)? },
-            };
-            enc.push(py, x.ts, r);
-        }
-        enc.finish(py, &mut buf)?;
+        let sk: Sk = (gi, Arc::from(key));
+        let buf = match (st.states.get(&sk), st.raw.get(&sk)) {
+            (Some(ks), _) => encode_key(py, ks)?,
+            (None, Some(raw)) => raw.clone(),
+            (None, None) => return Ok(None),
+        };
         Ok(Some(PyBytes::new(py, &buf).into_any().unbind()))
     }
 
     /// Put a key's state read from `key_bytes` (replacing what the key had).
     fn load_key(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str, data: &[u8]) -> PyResult<()> {
         let gi = self.gid_index(gid)?;
+        let ks = decode_key(py, data)?;
+        let when = self.wake_of(gi, &ks);
+        let mut st = state.try_borrow_mut()?;
+        let sk: Sk = (gi, Arc::from(key));
+        st.raw.remove(&sk);
+        st.states.insert(sk.clone(), ks);
+        st.wake_set(sk, when);
+        Ok(())
+    }
+
+    /// Forget a key's state.
+    fn delete_key(&self, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<()> {
+        let gi = self.gid_index(gid)?;
+        let mut st = state.try_borrow_mut()?;
+        let sk: Sk = (gi, Arc::from(key));
+        st.states.remove(&sk);
+        st.raw.remove(&sk);
+        st.wake_discard(&sk);
+        Ok(())
+    }
+
+    /// Add a stored bucket's keys (what `export_buckets` wrote) as raw bytes, decoded only when
+    /// an event or a deadline reaches them. Returns the number of keys dropped because their
+    /// rule group is not in this engine (its rules were removed while the job ran).
+    fn import_bucket(&self, state: &Bound<'_, EngineState>, blob: &[u8]) -> PyResult<usize> {
+        let mut st = state.try_borrow_mut()?;
+        let mut d = EvDec { data: blob, at: 0 };
+        if d.take(5)? != BUCKET_MAGIC {
+            return Err(PyValueError::new_err("not a native key-state bucket (cep._core): wrong header"));
+        }
+        let version = u16::from_le_bytes(d.take(2)?.try_into().map_err(|_| PyValueError::new_err("corrupt bucket"))?);
+        if version != BUCKET_VERSION {
+            return Err(PyValueError::new_err(format!(
+                "native key-state bucket format version {version}, but this cep._core reads version \
+                 {BUCKET_VERSION}: discard the state (reset the checkpoint) or replay the input"
+            )));
+        }
+        let n = d.u32()? as usize;
+        let mut dropped = 0;
+        for _ in 0..n {
+            let gid = String::from_utf8(d.take_n()?.to_vec()).map_err(|_| PyValueError::new_err("corrupt bucket"))?;
+            let key: Arc<str> = Arc::from(std::str::from_utf8(d.take_n()?).map_err(|_| PyValueError::new_err("corrupt bucket"))?);
+            let wake = d.i64()?;
+            let bytes = d.take_n()?.to_vec();
+            match self.groups.iter().position(|g| g.gid == gid) {
+                None => dropped += 1,
+                Some(gi) => {
+                    let sk: Sk = (gi as u32, key);
+                    st.states.remove(&sk);
+                    st.raw.insert(sk.clone(), bytes);
+                    st.wake_set(sk, wake);
+                }
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// Serialise the keys advanced since the last export and return the buckets to write:
+    /// `(bucket, blob)` for each bucket holding such a key (every key of the bucket is in its
+    /// blob), `(bucket, None)` for one left empty; with `all`, every bucket `0..n_buckets`. A
+    /// key's bucket is FNV-1a of (group id, key) mod `n_buckets`. Afterwards every key is held
+    /// as raw bytes until it is needed again.
+    #[pyo3(signature = (state, n_buckets, all=false))]
+    fn export_buckets(&self, py: Python<'_>, state: &Bound<'_, EngineState>, n_buckets: u32, all: bool) -> PyResult<Vec<(u32, Option<Py<PyAny>>)>> {
+        let n = n_buckets.max(1);
+        let mut st = state.try_borrow_mut()?;
+        let live: Vec<(Sk, KeyState)> = st.states.drain().collect();
+        for (sk, ks) in live {
+            let bytes = encode_key(py, &ks)?;
+            st.raw.insert(sk, bytes);
+        }
+        let dirty: Vec<Sk> = st.dirty.drain().collect();
+        let mut want: Vec<bool> = vec![all; n as usize];
+        for sk in &dirty {
+            want[self.bucket_of(sk, n) as usize] = true;
+        }
+        let mut members: Vec<Vec<&Sk>> = vec![Vec::new(); n as usize];
+        for sk in st.raw.keys() {
+            let b = self.bucket_of(sk, n) as usize;
+            if want[b] {
+                members[b].push(sk);
+            }
+        }
+        let mut out = Vec::new();
+        for (b, keys) in members.iter_mut().enumerate() {
+            if !want[b] {
+                continue;
+            }
+            if keys.is_empty() {
+                out.push((b as u32, None));
+                continue;
+            }
+            keys.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+            let mut blob = Vec::with_capacity(64 + keys.len() * 256);
+            blob.extend_from_slice(BUCKET_MAGIC);
+            blob.extend_from_slice(&BUCKET_VERSION.to_le_bytes());
+            blob.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+            for sk in keys.iter() {
+                let gid = &self.groups[sk.0 as usize].gid;
+                for part in [gid.as_bytes(), sk.1.as_bytes()] {
+                    blob.extend_from_slice(&(part.len() as u32).to_le_bytes());
+                    blob.extend_from_slice(part);
+                }
+                blob.extend_from_slice(&st.wake_at.get(*sk).copied().unwrap_or(AT_END).to_le_bytes());
+                let bytes = &st.raw[*sk];
+                blob.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+                blob.extend_from_slice(bytes);
+            }
+            out.push((b as u32, Some(PyBytes::new(py, &blob).into_any().unbind())));
+        }
+        Ok(out)
+    }
+
+    /// Count per-rule changes in live partial matches (`take_partials`); off by default.
+    #[getter]
+    fn get_track_partials(&self) -> bool {
+        self.partials.is_some()
+    }
+
+    #[setter]
+    fn set_track_partials(&mut self, on: bool) {
+        self.partials = if on { Some(self.partials.take().unwrap_or_else(|| vec![0; self.rules.len()])) } else { None };
+    }
+
+    /// Per rule, the change in live partial matches since the last call (non-zero ones only).
+    fn take_partials(&mut self) -> Vec<(String, i64)> {
+        let Some(p) = self.partials.as_mut() else { return Vec::new() };
+        let out = self.rules.iter().zip(p.iter()).filter(|(_, &d)| d != 0).map(|(r, &d)| (r.id.clone(), d)).collect();
+        p.iter_mut().for_each(|d| *d = 0);
+        out
+    }
+
+    /// The keys advanced since the last call, each as `(group id, key, key_bytes or None when
+    /// the key no longer has state)`, sorted; clears the record (needs `EngineState(track_dirty=True)`).
+    fn take_dirty(&self, py: Python<'_>, state: &Bound<'_, EngineState>) -> PyResult<Vec<DirtyKey>> {
+        let mut dirty: Vec<Sk> = state.try_borrow_mut()?.dirty.drain().collect();
+        dirty.sort_by(|a, b| self.rank[a.0 as usize].cmp(&self.rank[b.0 as usize]).then_with(|| a.1.cmp(&b.1)));
+        let mut out = Vec::with_capacity(dirty.len());
+        for (gi, key) in dirty {
+            let gid = &self.groups[gi as usize].gid;
+            let b = self.key_bytes(py, state, gid, &key)?;
+            out.push((gid.clone(), key.to_string(), b));
+        }
+        Ok(out)
+    }
+
+    /// The group ids, in the engine's order.
+    #[getter]
+    fn group_ids(&self) -> Vec<String> {
+        self.groups.iter().map(|g| g.gid.clone()).collect()
+    }
+}
+
+/// A key's state as `CEPNK` bytes (format version 2; see `Engine.key_bytes`).
+fn encode_key(py: Python<'_>, ks: &KeyState) -> PyResult<Vec<u8>> {
+    let mut buf = Vec::with_capacity(128);
+    buf.extend_from_slice(KEY_MAGIC);
+    buf.extend_from_slice(&KEY_VERSION.to_le_bytes());
+    buf.extend_from_slice(&(ks.parts.len() as u32).to_le_bytes());
+    for p in &ks.parts {
+        for s in [&p.rule, &p.version] {
+            buf.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            buf.extend_from_slice(s.as_bytes());
+        }
+        let m = state::encode_vec(py, &p.state)?;
+        buf.extend_from_slice(&(m.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&m);
+    }
+    let mut enc = EvEnc::default();
+    for x in &ks.buffer {
+        let r = match (&x.row, &x.data) {
+            (Some(row), None) => EvRef::Row { row, seq: x.seqi.unwrap_or(0) },
+            _ => EvRef::Py { data: x.data_obj(py)?, seq: x.seq_obj(py)? },
+        };
+        enc.push(py, x.ts, r);
+    }
+    enc.finish(py, &mut buf)?;
+    Ok(buf)
+}
+
+/// Read `encode_key`'s bytes (format versions 1 and 2).
+fn decode_key(py: Python<'_>, data: &[u8]) -> PyResult<KeyState> {
         if data.len() < 7 || &data[..5] != KEY_MAGIC {
             return Err(PyValueError::new_err("not a native engine key state (cep._core): wrong header"));
         }
@@ -805,61 +997,5 @@ impl Engine {
                 });
             }
         }
-        let ks = KeyState { buffer, parts };
-        let when = self.wake_of(gi, &ks);
-        let mut st = state.try_borrow_mut()?;
-        let sk: Sk = (gi, Arc::from(key));
-        st.states.insert(sk.clone(), ks);
-        st.wake_set(sk, when);
-        Ok(())
-    }
-
-    /// Forget a key's state.
-    fn delete_key(&self, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<()> {
-        let gi = self.gid_index(gid)?;
-        let mut st = state.try_borrow_mut()?;
-        let sk: Sk = (gi, Arc::from(key));
-        st.states.remove(&sk);
-        st.wake_discard(&sk);
-        Ok(())
-    }
-
-    /// Count per-rule changes in live partial matches (`take_partials`); off by default.
-    #[getter]
-    fn get_track_partials(&self) -> bool {
-        self.partials.is_some()
-    }
-
-    #[setter]
-    fn set_track_partials(&mut self, on: bool) {
-        self.partials = if on { Some(self.partials.take().unwrap_or_else(|| vec![0; self.rules.len()])) } else { None };
-    }
-
-    /// Per rule, the change in live partial matches since the last call (non-zero ones only).
-    fn take_partials(&mut self) -> Vec<(String, i64)> {
-        let Some(p) = self.partials.as_mut() else { return Vec::new() };
-        let out = self.rules.iter().zip(p.iter()).filter(|(_, &d)| d != 0).map(|(r, &d)| (r.id.clone(), d)).collect();
-        p.iter_mut().for_each(|d| *d = 0);
-        out
-    }
-
-    /// The keys advanced since the last call, each as `(group id, key, key_bytes or None when
-    /// the key no longer has state)`, sorted; clears the record (needs `EngineState(track_dirty=True)`).
-    fn take_dirty(&self, py: Python<'_>, state: &Bound<'_, EngineState>) -> PyResult<Vec<DirtyKey>> {
-        let mut dirty: Vec<Sk> = state.try_borrow_mut()?.dirty.drain().collect();
-        dirty.sort_by(|a, b| self.rank[a.0 as usize].cmp(&self.rank[b.0 as usize]).then_with(|| a.1.cmp(&b.1)));
-        let mut out = Vec::with_capacity(dirty.len());
-        for (gi, key) in dirty {
-            let gid = &self.groups[gi as usize].gid;
-            let b = self.key_bytes(py, state, gid, &key)?;
-            out.push((gid.clone(), key.to_string(), b));
-        }
-        Ok(out)
-    }
-
-    /// The group ids, in the engine's order.
-    #[getter]
-    fn group_ids(&self) -> Vec<String> {
-        self.groups.iter().map(|g| g.gid.clone()).collect()
-    }
+    Ok(KeyState { buffer, parts })
 }

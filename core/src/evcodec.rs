@@ -148,6 +148,11 @@ impl Dec<'_> {
     pub fn i64(&mut self) -> PyResult<i64> {
         Ok(i64::from_le_bytes(self.take(8)?.try_into().map_err(|_| corrupt())?))
     }
+    /// A u32 length, then that many bytes.
+    pub fn take_n(&mut self) -> PyResult<&[u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
     fn f64(&mut self) -> PyResult<f64> {
         Ok(f64::from_le_bytes(self.take(8)?.try_into().map_err(|_| corrupt())?))
     }
