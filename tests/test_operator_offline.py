@@ -31,12 +31,14 @@ DELAY = 5_000  # the bundled fraud rules' LATENESS (the watermark delay)
 
 
 class _State:
-    """One shard's MapState and ValueState at a time (`shard` is set before each call)."""
+    """One shard's MapState, ValueState and ListState at a time (`shard` is set before each
+    call); `_Lists` gives the ListState calls."""
 
     def __init__(self) -> None:
         self.shard: Any = None
         self.maps: dict[Any, dict[Any, Any]] = {}
         self.values: dict[Any, Any] = {}
+        self.lists: dict[Any, list[Any]] = {}
         self.timers: dict[Any, set[int]] = {}
 
     # MapState
@@ -63,9 +65,29 @@ class _State:
         self.values.pop(self.shard, None)
 
 
+class _Lists:
+    def __init__(self, state: _State) -> None:
+        self.s = state
+
+    def get(self) -> Any:
+        return iter(list(self.s.lists.get(self.s.shard, [])))
+
+    def put(self, rows: list[Any]) -> None:
+        self.s.lists[self.s.shard] = list(rows)
+
+    def appendList(self, rows: list[Any]) -> None:  # noqa: N802
+        self.s.lists.setdefault(self.s.shard, []).extend(rows)
+
+    def clear(self) -> None:
+        self.s.lists.pop(self.s.shard, None)
+
+
 class _Handle:
     def __init__(self, state: _State) -> None:
         self.s = state
+
+    def getListState(self, *args: Any) -> _Lists:  # noqa: N802
+        return _Lists(self.s)
 
     def getMapState(self, *args: Any) -> _State:  # noqa: N802
         return self.s

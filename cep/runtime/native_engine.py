@@ -69,7 +69,7 @@ class NativeEngine:
     # -- the store -------------------------------------------------------------------------
     def state_of(self, store: KeyStore) -> Any:
         """The native key states kept on `store` (created on first use), or those a store
-        of its own gives (`native_state(engine)`: `cep.runtime.state_store.NativeBucketStore`)."""
+        of its own gives (`native_state(engine)`: `cep.runtime.state_store.NativeShardStore`)."""
         own = getattr(store, "native_state", None)
         if own is not None:
             return own(self)

@@ -133,37 +133,42 @@ class MapStateKeyStore:
         self._dirty = {b for b in range(new) if b < old or self._cache[b]}
 
 
-class NativeBucketStore:
+class NativeShardStore:
     """The native engine's (`cep.runtime.native_engine.NativeEngine`) key states over a shard's
-    state in a stateful stream operator: the native `EngineState` of each shard is kept in the
-    worker process between calls, and the state store is the durable copy of it.
+    state in a stateful stream operator, as a log: each shard's native `EngineState` is kept in
+    the worker process between calls, and the state store is its durable copy.
 
-    Layout: one MapState entry per bucket, a blob the core writes (`Engine.export_buckets`:
-    each key's group, key, wake time and versioned `CEPNK` bytes), and one ValueState with
-    `(buckets, token)`. Every call that changes the shard writes a fresh random `token` with it.
-    A call starts with one state read, the token: when it equals the token of the copy this
-    process holds (the store is exactly as this process left it), the held `EngineState` is used
-    as it is and no bucket is read; otherwise (another process ran the shard, Spark re-ran a
-    batch after a failure, the rules changed) every bucket of the shard is read back into a new
-    `EngineState` (`Engine.import_bucket`: keys stay raw bytes until an event or a deadline
-    reaches them, so a reload costs a copy, not a decode, per key). At the end of a call the
-    core serialises the keys it advanced and returns only their buckets to write.
+    Layout: a ListState of blobs the core writes (`Engine.export_blobs`: records of group, key,
+    wake time and versioned `CEPNK` bytes, or none for a key whose state is gone), applied in
+    order, and a ValueState with `(token, log rows, log bytes, compacted bytes)`.
+    - A call starts with one state read, the token. When it is the token this process wrote last
+      (the store is exactly as this process left it), the held `EngineState` is used as it is.
+      Otherwise (another process ran the shard, Spark re-ran a batch after a failure, the rules
+      changed) the log is read back into a new `EngineState` (`Engine.import_blob`: keys stay
+      raw bytes until an event or a deadline reaches them: a reload copies, it does not decode).
+    - A call ends by appending one blob with the records of the keys it changed (one state call,
+      bytes in proportion to the change) and a new token. When the log has grown past twice its
+      compacted size (plus 1 MiB) or 64 rows, it is rewritten as the current keys (a compaction,
+      one `put`).
 
-    So the cost per call is ~1 state read plus one write per changed bucket, and a key no event
-    touched costs nothing, where `MapStateKeyStore` reads, unpickles, pickles and writes every key
-    of every bucket it touches (issue 14: 637 µs per event in the live job).
+    So a call costs two state round trips and writes what changed; a key no event touched
+    costs nothing. (`MapStateKeyStore`, the Python loop's store, reads, unpickles, pickles and
+    writes whole buckets: at the latency benchmark's load that re-serialised every key of the
+    shard on every call, issue 14. A first native version wrote changed buckets: at that load
+    every bucket changes, so each call rewrote the shard in 5-8 round trips.)
     """
 
-    MIN_BUCKETS = 8
-    MAX_PER_BUCKET = 64
+    COMPACT_ROWS = 64
+    COMPACT_SLACK = 1 << 20
 
-    def __init__(self, buckets: Any, meta: Any, held: dict[Any, Any]) -> None:
-        self._buckets = buckets
+    def __init__(self, log: Any, meta: Any, held: dict[Any, Any]) -> None:
+        self._log = log
         self._meta = meta
         self._held = held  # shard -> _Held, shared by the stores of one worker process
-        self.writes = 0
-        self.reads = 0
+        self.writes = 0  # state calls that wrote the log
+        self.reads = 0  # log rows read on reloads
         self.reloads = 0  # calls that had to read the whole shard (the held copy was stale)
+        self.compactions = 0
         self.dropped = 0  # keys of rule groups that no longer exist, dropped on a reload
         self._cur: _Held | None = None
         self._shard: Any = None
@@ -172,27 +177,25 @@ class NativeBucketStore:
     def begin(self, shard: Any, engine: Any) -> None:
         """Start a call for `shard` run by `engine`."""
         row = self._meta.get()
-        n_buckets, token = (self.MIN_BUCKETS, b"") if row is None else pickle.loads(row[0])  # noqa: S301
+        token, rows, size, base = (b"", 0, 0, 0) if row is None else pickle.loads(row[0])  # noqa: S301
         held = self._held.get(shard)
         self._shard, self._engine = shard, engine
         if held is not None and held.token == token and held.engine is engine:
             self._cur = held
             return
-        self.timer = UNKNOWN
         self._held.pop(shard, None)
         self.reloads += 1
         from cep import _core  # type: ignore[attr-defined]
 
         state = _core.EngineState(track_dirty=True)
         dropped = 0
-        for b in range(n_buckets if row is not None else 0):
-            self.reads += 1
-            got = self._buckets.getValue((b,))
-            if got is not None:
-                dropped += engine.core.import_bucket(state, got[0])
+        if row is not None:
+            for (blob,) in self._log.get():
+                self.reads += 1
+                dropped += engine.core.import_blob(state, blob)
         self.dropped += dropped
-        # Dropped keys are purged from the store by rewriting every bucket at the end.
-        self._cur = _Held(token, engine, state, n_buckets, dropped > 0, UNKNOWN)
+        # Records of dropped groups leave the store at the next write (a compaction).
+        self._cur = _Held(token, engine, state, rows, size, base, dropped > 0, UNKNOWN)
 
     @property
     def timer(self) -> Any:
@@ -207,34 +210,39 @@ class NativeBucketStore:
 
     def native_state(self, engine: Any) -> Any:
         if self._cur is None or engine is not self._engine:
-            raise RuntimeError("NativeBucketStore: begin(shard, engine) first")
+            raise RuntimeError("NativeShardStore: begin(shard, engine) first")
         return self._cur.state
 
     def flush(self) -> None:
-        """Write the buckets of the keys this call changed; grow the buckets if they got too
-        full (every bucket is then rewritten)."""
+        """Append the records of the keys this call changed, or compact the log."""
         cur, self._cur = self._cur, None
         if cur is None:
             return
         try:
             core = self._engine.core
-            n = cur.n_buckets
-            while len(cur.state) > self.MAX_PER_BUCKET * n:
-                n *= 2
-            rewrite_all = cur.rewrite or n != cur.n_buckets
-            out = core.export_buckets(cur.state, n, rewrite_all)
-            cur.n_buckets, cur.rewrite = n, False
-            if not out:
-                self._held[self._shard] = cur  # nothing changed: the token stays valid
-                return
-            for b, blob in out:
-                self.writes += 1
-                if blob is None:
-                    self._buckets.removeKey((b,))
+            if (cur.compact or cur.rows >= self.COMPACT_ROWS
+                    or cur.size > 2 * cur.base + self.COMPACT_SLACK):
+                blobs = core.export_blobs(cur.state, True)
+                if blobs:
+                    self._log.put([(b,) for b in blobs])
                 else:
-                    self._buckets.updateValue((b,), (blob,))
+                    self._log.clear()
+                self.compactions += 1
+                cur.rows = len(blobs)
+                cur.size = cur.base = sum(len(b) for b in blobs)
+                cur.compact = False
+            else:
+                blobs = core.export_blobs(cur.state)
+                if not blobs:
+                    self._held[self._shard] = cur  # nothing changed: the token stays valid
+                    return
+                self._log.appendList([(b,) for b in blobs])
+                cur.rows += len(blobs)
+                cur.size += sum(len(b) for b in blobs)
+            self.writes += 1
             cur.token = os.urandom(8)
-            self._meta.update((pickle.dumps((cur.n_buckets, cur.token), protocol=5),))
+            self._meta.update((pickle.dumps((cur.token, cur.rows, cur.size, cur.base),
+                                            protocol=5),))
             self._held[self._shard] = cur
         except BaseException:
             self._held.pop(self._shard, None)
@@ -253,9 +261,11 @@ class _Held:
     token: bytes
     engine: Any
     state: Any
-    n_buckets: int
-    rewrite: bool  # every bucket must be written at the next flush
+    rows: int  # log rows
+    size: int  # log bytes
+    base: int  # bytes at the last compaction
+    compact: bool  # compact at the next flush
     timer: Any  # the registered timer (None: none), or UNKNOWN
 
 
-UNKNOWN = object()  # NativeBucketStore.timer when this process does not know it
+UNKNOWN = object()  # NativeShardStore.timer when this process does not know it

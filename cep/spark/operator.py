@@ -1,7 +1,7 @@
 """The stateful operator: `transformWithStateInPandas` over shards of the partition key.
 
 Thin by design: it turns pandas rows into `Event`s, gives the engine a key store backed by the
-shard's state (plain logic in `cep.runtime.state_store`: `NativeBucketStore` for the engine loop
+shard's state (plain logic in `cep.runtime.state_store`: `NativeShardStore` for the engine loop
 in the native core, which keeps each shard's native state in the worker between calls and writes
 back only the keys a call changed; `MapStateKeyStore` for the Python loop), converts between
 Spark's watermark and the engine's max event time (docs/spark-runtime.md), keeps one timer per
@@ -23,7 +23,7 @@ from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 from cep.engines import EngineFactory
 from cep.runtime.bind import engine_kind
 from cep.runtime.engine import EOF_TS, Engine, Event, Output, content_seq
-from cep.runtime.state_store import UNKNOWN, MapStateKeyStore, NativeBucketStore
+from cep.runtime.state_store import UNKNOWN, MapStateKeyStore, NativeShardStore
 from cep.spark.pipeline import DEAD_STREAM, EOF_STREAM
 
 OUTPUT_SCHEMA = "kind string, rule_id string, key string, id string, payload string"
@@ -58,8 +58,8 @@ class CepProcessor(StatefulProcessor):
         # (docs/spark-runtime.md).
         self.native = engine_kind(self.engine) == "native"
         if self.native:
-            self.store: Any = NativeBucketStore(
-                handle.getMapState("nbuckets", _BUCKET_SCHEMA, _BLOB_SCHEMA),
+            self.store: Any = NativeShardStore(
+                handle.getListState("nlog", _BLOB_SCHEMA),
                 handle.getValueState("nshard", _BLOB_SCHEMA), _HELD)
         else:
             self.store = MapStateKeyStore(
@@ -203,7 +203,8 @@ class CepProcessor(StatefulProcessor):
             stats["partial_matches"] = partials
         if self.native:
             stats["state_reloads"] = self.store.reloads
-            self.store.reloads = 0
+            stats["state_compactions"] = self.store.compactions
+            self.store.reloads = self.store.compactions = 0
         self.store.writes = self.store.reads = 0
         rows.append(("stats", "", "", "", json.dumps(stats)))
         # From an object array: about half the cost of pandas' own row-tuple path, paid on
@@ -232,7 +233,7 @@ def _us(seconds: float) -> int:
 
 
 _ENGINES: dict[int, Engine] = {}
-# Per worker process: each shard's native state as this process last wrote it (NativeBucketStore).
+# Per worker process: each shard's native state as this process last wrote it (NativeShardStore).
 _HELD: dict[Any, Any] = {}
 
 

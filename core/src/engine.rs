@@ -31,11 +31,11 @@ pub const EOF_TS: i64 = 253_402_300_799_000;
 pub const AT_END: i64 = EOF_TS - 1;
 pub const KEY_MAGIC: &[u8; 5] = b"CEPNK";
 pub const KEY_VERSION: u16 = 2;
-/// A bucket of key states as the Spark operator stores it (`Engine.export_buckets`): magic,
-/// u16 version, u32 count, then per key its group id and key (u32 length + UTF-8), its wake
-/// time (i64) and its `CEPNK` bytes (u32 length + bytes).
-pub const BUCKET_MAGIC: &[u8; 5] = b"CEPNB";
-pub const BUCKET_VERSION: u16 = 1;
+/// Key records as the Spark operator stores them (`Engine.export_blobs`): magic, u16 version,
+/// u32 count, then per key its group id and key (u32 length + UTF-8), its wake time (i64) and
+/// its `CEPNK` bytes (u32 length + bytes; none: the key has no state any more).
+pub const BLOB_MAGIC: &[u8; 5] = b"CEPNB";
+pub const BLOB_VERSION: u16 = 1;
 
 /// A buffered event: `(ts, seq, data)` of the Python engine. An event from an Arrow batch has
 /// no Python objects (`seq` and `data` None): `seqi` and `row` hold it.
@@ -93,8 +93,8 @@ pub struct EngineState {
     /// what a store that writes changed keys back must write.
     dirty: HashSet<Sk>,
     track_dirty: bool,
-    /// Keys read from a stored bucket and not needed since: their `CEPNK` bytes, decoded when an
-    /// event or a deadline reaches the key (`Engine.import_bucket`, `Engine.export_buckets`).
+    /// Keys read from the store and not needed since: their `CEPNK` bytes, decoded when an
+    /// event or a deadline reaches the key (`Engine.import_blob`, `Engine.export_blobs`).
     raw: HashMap<Sk, Vec<u8>>,
 }
 
@@ -434,17 +434,6 @@ impl Engine {
             .ok_or_else(|| PyValueError::new_err(format!("no rule group {gid:?} in this engine")))
     }
 
-    /// The bucket of a key in `export_buckets` (stable across processes and releases).
-    fn bucket_of(&self, sk: &Sk, n: u32) -> u32 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let gid = self.groups[sk.0 as usize].gid.as_bytes();
-        for &b in gid.iter().chain(std::iter::once(&0u8)).chain(sk.1.as_bytes()) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        (h % u64::from(n)) as u32
-    }
-
     fn wake_of(&self, gi: u32, ks: &KeyState) -> i64 {
         let mut due = ks.buffer.first().map(|x| x.ts);
         for p in &ks.parts {
@@ -772,50 +761,56 @@ impl Engine {
         Ok(())
     }
 
-    /// Add a stored bucket's keys (what `export_buckets` wrote) as raw bytes, decoded only when
-    /// an event or a deadline reaches them. Returns the number of keys dropped because their
-    /// rule group is not in this engine (its rules were removed while the job ran).
-    fn import_bucket(&self, state: &Bound<'_, EngineState>, blob: &[u8]) -> PyResult<usize> {
+    /// Apply a blob of key records (what `export_blobs` wrote): a key with bytes is held raw,
+    /// decoded only when an event or a deadline reaches it; a key without (a tombstone) has no
+    /// state any more. Blobs are applied in the order they were written. Returns the number of
+    /// records dropped because their rule group is not in this engine (its rules were removed
+    /// while the job ran).
+    fn import_blob(&self, state: &Bound<'_, EngineState>, blob: &[u8]) -> PyResult<usize> {
+        let corrupt = || PyValueError::new_err("native key-state blob: truncated or corrupt bytes");
         let mut st = state.try_borrow_mut()?;
         let mut d = EvDec { data: blob, at: 0 };
-        if d.take(5)? != BUCKET_MAGIC {
-            return Err(PyValueError::new_err("not a native key-state bucket (cep._core): wrong header"));
+        if d.take(5)? != BLOB_MAGIC {
+            return Err(PyValueError::new_err("not a native key-state blob (cep._core): wrong header"));
         }
-        let version = u16::from_le_bytes(d.take(2)?.try_into().map_err(|_| PyValueError::new_err("corrupt bucket"))?);
-        if version != BUCKET_VERSION {
+        let version = u16::from_le_bytes(d.take(2)?.try_into().map_err(|_| corrupt())?);
+        if version != BLOB_VERSION {
             return Err(PyValueError::new_err(format!(
-                "native key-state bucket format version {version}, but this cep._core reads version \
-                 {BUCKET_VERSION}: discard the state (reset the checkpoint) or replay the input"
+                "native key-state blob format version {version}, but this cep._core reads version \
+                 {BLOB_VERSION}: discard the state (reset the checkpoint) or replay the input"
             )));
         }
         let n = d.u32()? as usize;
         let mut dropped = 0;
         for _ in 0..n {
-            let gid = String::from_utf8(d.take_n()?.to_vec()).map_err(|_| PyValueError::new_err("corrupt bucket"))?;
-            let key: Arc<str> = Arc::from(std::str::from_utf8(d.take_n()?).map_err(|_| PyValueError::new_err("corrupt bucket"))?);
+            let gid = std::str::from_utf8(d.take_n()?).map_err(|_| corrupt())?.to_owned();
+            let key: Arc<str> = Arc::from(std::str::from_utf8(d.take_n()?).map_err(|_| corrupt())?);
             let wake = d.i64()?;
-            let bytes = d.take_n()?.to_vec();
-            match self.groups.iter().position(|g| g.gid == gid) {
-                None => dropped += 1,
-                Some(gi) => {
-                    let sk: Sk = (gi as u32, key);
-                    st.states.remove(&sk);
-                    st.raw.insert(sk.clone(), bytes);
-                    st.wake_set(sk, wake);
-                }
+            let bytes = d.take_n()?;
+            let Some(gi) = self.groups.iter().position(|g| g.gid == gid) else {
+                dropped += 1;
+                continue;
+            };
+            let sk: Sk = (gi as u32, key);
+            st.states.remove(&sk);
+            if bytes.is_empty() {
+                st.raw.remove(&sk);
+                st.wake_discard(&sk);
+            } else {
+                st.raw.insert(sk.clone(), bytes.to_vec());
+                st.wake_set(sk, wake);
             }
         }
         Ok(dropped)
     }
 
-    /// Serialise the keys advanced since the last export and return the buckets to write:
-    /// `(bucket, blob)` for each bucket holding such a key (every key of the bucket is in its
-    /// blob), `(bucket, None)` for one left empty; with `all`, every bucket `0..n_buckets`. A
-    /// key's bucket is FNV-1a of (group id, key) mod `n_buckets`. Afterwards every key is held
-    /// as raw bytes until it is needed again.
-    #[pyo3(signature = (state, n_buckets, all=false))]
-    fn export_buckets(&self, py: Python<'_>, state: &Bound<'_, EngineState>, n_buckets: u32, all: bool) -> PyResult<Vec<(u32, Option<Py<PyAny>>)>> {
-        let n = n_buckets.max(1);
+    /// Serialise the keys advanced since the last export and return blobs of key records
+    /// (group id, key, wake time, `CEPNK` bytes; no bytes for a key that has no state any
+    /// more), each at most about `max_bytes`; with `all`, every key with state instead (a
+    /// compaction). Keys in (group, key) order. Afterwards every key is held as raw bytes until
+    /// it is needed again.
+    #[pyo3(signature = (state, all=false, max_bytes=4 << 20))]
+    fn export_blobs(&self, py: Python<'_>, state: &Bound<'_, EngineState>, all: bool, max_bytes: usize) -> PyResult<Vec<Py<PyAny>>> {
         let mut st = state.try_borrow_mut()?;
         let live: Vec<(Sk, KeyState)> = st.states.drain().collect();
         for (sk, ks) in live {
@@ -823,45 +818,46 @@ impl Engine {
             st.raw.insert(sk, bytes);
         }
         let dirty: Vec<Sk> = st.dirty.drain().collect();
-        let mut want: Vec<bool> = vec![all; n as usize];
-        for sk in &dirty {
-            want[self.bucket_of(sk, n) as usize] = true;
-        }
-        let mut members: Vec<Vec<&Sk>> = vec![Vec::new(); n as usize];
-        for sk in st.raw.keys() {
-            let b = self.bucket_of(sk, n) as usize;
-            if want[b] {
-                members[b].push(sk);
-            }
-        }
+        let mut keys: Vec<Sk> = if all { st.raw.keys().cloned().collect() } else { dirty };
+        keys.sort_by(|a, b| self.rank[a.0 as usize].cmp(&self.rank[b.0 as usize]).then_with(|| a.1.cmp(&b.1)));
         let mut out = Vec::new();
-        for (b, keys) in members.iter_mut().enumerate() {
-            if !want[b] {
-                continue;
+        let mut blob: Vec<u8> = Vec::new();
+        let mut count = 0u32;
+        let flush = |blob: &mut Vec<u8>, count: &mut u32, out: &mut Vec<Py<PyAny>>| {
+            if *count > 0 {
+                blob[7..11].copy_from_slice(&count.to_le_bytes());
+                out.push(PyBytes::new(py, blob).into_any().unbind());
             }
-            if keys.is_empty() {
-                out.push((b as u32, None));
-                continue;
+            blob.clear();
+            *count = 0;
+        };
+        for sk in &keys {
+            if blob.is_empty() {
+                blob.extend_from_slice(BLOB_MAGIC);
+                blob.extend_from_slice(&BLOB_VERSION.to_le_bytes());
+                blob.extend_from_slice(&0u32.to_le_bytes());
             }
-            keys.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
-            let mut blob = Vec::with_capacity(64 + keys.len() * 256);
-            blob.extend_from_slice(BUCKET_MAGIC);
-            blob.extend_from_slice(&BUCKET_VERSION.to_le_bytes());
-            blob.extend_from_slice(&(keys.len() as u32).to_le_bytes());
-            for sk in keys.iter() {
-                let gid = &self.groups[sk.0 as usize].gid;
-                for part in [gid.as_bytes(), sk.1.as_bytes()] {
-                    blob.extend_from_slice(&(part.len() as u32).to_le_bytes());
-                    blob.extend_from_slice(part);
-                }
-                blob.extend_from_slice(&st.wake_at.get(*sk).copied().unwrap_or(AT_END).to_le_bytes());
-                let bytes = &st.raw[*sk];
-                blob.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-                blob.extend_from_slice(bytes);
+            let gid = &self.groups[sk.0 as usize].gid;
+            for part in [gid.as_bytes(), sk.1.as_bytes()] {
+                blob.extend_from_slice(&(part.len() as u32).to_le_bytes());
+                blob.extend_from_slice(part);
             }
-            out.push((b as u32, Some(PyBytes::new(py, &blob).into_any().unbind())));
+            let bytes: &[u8] = st.raw.get(sk).map_or(&[], Vec::as_slice);
+            blob.extend_from_slice(&st.wake_at.get(sk).copied().unwrap_or(AT_END).to_le_bytes());
+            blob.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            blob.extend_from_slice(bytes);
+            count += 1;
+            if blob.len() >= max_bytes {
+                flush(&mut blob, &mut count, &mut out);
+            }
         }
+        flush(&mut blob, &mut count, &mut out);
         Ok(out)
+    }
+
+    /// The bytes held for the keys' states (raw), a measure of the shard's stored size.
+    fn raw_bytes(&self, state: &Bound<'_, EngineState>) -> PyResult<usize> {
+        Ok(state.try_borrow()?.raw.values().map(Vec::len).sum())
     }
 
     /// Count per-rule changes in live partial matches (`take_partials`); off by default.

@@ -38,7 +38,7 @@ from cep.runtime.bind import build_embedded_engine, build_engine, engine_kind
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore
 from cep.runtime.native import why_not_native
 from cep.runtime.native_engine import events_from_batch
-from cep.runtime.state_store import NativeBucketStore
+from cep.runtime.state_store import NativeShardStore
 from tests.core.test_native_differential import DEFINES, MEASURES
 from tests.hyp import profile
 from tests.rules.strategies import rule_statement
@@ -230,19 +230,20 @@ def json_batches(events: list[Event]):  # type: ignore[no-untyped-def]
 
 def drive_operator_store(engine, table, batch: int, seed: int) -> list:  # type: ignore[no-untyped-def]
     """`drive` as the Spark operator runs the native loop: JSON batches read by the core, the key
-    states in a `NativeBucketStore` over (dict) MapState/ValueState, the shard's native state
+    states in a `NativeShardStore` over (dict) MapState/ValueState, the shard's native state
     held between calls and, at random, dropped (another worker ran the shard, a batch was re-run:
-    the next call reloads it from the stored bytes)."""
-    from tests.runtime.test_bucket_store import DictMapState, DictValueState
+    the next call reloads it from the stored log)."""
+    from tests.runtime.test_bucket_store import DictValueState
+    from tests.runtime.test_native_shard_store import DictListState
 
-    buckets, meta, held = DictMapState(), DictValueState(), {}
+    buckets, meta, held = DictListState(), DictValueState(), {}
     rnd = random.Random(seed)
     max_ts, trace = NEG_INF, []
     shard = ("shard", 0)
 
     def call(rb, max_ts, eoi=None):  # type: ignore[no-untyped-def]
-        store = NativeBucketStore(buckets, meta, held)
-        store.MAX_PER_BUCKET = 2  # grow often
+        store = NativeShardStore(buckets, meta, held)
+        store.COMPACT_ROWS = 3  # compact often
         store.begin(shard, engine)
         if rb is None:
             out = engine.advance(store, max_ts, end_of_input=eoi)
@@ -263,7 +264,12 @@ def drive_operator_store(engine, table, batch: int, seed: int) -> list:  # type:
         max_ts = max(max_ts, max(rb.column("ts").to_pylist()))
     if max_ts != NEG_INF:
         call(None, max_ts, max_ts)
-    assert buckets.d == {}, "state left in the store after the end of input"
+    from cep import _core
+
+    replayed = _core.EngineState()
+    for (blob,) in buckets.rows:
+        engine.core.import_blob(replayed, blob)
+    assert len(replayed) == 0, "state left in the store after the end of input"
     return trace
 
 

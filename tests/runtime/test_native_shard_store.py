@@ -1,4 +1,4 @@
-"""The Spark operator's native key store (`NativeBucketStore`) and the core's JSON reading.
+"""The Spark operator's native key store (`NativeShardStore`) and the core's JSON reading.
 
 - The core parses each event's JSON text (`ingest_batch` with a `data` column) into exactly the
   values `json.loads` gives, edge cases included (integers past 64 bits, nested objects, repeated
@@ -24,8 +24,32 @@ from cep.compile import compile_rules
 from cep.runtime.alerts import alert_record
 from cep.runtime.bind import build_embedded_engine, build_engine, engine_kind
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore
-from cep.runtime.state_store import NativeBucketStore
-from tests.runtime.test_bucket_store import DictMapState, DictValueState
+from cep.runtime.state_store import NativeShardStore
+from tests.runtime.test_bucket_store import DictValueState
+
+
+class DictListState:
+    """Spark's ListState calls over a list (each call counted: a state-server round trip)."""
+
+    def __init__(self) -> None:
+        self.rows: list[Any] = []
+        self.calls = 0
+
+    def get(self) -> Any:
+        self.calls += 1
+        return iter(list(self.rows))
+
+    def put(self, rows: list[Any]) -> None:
+        self.calls += 1
+        self.rows = list(rows)
+
+    def appendList(self, rows: list[Any]) -> None:  # noqa: N802 - Spark's name
+        self.calls += 1
+        self.rows += rows
+
+    def clear(self) -> None:
+        self.calls += 1
+        self.rows = []
 
 RULES = compile_rules("""
 STREAM s TIME BY ts LATENESS 5ms;
@@ -73,11 +97,11 @@ def test_the_core_reads_json_as_json_loads_does_through_state_bytes() -> None:
     assert engine_kind(native) == "native"
     python = build_engine(RULES, use_native=False)
     texts = _texts()
-    buckets, meta, held = DictMapState(), DictValueState(), {}
+    buckets, meta, held = DictListState(), DictValueState(), {}
     py_store, got, want, max_ts = MemoryKeyStore(), [], [], NEG_INF
     for i in range(0, len(texts), 4):  # every call reloads the shard from its bytes
         chunk = texts[i:i + 4]
-        store = NativeBucketStore(buckets, meta, held)
+        store = NativeShardStore(buckets, meta, held)
         store.begin(("s",), native)
         got += native.ingest_batch(store, _batch(chunk, i), max_ts).matches
         store.flush()
@@ -86,7 +110,7 @@ def test_the_core_reads_json_as_json_loads_does_through_state_bytes() -> None:
                   for j, (_, t) in enumerate(chunk)]
         want += python.ingest(py_store, events, max_ts).matches
         max_ts = max(max_ts, *(e.ts for e in events))
-    store = NativeBucketStore(buckets, meta, held)
+    store = NativeShardStore(buckets, meta, held)
     store.begin(("s",), native)
     got += native.advance(store, max_ts, end_of_input=max_ts).matches
     store.flush()
@@ -98,12 +122,22 @@ def test_the_core_reads_json_as_json_loads_does_through_state_bytes() -> None:
         for ge, we in zip(g.events, w.events, strict=True):
             assert ge.event.keys() == we.event.keys()
             assert all(_same(ge.event[f], we.event[f]) for f in we.event), (ge.event, we.event)
-    assert buckets.d == {}
+    assert stored_keys(native, buckets) == 0  # the log, replayed, holds no key
+
+
+def stored_keys(engine: Any, log: DictListState) -> int:
+    """How many keys the stored log holds once replayed (it keeps tombstones until compacted)."""
+    from cep import _core
+
+    replayed = _core.EngineState()
+    for (blob,) in log.rows:
+        engine.core.import_blob(replayed, blob)
+    return len(replayed)
 
 
 def _run(engine: Any, buckets: Any, meta: Any, held: dict[Any, Any], rb: Any, max_ts: int,
          ) -> tuple[list[dict[str, Any]], int | None]:
-    store = NativeBucketStore(buckets, meta, held)
+    store = NativeShardStore(buckets, meta, held)
     store.begin(("s",), engine)
     out = engine.ingest_batch(store, rb, max_ts)
     wake = engine.next_wake(store)
@@ -124,12 +158,12 @@ def test_a_stale_held_copy_is_never_used(how: str) -> None:
     engine = build_embedded_engine(RULES)
     texts = _stream(60)
     b1, b2, b3 = _batch(texts[:20], 0), _batch(texts[20:40], 20), _batch(texts[40:], 40)
-    buckets, meta, held = DictMapState(), DictValueState(), {}
+    buckets, meta, held = DictListState(), DictValueState(), {}
     _run(engine, buckets, meta, held, b1, NEG_INF)
     if how == "rolled back":
-        saved = copy.deepcopy((buckets.d, meta.v))
+        saved = copy.deepcopy((buckets.rows, meta.v))
         first = _run(engine, buckets, meta, held, b2, 57)
-        buckets.d, meta.v = copy.deepcopy(saved)  # the batch failed after the operator ran
+        buckets.rows, meta.v = copy.deepcopy(saved)  # the batch failed after the operator ran
         again = _run(engine, buckets, meta, held, b2, 57)
         assert again == first and first[0]
     else:
@@ -138,7 +172,7 @@ def test_a_stale_held_copy_is_never_used(how: str) -> None:
         _run(engine, buckets, meta, held, b2, 57)
         got = _run(engine, buckets, meta, other, b3, 117)
         # The reference: one process, its copy always current.
-        ref_b, ref_m, ref_h = DictMapState(), DictValueState(), {}
+        ref_b, ref_m, ref_h = DictListState(), DictValueState(), {}
         for rb, m in ((b1, NEG_INF), (b2, 57)):
             _run(engine, ref_b, ref_m, ref_h, rb, m)
         assert got == _run(engine, ref_b, ref_m, ref_h, b3, 117) and got[0]
@@ -146,12 +180,30 @@ def test_a_stale_held_copy_is_never_used(how: str) -> None:
 
 def test_an_unchanged_shard_costs_one_state_read() -> None:
     engine = build_embedded_engine(RULES)
-    buckets, meta, held = DictMapState(), DictValueState(), {}
+    buckets, meta, held = DictListState(), DictValueState(), {}
     _run(engine, buckets, meta, held, _batch(_stream(300), 0), NEG_INF)
     buckets.calls = 0
-    store = NativeBucketStore(buckets, meta, held)
+    store = NativeShardStore(buckets, meta, held)
     store.begin(("s",), engine)
     engine.ingest_batch(store, _batch([], 0), 10)  # nothing due yet
     store.flush()
     assert buckets.calls == 0 and store.reloads == 0
-    assert len(buckets.d) > 1  # the 7 keys' states are stored (in buckets)
+    assert buckets.rows  # the 7 keys' states are stored
+
+
+def test_the_log_is_compacted_and_reloads_to_the_same_state() -> None:
+    engine = build_embedded_engine(RULES)
+    texts = _stream(3_000)
+    log, meta, held = DictListState(), DictValueState(), {}
+    for i in range(0, 3_000, 30):  # 100 calls: the log passes 64 rows and is compacted
+        _run(engine, log, meta, held, _batch(texts[i:i + 30], i), 3 * i - 10)
+    assert len(log.rows) < 64
+    want = _run(engine, log, meta, held, _batch(_stream(3_050)[3_000:], 3_000), 9_000)
+    assert want[0]
+    # The same call from the stored log alone (another process): the same alerts.
+    log2, meta2 = DictListState(), DictValueState()
+    held.clear()
+    for i in range(0, 3_000, 30):
+        _run(engine, log2, meta2, held, _batch(texts[i:i + 30], i), 3 * i - 10)
+    held.clear()
+    assert _run(engine, log2, meta2, held, _batch(_stream(3_050)[3_000:], 3_000), 9_000) == want
