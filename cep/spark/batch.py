@@ -3,7 +3,7 @@
 
 raw rows ──Prepare (mapInArrow, per input split)──► repartition(shard) ──► sortWithinPartitions(ts)
   │  validate: `cep.spark.pipeline.Validate`                         ──► RunEngine (mapInArrow)
-  │  good event → one row per key field of its stream, with its shard     per partition: the
+  │  good event → one row per key field of its stream (shard: JVM hash)   per partition: the
   │  bad record → one dead-letter row, with its source position          engine over its events
   └  end of the split → one end-of-input marker per shard (the split's    in ts order, then the
      last event time and how many records it read)                       end of input at the
@@ -27,7 +27,6 @@ index, or null: counted here) and `form` (`line` for JSON lines, `row` for CSV/P
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,16 +45,17 @@ from cep.spark.pipeline import Plan, Validate
 
 RAW_COLUMNS = ("stream", "value", "seq", "src", "part", "off", "form")
 PREPARED_SCHEMA = ("shard int, kind string, stream string, ts bigint, seq bigint, data string, "
-                   "key_field string, primary boolean")
+                   "key_field string, key string, primary boolean")
 # Row kinds between the two steps: an event (per key field), a dead letter, an end marker.
 EVENT, DEAD, MARK = "e", "d", "m"
 JSONL = (".json", ".jsonl", ".ndjson", ".txt", "")
 TABLES = (".csv", ".parquet")
 
 
-def shard_of(key_field: str, key: str, shards: int) -> int:
-    """The shard of a (key field, key): a stable hash (the same in every worker process)."""
-    return zlib.crc32(f"{key_field}\0{key}".encode("utf-8", "surrogatepass")) % shards
+def _strings(values: list[str]) -> Any:
+    import pyarrow as pa
+
+    return pa.array(values, pa.string())
 
 
 class _Validate(Validate):
@@ -77,11 +77,16 @@ class _Validate(Validate):
 class Prepare:
     """The first step, on each input split: validation, fan-out, dead letters, markers. An
     event without a source position gets its content seq here (`content_seq`, as the embedded
-    mode and the operator order ties in event time), so the engine's step is all Arrow."""
+    mode and the operator order ties in event time), so the engine's step is all Arrow. Rows
+    of events carry their `key` (the JVM hashes it into `shard`, as `pipeline.fan_out` does);
+    markers and dead letters carry their `shard`."""
 
     def __init__(self, plan: Plan, max_bytes: int = MAX_BYTES) -> None:
         self.validate = _Validate(plan, max_bytes)
         self.key_fields = {s.name: s.key_fields for s in plan.streams}
+        self.streams = _strings(list(self.key_fields))
+        # One stream (the usual case): its key fields, for the vectorised fan-out.
+        self.only = plan.streams[0].key_fields if len(plan.streams) == 1 else None
         self.shards = plan.shards
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
@@ -92,89 +97,130 @@ class Prepare:
         last: int | None = None
         read = dead = 0
         for batch in batches:
-            values = batch.column("value").to_pylist()
-            srcs = batch.column("src").to_pylist()
-            parts = batch.column("part").to_pylist()
-            offs = batch.column("off").to_pylist()
-            forms = batch.column("form").to_pylist()
-            keep: list[int] = []
-            nums: list[int] = []  # per kept record: its line or row number in its split
-            for i, (raw, src, part, off, form) in enumerate(
-                    zip(values, srcs, parts, offs, forms, strict=True)):
-                if form == "kafka":
-                    nums.append(0)
-                else:
-                    if off is not None:
-                        n = off + 1
-                    else:
-                        k = (src, part or 0)
-                        n = counted.get(k, 0) + 1
-                        counted[k] = n
-                    if form == "line" and (not raw or raw.isspace()):
-                        continue  # a blank line is not a record
-                    nums.append(n)
-                keep.append(i)
+            keep, nums = self._records(batch, counted)
             read += len(keep)
             if not keep:
                 continue
             sub = batch if len(keep) == batch.num_rows else batch.take(pa.array(keep))
             self.validate.events = []
             checked = next(iter(self.validate(iter([sub.select(["stream", "value", "seq"])]))))
-            decoded = self.validate.events
-            if len(decoded) != checked.num_rows:  # Validate no longer calls _one
-                decoded = [None if d is None else json.loads(d)
-                           for d in checked.column("data").to_pylist()]
-            streams = checked.column("stream").to_pylist()
-            reasons = checked.column("reason").to_pylist()
-            keys = checked.column("keys").to_pylist()
-            seqs = checked.column("seq").to_pylist()
-            idx: list[int] = []
-            shard: list[int] = []
-            kfs: list[str] = []
-            primary: list[bool] = []
-            seq_out: list[int] = []
-            bad: list[int] = []
-            for j, (stream, reason, kv, q) in enumerate(
-                    zip(streams, reasons, keys, seqs, strict=True)):
-                if reason is not None:
-                    bad.append(j)
-                    continue
-                if q is None:
-                    q = content_seq(decoded[j] or {})
-                for p, (kf, key) in enumerate(zip(self.key_fields[stream], kv, strict=True)):
-                    idx.append(j)
-                    shard.append(shard_of(kf, key, self.shards))
-                    kfs.append(kf)
-                    primary.append(p == 0)
-                    seq_out.append(q)
-            if idx:
-                take = pa.array(idx, pa.int32())
-                ts = checked.column("ts").take(take)
-                hi = pc.max(ts).as_py()
+            # (Validate passes its own end-of-input marker stream: not an event of the rules.)
+            good = pc.and_(pc.is_null(checked.column("reason")),
+                           pc.is_in(checked.column("stream"), self.streams).fill_null(False))
+            n_good = pc.sum(good.cast(pa.int64())).as_py() or 0
+            if n_good:
+                events = self._fan_out(checked, good, n_good)
+                hi = pc.max(events.column("ts")).as_py()
                 last = hi if last is None or hi > last else last
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(shard, pa.int32()), pa.array([EVENT] * len(idx), pa.string()),
-                     checked.column("stream").take(take), ts, pa.array(seq_out, pa.int64()),
-                     checked.column("data").take(take), pa.array(kfs, pa.string()),
-                     pa.array(primary, pa.bool_())], names=_PREPARED_NAMES)
-            if bad:
-                raws = checked.column("raw").to_pylist()
+                yield events
+            if n_good < checked.num_rows:
                 letters = []
-                for j in bad:
+                for j in pc.indices_nonzero(pc.invert(good)).to_pylist():
                     i = keep[j]
-                    letters.append(json.dumps(_letter(
-                        reasons[j], raws[j], streams[j], srcs[i], parts[i], offs[i], forms[i],
-                        nums[j])))
-                yield _rows(pa, [(dead + n) % self.shards for n in range(len(bad))], DEAD,
+                    row = checked.slice(j, 1).to_pylist()[0]
+                    src, part, off, form = (batch.column(c)[i].as_py()
+                                            for c in ("src", "part", "off", "form"))
+                    reason = row["reason"] or f"unknown stream {row['stream']!r}"
+                    letters.append(json.dumps(_letter(reason, row["raw"], row["stream"], src,
+                                                      part, off, form, nums[j])))
+                yield _rows(pa, [(dead + n) % self.shards for n in range(len(letters))], DEAD,
                             data=letters)
-                dead += len(bad)
+                dead += len(letters)
         if read:  # every shard learns this split's last event time; shard 0 counts its reads
             shards = list(range(self.shards))
             yield _rows(pa, shards, MARK, ts=[last] * len(shards),
                         seq=[read] + [0] * (len(shards) - 1))
 
+    @staticmethod
+    def _records(batch: Any, counted: dict[tuple[str, int], int]) -> tuple[list[int], list[int]]:
+        """The rows that are records (a blank line is not one) and, per record, its line or
+        row number within its split (counted over every line, blank or not)."""
+        import pyarrow.compute as pc
 
-_PREPARED_NAMES = ["shard", "kind", "stream", "ts", "seq", "data", "key_field", "primary"]
+        m = batch.num_rows
+        if not m:
+            return [], []
+        src, part, off, form = (batch.column(c) for c in ("src", "part", "off", "form"))
+        first = (src[0].as_py(), part[0].as_py() or 0)
+        f0 = form[0].as_py()
+        if (f0 != "kafka" and off.null_count == m and pc.all(pc.equal(form, f0)).as_py()
+                and pc.all(pc.equal(src, first[0])).as_py()
+                and pc.all(pc.equal(part.fill_null(0), first[1])).as_py()):
+            # The usual batch: lines (or rows) of one split, in order.
+            base = counted.get(first, 0)
+            counted[first] = base + m
+            if f0 != "line":
+                return list(range(m)), list(range(base + 1, base + m + 1))
+            blank = pc.match_substring_regex(batch.column("value"), r"^[ \t\r\n\x0b\x0c]*$")
+            rows = pc.indices_nonzero(pc.invert(blank.fill_null(True))).to_pylist()
+            return rows, [base + 1 + i for i in rows]
+        keep: list[int] = []
+        nums: list[int] = []
+        for i, (raw, s, p, o, f) in enumerate(zip(
+                batch.column("value").to_pylist(), src.to_pylist(), part.to_pylist(),
+                off.to_pylist(), form.to_pylist(), strict=True)):
+            if f == "kafka":
+                nums.append(0)
+            else:
+                if o is not None:
+                    n = o + 1
+                else:
+                    k = (s, p or 0)
+                    n = counted.get(k, 0) + 1
+                    counted[k] = n
+                if f == "line" and (not raw or raw.isspace()):
+                    continue
+                nums.append(n)
+            keep.append(i)
+        return keep, nums
+
+    def _fan_out(self, checked: Any, good: Any, n_good: int) -> Any:
+        """The good events, one row per key field of their stream: `key_field`, `key`,
+        `primary` (the event's first row, so that counts see each event once), and the seq."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        decoded = self.validate.events
+        if len(decoded) != checked.num_rows:  # Validate no longer calls _one: parse again
+            decoded = [None if d is None else json.loads(d)
+                       for d in checked.column("data").to_pylist()]
+        rows = checked.filter(good)
+        seq = rows.column("seq")
+        if seq.null_count:  # no source position: the content seq
+            gidx = pc.indices_nonzero(good).to_pylist()
+            seq = pa.array([content_seq(decoded[j] or {}) if q is None else q
+                            for j, q in zip(gidx, seq.to_pylist(), strict=True)], pa.int64())
+        keys = rows.column("keys")
+        if self.only is not None:
+            flat = pc.list_flatten(keys)
+            parent = pc.list_parent_indices(keys)
+            k = len(self.only)
+            within = pa.array([i % k for i in range(len(flat))], pa.int32()) if k > 1 else \
+                pa.array([0] * len(flat), pa.int32())
+            key_field = pa.array(self.only, pa.string()).take(within)
+        else:
+            parents: list[int] = []
+            fields: list[str] = []
+            pos: list[int] = []
+            for j, stream in enumerate(rows.column("stream").to_pylist()):
+                for p, kf in enumerate(self.key_fields.get(stream, ())):
+                    parents.append(j)
+                    fields.append(kf)
+                    pos.append(p)
+            flat = pc.list_flatten(keys)
+            parent = pa.array(parents, pa.int32())
+            within = pa.array(pos, pa.int32())
+            key_field = pa.array(fields, pa.string())
+        n = len(flat)
+        return pa.RecordBatch.from_arrays(
+            [pa.nulls(n, pa.int32()), pa.array([EVENT] * n, pa.string()),
+             rows.column("stream").take(parent), rows.column("ts").take(parent),
+             seq.take(parent), rows.column("data").take(parent), key_field, flat,
+             pc.equal(within, 0)], names=_PREPARED_NAMES)
+
+
+_PREPARED_NAMES = ["shard", "kind", "stream", "ts", "seq", "data", "key_field", "key",
+                   "primary"]
 
 
 def _rows(pa: Any, shards: list[int], kind: str, *, ts: list[int | None] | None = None,
@@ -185,7 +231,8 @@ def _rows(pa: Any, shards: list[int], kind: str, *, ts: list[int | None] | None 
         [pa.array(shards, pa.int32()), pa.array([kind] * n, pa.string()),
          pa.array(none, pa.string()), pa.array(ts or none, pa.int64()),
          pa.array(seq or none, pa.int64()), pa.array(data or none, pa.string()),
-         pa.array(none, pa.string()), pa.array([False] * n, pa.bool_())],
+         pa.array(none, pa.string()), pa.array(none, pa.string()),
+         pa.array([False] * n, pa.bool_())],
         names=_PREPARED_NAMES)
 
 
@@ -300,7 +347,12 @@ def match_bounded(raw: DataFrame, plan: Plan, factory: RulesEngineFactory,
     stats) plus `dead` rows (payload: the dead letter's JSON; see `finish_dead_letter`).
     `partitions`: how many engine tasks (the alerts do not depend on it)."""
     prepared = raw.select(*RAW_COLUMNS).mapInArrow(Prepare(plan), PREPARED_SCHEMA)
-    return (prepared.repartition(partitions, "shard").sortWithinPartitions("ts")
+    # An event's shard as `pipeline.fan_out` computes it; markers and dead letters have theirs.
+    shard = F.when(F.col("kind") == EVENT, F.pmod(F.xxhash64("key_field", "key"),
+                                                  F.lit(plan.shards)).cast("int"))
+    rows = prepared.select(shard.otherwise(F.col("shard")).alias("shard"), "kind", "stream",
+                           "ts", "seq", "data", "key_field", "primary")
+    return (rows.repartition(partitions, "shard").sortWithinPartitions("ts")
             .mapInArrow(RunEngine(factory), OUTPUT_SCHEMA))
 
 
@@ -391,4 +443,4 @@ def _lines_before(path: str, split: int) -> int:
 
 
 __all__ = ["JSONL", "RAW_COLUMNS", "TABLES", "Prepare", "RunEngine", "embedded_engine",
-           "finish_dead_letter", "kafka_rows", "match_bounded", "read_files", "shard_of"]
+           "finish_dead_letter", "kafka_rows", "match_bounded", "read_files"]
