@@ -44,7 +44,7 @@ Key = tuple[Any, ...]
 STRING_KINDS = (None, FieldType.TEXT, FieldType.KEYWORD)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class PLeaf:
     id: int
     label: str
@@ -58,9 +58,9 @@ class PLeaf:
         return self.field_fns or (self.fn,)
 
 
-# The inner nodes are made once per stored search: not frozen, which halves their
-# construction time (a frozen dataclass sets fields through object.__setattr__). Nothing
-# assigns to them after construction.
+# Plan nodes are not frozen, which halves their construction time (a frozen dataclass sets
+# fields through object.__setattr__): an inner node is made per stored search, a leaf per new
+# clause. Nothing assigns to them after construction.
 @dataclass(slots=True, eq=False)
 class PAnd:
     children: tuple[PNode, ...]

@@ -228,7 +228,6 @@ class Percolator:
         # Slot → entry; slots are never reused (range trees filter removed ones), a removed
         # search leaves None (8 bytes) behind.
         self._by_slot: list[_Entry | None] = []
-        self._next_slot = 0
         self.last_stats = BatchStats()
         self.total_stats = BatchStats()
 
@@ -241,8 +240,23 @@ class Percolator:
         enabled = gc.isenabled()
         gc.disable()
         try:
+            # `add` with its lookups hoisted; a search not of a cached shape, a replacement or
+            # an error goes through `add` itself.
+            plan_of, by_id, by_slot = perc._shapes.plan, perc._by_id, perc._by_slot
+            index_add, cost, costs = perc._index.add, perc.cost, perc._costs
+            op = perc.default_operator
             for s in searches:
-                perc.add(s)
+                sid = s.id
+                p = plan_of(s.query)
+                if p is None or sid in by_id:
+                    perc.add(s)
+                    continue
+                slot = len(by_slot)
+                entry = _Entry(s, p, op, slot)
+                by_id[sid] = entry
+                by_slot.append(entry)
+                index_add(slot, p.anchor if p.__class__ is PLeaf else
+                          anchor_of(p, cost, costs))
         finally:
             if enabled:
                 gc.enable()
@@ -273,8 +287,7 @@ class Percolator:
                               table=self._table).plan
         if search.id in self._by_id:
             self.remove(search.id)
-        slot = self._next_slot
-        self._next_slot += 1
+        slot = len(self._by_slot)  # slots are never reused
         entry = _Entry(search, p, self.default_operator, slot)
         self._by_id[search.id] = entry
         self._by_slot.append(entry)

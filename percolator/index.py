@@ -130,7 +130,7 @@ class QueryIndex:
         if keys is None:
             self.always.add(slot)
             return
-        postings = self.postings
+        postings, fuzzy = self.postings, self._fuzzy
         for key in keys:
             # The same as _index(slot, key, +1), inline but for range keys.
             kind = key[0]
@@ -149,7 +149,16 @@ class QueryIndex:
                     group[value] = array("q", (posting, slot))
             elif posting[-1] != slot:  # type: ignore[index]
                 posting.append(slot)  # type: ignore[union-attr]
-            if kind in _TALLIED:
+            if kind == "f":  # inline: the fuzzy keys of one leaf are many (its variants)
+                spec = fuzzy.get(key[1])
+                if spec is not None:
+                    key_k = (key[3], len(key[2]))
+                    count = spec.get(key_k)
+                    if count is not None:
+                        spec[key_k] = count + 1
+                        continue
+                self._tally(kind, key[1], key, value, +1)
+            elif kind in _TALLIED:
                 self._tally(kind, key[1], key, value, +1)
 
     def remove(self, slot: int) -> None:

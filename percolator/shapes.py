@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from operator import itemgetter
-from typing import cast
+from typing import Any, cast
 
 from percolator import ast
 from percolator.analysis import Schema
@@ -137,8 +137,8 @@ class ShapeCache:
         return build(leaves)
 
     def _clause(self, text: str) -> PLeaf | None:
-        q = parse_fast(text)  # declines keywords as values, as in the whole search
-        if not isinstance(q, ast.Leaf) or q.label != " ".join(text.split()):
+        q = _leaf(text)
+        if q is None:
             return None
         try:
             leaf = plan(q, self.schema, text, self.table)
@@ -147,6 +147,45 @@ class ShapeCache:
         assert isinstance(leaf, PLeaf)
         self.clauses[text] = leaf
         return leaf
+
+
+_ONE = re.compile(r"""(?P<field>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?:
+    (?P<phrase>"[A-Za-z0-9_ .,']*")
+  | (?P<range>[\[{](?P<lo>[A-Za-z0-9_.]+|\*)\ TO\ (?P<hi>[A-Za-z0-9_.]+|\*)[\]}])
+  | (?P<fuzzy>(?P<fw>[A-Za-z0-9_]+)~(?P<fd>[012])(?![0-9.]))
+  | (?P<prefix>[A-Za-z0-9_]+)\*
+  | (?P<word>[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*)
+)\Z""", re.VERBOSE)
+_KEYWORDS = frozenset({"AND", "OR", "NOT", "TO"})
+
+
+def _leaf(text: str) -> ast.Leaf | None:
+    """The AST `parse_fast` gives for one `field:value` clause (positions included), without
+    its tokenizer; None where parse_fast declines (`_exists_`, a keyword as value)."""
+    m = _ONE.match(text)
+    if m is None:
+        return None
+    field = m.group("field")
+    if field == "_exists_":
+        return None
+    kind = m.lastgroup
+    start = len(field) + 1
+    meta: dict[str, Any] = {"loc": (start, len(text)), "label": " ".join(text.split())}
+    if kind == "word":
+        value = m.group("word")
+        return None if value in _KEYWORDS else ast.Term(field, value, **meta)
+    if kind == "prefix":
+        return ast.Prefix(field, m.group("prefix"), **meta)
+    if kind == "fuzzy":
+        w = m.group("fw")
+        return None if w in _KEYWORDS else ast.Fuzzy(field, w, int(m.group("fd")), **meta)
+    if kind == "phrase":
+        return ast.Phrase(field, m.group("phrase")[1:-1], 0, **meta)
+    lo, hi, g = m.group("lo"), m.group("hi"), m.group("range")
+    if lo in _KEYWORDS or hi in _KEYWORDS:
+        return None
+    return ast.Range(field, None if lo == "*" else lo, None if hi == "*" else hi,
+                     g[0] == "[", g[-1] == "]", **meta)
 
 
 def _shape(seps: list[str]) -> Shape | None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from functools import lru_cache
-from itertools import combinations
 from typing import Any
 
 import re2
@@ -74,12 +73,11 @@ def within_distance(a: str, b: str, k: int) -> bool:
 @lru_cache(maxsize=65_536)
 def deletion_variants(term: str, k: int) -> frozenset[str]:
     """Every string obtained from `term` by deleting at most `k` characters (term included)."""
-    n = len(term)
     out = {term}
-    for d in range(1, min(k, n) + 1):
-        for idx in combinations(range(n), d):
-            drop = set(idx)
-            out.add("".join(ch for i, ch in enumerate(term) if i not in drop))
+    frontier = out
+    for _ in range(min(k, len(term))):  # one more deletion from each string of the last round
+        frontier = {t[:i] + t[i + 1:] for t in frontier for i in range(len(t))}
+        out |= frontier
     return frozenset(out)
 
 

@@ -13,9 +13,10 @@ from cep.errors import QueryError
 from percolator import FieldType, Schema
 from percolator.compile import LeafTable, PAnd, PLeaf, PNode, PNot, POr
 from percolator.engine import compile_query
-from percolator.shapes import ShapeCache
+from percolator.fastparse import parse_fast
+from percolator.shapes import _CLAUSE, ShapeCache, _leaf
 from tests.hyp import examples
-from tests.percolator.test_fastparse import query
+from tests.percolator.test_fastparse import full, leaf, query
 
 SCHEMA = Schema({"title": FieldType.TEXT, "body": FieldType.TEXT, "section": FieldType.KEYWORD,
                  "size": FieldType.NUMBER, "day": FieldType.DATE},
@@ -102,3 +103,13 @@ def test_clauses_are_shared_between_shapes(schema: Schema) -> None:
     b = check(cache, "(body:y OR body:z) AND NOT body:x")
     assert isinstance(a, PAnd) and isinstance(b, PAnd)
     assert a.children[0] is b.children[1].child  # type: ignore[union-attr]
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(leaf())
+def test_one_clause_is_read_as_parse_fast_reads_it(text: str) -> None:
+    got, want = _leaf(text), parse_fast(text)
+    if got is None:  # declines only what parse_fast declines, among the split's clauses
+        assert want is None or not _CLAUSE.fullmatch(text), text
+        return
+    assert want is not None and full(got) == full(want), text
