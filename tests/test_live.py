@@ -186,7 +186,7 @@ def test_kill_9_mid_stream_and_restart_loses_nothing_duplicates_nothing(
     ensure_topics(kafka_bootstrap, [f"{topic}-in"], partitions=1)
     kcat_produce(kafka_bootstrap, f"{topic}-in", _lines(events))
     args = ["--rules", str(live["rules"]), "--checkpoint", str(live["ck"]),
-            "--topic", f"transactions={topic}-in", "--max-offsets-per-trigger", "150",
+            "--topic", f"transactions={topic}-in", "--max-offsets-per-trigger", "400",
             "--trigger", "0.5"]
     proc = cep_run(live["env"], args, live["log"])
     # kill -9 the whole process group (driver and JVM) once some alerts are out.
