@@ -80,9 +80,19 @@ class CepProcessor(StatefulProcessor):
         started = time.perf_counter()
         frames = list(rows)  # includes waiting for Spark to hand the rows over
         got = time.perf_counter()
-        frames, dead = _split_dead(frames)
-        primary = sum(int(pdf["primary"].sum()) for pdf in frames)
-        batch: Any = self._events_batch(frames) if self.native else self._events(frames)
+        pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        # Plain numpy columns: a pandas operation costs ~0.1-0.3 ms whatever its size, and a
+        # call has ~80 rows at a live job's batch and shard sizes.
+        stream = pdf["stream"].to_numpy()
+        ts = pdf["ts"].to_numpy()
+        dead_at = stream == DEAD_STREAM
+        dead = list(pdf["data"].to_numpy()[dead_at]) if dead_at.any() else []
+        keep = ~(dead_at | (stream == EOF_STREAM))
+        primary = int(pdf["primary"].to_numpy()[keep].sum())
+        max_ts = int(ts[keep].max()) if keep.any() else None
+        if not keep.all():
+            pdf = pdf[keep]
+        batch: Any = self._events_batch(pdf) if self.native else self._events(pdf)
         n = batch.num_rows if self.native else len(batch)
         self._begin(key)
         try:
@@ -95,8 +105,6 @@ class CepProcessor(StatefulProcessor):
             self._abandon()
             raise
         done = time.perf_counter()
-        tops = [pdf["ts"][pdf["stream"] != EOF_STREAM].max() for pdf in frames]
-        max_ts = max((int(t) for t in tops if not pd.isna(t)), default=None)
         # Where the call's time went, in µs: rows in (Spark → pandas), events out of them and
         # the state read, the engine, the state write and timer (`python_us`: all of it).
         yield self._frame(out, {"events": primary, "rows": n, "max_ts": max_ts,
@@ -105,39 +113,32 @@ class CepProcessor(StatefulProcessor):
                           started, dead)
 
     @staticmethod
-    def _events(frames: list[pd.DataFrame]) -> list[Event]:
-        """The rows as `Event`s, for the Python engine loop."""
+    def _events(pdf: pd.DataFrame) -> list[Event]:
+        """The rows (events only) as `Event`s, for the Python engine loop."""
         events: list[Event] = []
-        for pdf in frames:
-            for stream, ts, seq, data, route in zip(pdf["stream"], pdf["ts"], pdf["seq"],
-                                                    pdf["data"], pdf["key_field"], strict=True):
-                if stream == EOF_STREAM:
-                    continue
-                fields = json.loads(data)
-                # Files have no source position: order ties by content, as the embedded mode.
-                pos = content_seq(fields) if pd.isna(seq) else int(seq)
-                events.append(Event(stream, int(ts), pos, fields, route))
+        for stream, ts, seq, data, route in zip(pdf["stream"], pdf["ts"], pdf["seq"],
+                                                pdf["data"], pdf["key_field"], strict=True):
+            fields = json.loads(data)
+            # Files have no source position: order ties by content, as the embedded mode.
+            pos = content_seq(fields) if pd.isna(seq) else int(seq)
+            events.append(Event(stream, int(ts), pos, fields, route))
         return events
 
     @staticmethod
-    def _events_batch(frames: list[pd.DataFrame]) -> Any:
-        """The rows as one Arrow batch for the native engine loop: no Python object per event
-        (the core parses `data`, the event's JSON text)."""
+    def _events_batch(pdf: pd.DataFrame) -> Any:
+        """The rows (events only) as one Arrow batch for the native engine loop: no Python
+        object per event (the core parses `data`, the event's JSON text)."""
         import pyarrow as pa
 
-        pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        stream = pdf["stream"]
-        eof = stream == EOF_STREAM
-        if eof.any():
-            pdf = pdf[~eof]
-        seq = pdf["seq"]
-        if seq.isna().any():  # no source position (files): order ties by content
+        seq: Any = pdf["seq"].to_numpy()
+        if pd.isna(seq).any():  # no source position (files): order ties by content
             seq = [content_seq(json.loads(d)) if pd.isna(q) else int(q)
                    for q, d in zip(seq, pdf["data"], strict=True)]
         return pa.RecordBatch.from_arrays(
-            [pa.array(pdf["stream"], pa.string()), pa.array(pdf["ts"], pa.int64()),
-             pa.array(seq, pa.int64()), pa.array(pdf["data"], pa.string()),
-             pa.array(pdf["key_field"], pa.string())],
+            [pa.array(pdf["stream"].to_numpy(), pa.string()),
+             pa.array(pdf["ts"].to_numpy(), pa.int64()), pa.array(seq, pa.int64()),
+             pa.array(pdf["data"].to_numpy(), pa.string()),
+             pa.array(pdf["key_field"].to_numpy(), pa.string())],
             names=["stream", "ts", "seq", "data", "route"])
 
     def handleExpiredTimer(self, key: Any, timerValues: Any,
@@ -190,9 +191,9 @@ class CepProcessor(StatefulProcessor):
             self.store.timer = want
 
     def _frame(self, out: Output, stats: dict[str, Any], started: float,
-               dead: list[str] = ()) -> pd.DataFrame:  # type: ignore[assignment]
+               dead: list[str] | None = None) -> pd.DataFrame:
         rows = self.to_rows(self.engine, out)
-        rows += [("dead", "", "", "", d) for d in dead]
+        rows += [("dead", "", "", "", d) for d in dead or ()]
         stats.update(late=len(out.late), keys_touched=out.keys_touched,
                      keys_released=out.keys_released, state_writes=self.store.writes,
                      state_reads=self.store.reads,
@@ -213,19 +214,6 @@ class CepProcessor(StatefulProcessor):
 
     def close(self) -> None:
         pass
-
-
-def _split_dead(frames: list[pd.DataFrame]) -> tuple[list[pd.DataFrame], list[str]]:
-    """The bad events' dead-letter data, apart from the events."""
-    dead: list[str] = []
-    kept = []
-    for pdf in frames:
-        is_dead = pdf["stream"] == DEAD_STREAM
-        if is_dead.any():
-            dead += list(pdf["data"][is_dead])
-            pdf = pdf[~is_dead]
-        kept.append(pdf)
-    return kept, dead
 
 
 def _us(seconds: float) -> int:
