@@ -6,6 +6,11 @@ plots. A benchmark that fails is reported as failed, with its error; nothing is 
 
 Benchmarks (names for --only): embedded, scaling, state, growth, profile, percolator, mokaccino,
 lucene, corpus (real-text percolator vs Lucene Monitor), spark, flink, latency.
+
+The spark step includes `cep replay`'s batch plan (`replay_batch`) and its bare Spark batch
+ceiling (`ceiling_batch`); their figures and ratios (to the ceiling, and to Flink when the flink
+step ran in the same invocation) go to OUT/replay_batch.md, e.g.
+`python -m bench.run --only spark,flink --spark-variants replay_batch,ceiling_batch`.
 """
 
 from __future__ import annotations
