@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::arrow::read_batch;
-use crate::evcodec::{decode_events, Dec as EvDec, EvEnc, EvOwned, EvRef};
+use crate::evcodec::{decode_events, put_str, put_uv, Dec as EvDec, EvEnc, EvOwned, EvRef};
 use crate::json::{parse_row, ColsCache};
 use crate::expr::{Cols, Ev, Row};
 use crate::value::Value;
@@ -769,7 +769,7 @@ impl Engine {
     fn import_blob(&self, state: &Bound<'_, EngineState>, blob: &[u8]) -> PyResult<usize> {
         let corrupt = || PyValueError::new_err("native key-state blob: truncated or corrupt bytes");
         let mut st = state.try_borrow_mut()?;
-        let mut d = EvDec { data: blob, at: 0 };
+        let mut d = EvDec { data: blob, at: 0, var: false };
         if d.take(5)? != BLOB_MAGIC {
             return Err(PyValueError::new_err("not a native key-state blob (cep._core): wrong header"));
         }
@@ -905,14 +905,12 @@ fn encode_key(py: Python<'_>, ks: &KeyState) -> PyResult<Vec<u8>> {
     let mut buf = Vec::with_capacity(128);
     buf.extend_from_slice(KEY_MAGIC);
     buf.extend_from_slice(&KEY_VERSION.to_le_bytes());
-    buf.extend_from_slice(&(ks.parts.len() as u32).to_le_bytes());
+    put_uv(&mut buf, ks.parts.len() as u64);
     for p in &ks.parts {
-        for s in [&p.rule, &p.version] {
-            buf.extend_from_slice(&(s.len() as u32).to_le_bytes());
-            buf.extend_from_slice(s.as_bytes());
-        }
+        put_str(&mut buf, &p.rule);
+        put_str(&mut buf, &p.version);
         let m = state::encode_vec(py, &p.state)?;
-        buf.extend_from_slice(&(m.len() as u32).to_le_bytes());
+        put_uv(&mut buf, m.len() as u64);
         buf.extend_from_slice(&m);
     }
     let mut enc = EvEnc::default();
@@ -941,40 +939,28 @@ fn decode_key(py: Python<'_>, data: &[u8]) -> PyResult<KeyState> {
             )));
         }
         let corrupt = || PyValueError::new_err("native engine key state: truncated or corrupt bytes");
-        let mut at = 7usize;
-        let mut take = |n: usize| -> PyResult<&[u8]> {
-            let end = at.checked_add(n).ok_or_else(corrupt)?;
-            let s = data.get(at..end).ok_or_else(corrupt)?;
-            at = end;
-            Ok(s)
-        };
-        let u32_of = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        // Version 1: fixed little-endian integers, the buffered events' times first and their
+        // objects pickled last; version 2: varints, the events as `evcodec` writes them.
+        let mut d = EvDec { data, at: 7, var: version >= 2 };
         let mut times = Vec::new();
         if version == 1 {
-            let nbuf = u32_of(take(4)?);
+            let nbuf = d.u32()? as usize;
             times.reserve(nbuf.min(1 << 16));
             for _ in 0..nbuf {
-                let b = take(8)?;
-                times.push(i64::from_le_bytes(b.try_into().map_err(|_| corrupt())?));
+                times.push(d.i64()?);
             }
         }
-        let nparts = u32_of(take(4)?);
+        let nparts = d.u32()? as usize;
         let mut parts = Vec::new();
         for _ in 0..nparts {
-            let mut strs = Vec::with_capacity(2);
-            for _ in 0..2 {
-                let n = u32_of(take(4)?);
-                strs.push(String::from_utf8(take(n)?.to_vec()).map_err(|_| corrupt())?);
-            }
-            let n = u32_of(take(4)?);
-            let m = state::decode(py, take(n)?)?;
-            let version = strs.pop().unwrap_or_default();
-            let rule = strs.pop().unwrap_or_default();
+            let rule = String::from_utf8(d.take_n()?.to_vec()).map_err(|_| corrupt())?;
+            let version = String::from_utf8(d.take_n()?.to_vec()).map_err(|_| corrupt())?;
+            let m = state::decode(py, d.take_n()?)?;
             parts.push(Part { rule, version, state: m });
         }
         let mut buffer = Vec::with_capacity(times.len());
         if version == 1 {
-            let loaded = py.import("pickle")?.getattr("loads")?.call1((PyBytes::new(py, &data[at..]),))?;
+            let loaded = py.import("pickle")?.getattr("loads")?.call1((PyBytes::new(py, &data[d.at..]),))?;
             let seqs = loaded.get_item(0)?;
             let datas = loaded.get_item(1)?;
             for (i, ts) in times.into_iter().enumerate() {
@@ -982,7 +968,6 @@ fn decode_key(py: Python<'_>, data: &[u8]) -> PyResult<KeyState> {
                 buffer.push(Item { ts, seqi: seq_int(&seq), seq: Some(seq.unbind()), data: Some(datas.get_item(i)?.unbind()), row: None });
             }
         } else {
-            let mut d = EvDec { data, at };
             for (ts, ev) in decode_events(py, &mut d)? {
                 buffer.push(match ev {
                     EvOwned::Py { data, seq } => {

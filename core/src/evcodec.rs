@@ -2,12 +2,13 @@
 //! (from Arrow or JSON) are written natively, without Python; events that came in as Python
 //! objects, and Python values inside rows, go into one pickled tail (absent when there is none).
 //!
-//! Layout (little endian): u32 number of column tables, each a u32 count and that many names
-//! (u32 length + UTF-8); u32 number of events, each an i64 time and a kind byte: 0 = Python
-//! (u32 index of its `(data, seq)` in the tail), 1 = row (i64 seq, u32 column table, then one
-//! value per column); then u32 number of Python objects and, when not 0, their list pickled.
-//! A value is a tag byte: 0 null, 1 false, 2 true, 3 i64, 4 f64, 5 string (u32 length + UTF-8),
-//! 6 Python object (u32 index in the tail).
+//! Integers are LEB128 varints (`uv`; signed ones zigzag-encoded first, `iv`), floats 8 bytes
+//! little endian. Layout: the number of column tables, each a count and that many names
+//! (length + UTF-8); the number of events, each its time (`iv`) and a kind byte: 0 = Python
+//! (the index of its `(data, seq)` in the tail), 1 = row (seq `iv`, column table, then one value
+//! per column); then the number of Python objects and, when not 0, their list pickled.
+//! A value is a tag byte: 0 null, 1 false, 2 true, 3 int (`iv`), 4 f64, 5 string (length +
+//! UTF-8), 6 Python object (index in the tail).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,11 +41,25 @@ pub struct EvEnc {
     tail: Vec<Py<PyAny>>,
 }
 
-fn put_u32(b: &mut Vec<u8>, v: u32) {
-    b.extend_from_slice(&v.to_le_bytes());
+/// An unsigned LEB128 varint.
+pub fn put_uv(b: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        b.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    b.push(v as u8);
 }
 
-fn put_str(b: &mut Vec<u8>, s: &str) {
+/// A signed varint (zigzag, then LEB128).
+pub fn put_iv(b: &mut Vec<u8>, v: i64) {
+    put_uv(b, ((v << 1) ^ (v >> 63)) as u64);
+}
+
+fn put_u32(b: &mut Vec<u8>, v: u32) {
+    put_uv(b, u64::from(v));
+}
+
+pub fn put_str(b: &mut Vec<u8>, s: &str) {
     put_u32(b, s.len() as u32);
     b.extend_from_slice(s.as_bytes());
 }
@@ -52,7 +67,7 @@ fn put_str(b: &mut Vec<u8>, s: &str) {
 impl EvEnc {
     pub fn push(&mut self, py: Python<'_>, ts: i64, ev: EvRef<'_>) {
         self.count += 1;
-        self.body.extend_from_slice(&ts.to_le_bytes());
+        put_iv(&mut self.body, ts);
         match ev {
             EvRef::Py { data, seq } => {
                 self.body.push(0);
@@ -62,7 +77,7 @@ impl EvEnc {
             }
             EvRef::Row { row, seq } => {
                 self.body.push(1);
-                self.body.extend_from_slice(&seq.to_le_bytes());
+                put_iv(&mut self.body, seq);
                 let p = Arc::as_ptr(&row.cols);
                 let t = match self.table_of.get(&p) {
                     Some(&t) => t,
@@ -81,7 +96,7 @@ impl EvEnc {
                         Value::Bool(true) => self.body.push(2),
                         Value::Int(i) => {
                             self.body.push(3);
-                            self.body.extend_from_slice(&i.to_le_bytes());
+                            put_iv(&mut self.body, *i);
                         }
                         Value::Float(f) => {
                             self.body.push(4);
@@ -126,10 +141,12 @@ fn corrupt() -> PyErr {
     PyValueError::new_err("native state: truncated or corrupt event bytes")
 }
 
-/// A reader over serialised bytes.
+/// A reader over serialised bytes: `u32`/`i64`/`i32` read varints when `var` (format version
+/// 2), fixed little-endian integers otherwise (version 1, still read).
 pub struct Dec<'a> {
     pub data: &'a [u8],
     pub at: usize,
+    pub var: bool,
 }
 
 impl Dec<'_> {
@@ -142,11 +159,41 @@ impl Dec<'_> {
     pub fn u8(&mut self) -> PyResult<u8> {
         Ok(self.take(1)?[0])
     }
+    pub fn uv(&mut self) -> PyResult<u64> {
+        let mut v: u64 = 0;
+        for shift in (0..64).step_by(7) {
+            let b = self.u8()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(corrupt())
+    }
+    pub fn iv(&mut self) -> PyResult<i64> {
+        let u = self.uv()?;
+        Ok(((u >> 1) as i64) ^ -((u & 1) as i64))
+    }
     pub fn u32(&mut self) -> PyResult<u32> {
+        if self.var {
+            return u32::try_from(self.uv()?).map_err(|_| corrupt());
+        }
         Ok(u32::from_le_bytes(self.take(4)?.try_into().map_err(|_| corrupt())?))
     }
     pub fn i64(&mut self) -> PyResult<i64> {
+        if self.var {
+            return self.iv();
+        }
         Ok(i64::from_le_bytes(self.take(8)?.try_into().map_err(|_| corrupt())?))
+    }
+    pub fn i32(&mut self) -> PyResult<i32> {
+        if self.var {
+            return i32::try_from(self.iv()?).map_err(|_| corrupt());
+        }
+        Ok(i32::from_le_bytes(self.take(4)?.try_into().map_err(|_| corrupt())?))
+    }
+    pub fn opt(&mut self) -> PyResult<Option<i64>> {
+        Ok(if self.u8()? == 0 { None } else { Some(self.i64()?) })
     }
     /// A u32 length, then that many bytes.
     pub fn take_n(&mut self) -> PyResult<&[u8]> {

@@ -1,9 +1,10 @@
 //! The serialised form of a key's matcher state.
 //!
-//! Layout (little endian): magic `CEPNS`, u16 format VERSION, then the structure with each
-//! event referenced by its index in an event table, then the event table: in version 2 as
-//! `evcodec` writes it (rows natively, Python objects pickled), in version 1 (still read) the
-//! events' times then their Python objects `(events, seqs)` pickled. Another magic or version
+//! Layout: magic `CEPNS`, u16 format VERSION (little endian), then the structure with each
+//! event referenced by its index in an event table, then the event table. Version 2: integers
+//! are varints (`evcodec`) and the table is as `evcodec` writes it (rows natively, Python
+//! objects pickled). Version 1 (still read): fixed little-endian integers, the events' times,
+//! then their Python objects `(events, seqs)` pickled. Another magic or version
 //! fails with a clear message instead of misreading an old checkpoint.
 
 use std::collections::HashMap;
@@ -13,7 +14,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::evcodec::{decode_events, Dec as EvDec, EvEnc, EvOwned, EvRef};
+use crate::evcodec::{decode_events, put_iv, put_uv, Dec, EvEnc, EvOwned, EvRef};
 use crate::expr::{Cap, Caps, Ev};
 use crate::matcher::{Entry, MState, Run};
 
@@ -31,10 +32,10 @@ impl Enc {
         self.buf.push(v);
     }
     fn u32(&mut self, v: u32) {
-        self.buf.extend_from_slice(&v.to_le_bytes());
+        put_uv(&mut self.buf, u64::from(v));
     }
     fn i64(&mut self, v: i64) {
-        self.buf.extend_from_slice(&v.to_le_bytes());
+        put_iv(&mut self.buf, v);
     }
     fn opt(&mut self, v: Option<i64>) {
         match v {
@@ -89,7 +90,7 @@ pub fn encode_vec(py: Python<'_>, s: &MState) -> PyResult<Vec<u8>> {
         }
         e.u32(r.entries.len() as u32);
         for en in &r.entries {
-            e.buf.extend_from_slice(&en.pos.to_le_bytes());
+            e.i64(i64::from(en.pos));
             e.caps(&en.caps);
         }
     }
@@ -106,45 +107,17 @@ pub fn encode_vec(py: Python<'_>, s: &MState) -> PyResult<Vec<u8>> {
     Ok(e.buf)
 }
 
-struct Dec<'a> {
-    data: &'a [u8],
-    at: usize,
-}
-
 fn corrupt() -> PyErr {
     PyValueError::new_err("native matcher state: truncated or corrupt bytes")
 }
 
-impl Dec<'_> {
-    fn take(&mut self, n: usize) -> PyResult<&[u8]> {
-        let end = self.at.checked_add(n).ok_or_else(corrupt)?;
-        let s = self.data.get(self.at..end).ok_or_else(corrupt)?;
-        self.at = end;
-        Ok(s)
+fn raw_caps(d: &mut Dec<'_>) -> PyResult<Vec<(u32, i64, u32)>> {
+    let n = d.u32()? as usize;
+    let mut v = Vec::with_capacity(n.min(1 << 16));
+    for _ in 0..n {
+        v.push((d.u32()?, d.i64()?, d.u32()?));
     }
-    fn u8(&mut self) -> PyResult<u8> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> PyResult<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().map_err(|_| corrupt())?))
-    }
-    fn i32(&mut self) -> PyResult<i32> {
-        Ok(i32::from_le_bytes(self.take(4)?.try_into().map_err(|_| corrupt())?))
-    }
-    fn i64(&mut self) -> PyResult<i64> {
-        Ok(i64::from_le_bytes(self.take(8)?.try_into().map_err(|_| corrupt())?))
-    }
-    fn opt(&mut self) -> PyResult<Option<i64>> {
-        Ok(if self.u8()? == 0 { None } else { Some(self.i64()?) })
-    }
-    fn raw_caps(&mut self) -> PyResult<Vec<(u32, i64, u32)>> {
-        let n = self.u32()? as usize;
-        let mut v = Vec::with_capacity(n.min(1 << 16));
-        for _ in 0..n {
-            v.push((self.u32()?, self.i64()?, self.u32()?));
-        }
-        Ok(v)
-    }
+    Ok(v)
 }
 
 type RawCaps = Vec<(u32, i64, u32)>;
@@ -162,7 +135,7 @@ pub fn decode(py: Python<'_>, data: &[u8]) -> PyResult<MState> {
              checkpoint) or replay the input"
         )));
     }
-    let mut d = Dec { data, at: 7 };
+    let mut d = Dec { data, at: 7, var: version >= 2 };
     let row = d.i64()?;
     let deadline = d.opt()?;
     let nruns = d.u32()? as usize;
@@ -170,12 +143,12 @@ pub fn decode(py: Python<'_>, data: &[u8]) -> PyResult<MState> {
     for _ in 0..nruns {
         let start = d.i64()?;
         let matched = d.u8()? != 0;
-        let tpart = if d.u8()? == 0 { None } else { Some(d.raw_caps()?) };
+        let tpart = if d.u8()? == 0 { None } else { Some(raw_caps(&mut d)?) };
         let n = d.u32()? as usize;
         let mut entries = Vec::new();
         for _ in 0..n {
             let pos = d.i32()?;
-            entries.push((pos, d.raw_caps()?));
+            entries.push((pos, raw_caps(&mut d)?));
         }
         raw.push((start, matched, tpart, entries));
     }
@@ -194,8 +167,7 @@ pub fn decode(py: Python<'_>, data: &[u8]) -> PyResult<MState> {
             events.push(Arc::new(Ev::from_py(objs.get_item(i)?.unbind(), seqs.get_item(i)?.unbind(), t)));
         }
     } else {
-        let mut ed = EvDec { data, at: d.at };
-        for (t, ev) in decode_events(py, &mut ed)? {
+        for (t, ev) in decode_events(py, &mut d)? {
             events.push(Arc::new(match ev {
                 EvOwned::Py { data, seq } => Ev::from_py(data, seq, t),
                 EvOwned::Row { row, seq } => Ev::from_row_lazy(row, seq, t),

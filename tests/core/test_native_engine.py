@@ -76,16 +76,39 @@ def test_engine_state_pickles_with_native_matchers() -> None:
         (r.rule_id, str(r.key), r.first_ts) for r in ref_out.matches]
 
 
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    """(value, next offset) of the LEB128 varint at `at`."""
+    shift = value = 0
+    while True:
+        b = data[at]
+        at += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, at
+
+
+def _with_a_bad_position(data: bytes) -> bytes:
+    """A matcher state (CEPNS v2, varints) whose first entry's state position points at a state
+    that does not exist: walk magic 5 + version 2, row, deadline, runs, start, matched, tpart
+    (none), entries, then replace the position by 999."""
+    _, at = _varint(data, 7)  # row
+    at = _varint(data, at + 1)[1] if data[at] else at + 1  # deadline
+    _, at = _varint(data, at)  # runs
+    _, at = _varint(data, at)  # start
+    at += 1  # matched
+    assert data[at] == 0  # no tpart
+    _, at = _varint(data, at + 1)  # entries
+    _, end = _varint(data, at)  # the position
+    return data[:at] + bytes([0xCE, 0x0F]) + data[end:]  # 999, zigzag varint
+
+
 def test_a_panic_in_the_core_is_an_exception_naming_the_rule() -> None:
     rule = compile_rules("STREAM s TIME BY ts;\nRULE probe FROM s PATTERN (a b) "
                          "DEFINE a AS v = 1 WITHIN 5ms EMIT 'm';", "p.cep").get("probe")
     m = native_matcher(rule)
     state, _ = m.on_event(None, {"v": 1, "ts": 0}, 0, 0)
-    data = bytearray(state.to_bytes())
-    # magic 5 + version 2 + row 8 + deadline 9 + runs 4 + start 8 + matched 1 + tpart 1 +
-    # entries 4: the first entry's state position, pointed at a state that does not exist.
-    data[42:46] = (999).to_bytes(4, "little", signed=True)
-    broken = _core.state_from_bytes(bytes(data))
+    broken = _core.state_from_bytes(_with_a_bad_position(state.to_bytes()))
     with pytest.raises(_core.CoreError, match="rule probe"):
         m.on_event(broken, {"v": 2, "ts": 1}, 1, 1)
 
@@ -195,11 +218,19 @@ def test_native_engine_key_state_bytes_are_versioned() -> None:
 
 def test_a_panic_in_the_native_engine_is_an_exception_naming_the_rule() -> None:
     engine, store = _probe_with_a_partial_match()
-    data = bytearray(engine.key_bytes(store, "s:k", "K"))
-    at = data.index(b"CEPNS") + 42  # the first entry's state position (see the test above)
-    data[at:at + 4] = (999).to_bytes(4, "little", signed=True)
+    data = engine.key_bytes(store, "s:k", "K")
+    # CEPNK v2: magic, version, parts, then the part's rule id, version and matcher state
+    # (each a varint length and bytes): the state is replaced by a broken one.
+    _, at = _varint(data, 7)
+    for _ in range(2):
+        n, at = _varint(data, at)
+        at += n
+    n, start = _varint(data, at)
+    bad = _with_a_bad_position(data[start:start + n])
+    data = data[:at] + bytes([len(bad)]) + bad + data[start + n:]
+    assert len(bad) < 128  # one varint byte
     broken = MemoryKeyStore()
-    engine.load_key(broken, "s:k", "K", bytes(data))
+    engine.load_key(broken, "s:k", "K", data)
     with pytest.raises(_core.CoreError, match="rule probe"):
         engine.ingest(broken, [Event("s", 2, 2, {"k": "K", "v": 5, "ts": 2})], 1)
 

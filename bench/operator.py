@@ -1,0 +1,207 @@
+"""The Spark operator's Python without Spark: `cep.spark.operator.CepProcessor` over in-memory
+state handles (Spark's MapState/ValueState/ListState method names; timers fired as Spark fires
+them), fed the latency benchmark's background load (bench/latency.py: each card every 20 s, so
+keys hold live partial matches for the fraud rules' windows, and every batch touches a large
+share of them). It measures what the operator itself costs per event, batch after batch as the
+state grows, for both engine loops in one run (the native loop with its `NativeShardStore`, and
+the Python loop with `MapStateKeyStore`, `CEP_ENGINE=python`), and the stored bytes per key.
+
+What it leaves out: Spark's own costs (Arrow → pandas for the input rows, the state server's
+socket round trips, RocksDB, the shuffle). The live job's metrics.json has the operator's
+split per call (`rows_in_us`, `prepare_us`, `engine_us`, `store_us`).
+
+    python -m bench.operator [--rate 1000] [--batch-s 5] [--batches 16] [--shards 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RULES = os.path.join(ROOT, "bench", "rules", "fraud.cep")
+DELAY_MS = 5_000  # the benchmark rules' LATENESS
+COUNTRIES = ("NL", "DE", "FR", "BE")
+
+
+class _Shard:
+    """Per-shard state, one object per kind; `at` is the shard the current call is for."""
+
+    def __init__(self) -> None:
+        self.at: Any = None
+        self.maps: dict[Any, dict[Any, Any]] = {}
+        self.values: dict[Any, Any] = {}
+        self.lists: dict[Any, list[Any]] = {}
+        self.timers: dict[Any, set[int]] = {}
+
+
+class _Map:
+    def __init__(self, s: _Shard) -> None:
+        self.s = s
+
+    def getValue(self, k: Any) -> Any:  # noqa: N802 - Spark's names
+        return self.s.maps.setdefault(self.s.at, {}).get(k)
+
+    def updateValue(self, k: Any, v: Any) -> None:  # noqa: N802
+        self.s.maps.setdefault(self.s.at, {})[k] = v
+
+    def removeKey(self, k: Any) -> None:  # noqa: N802
+        self.s.maps.setdefault(self.s.at, {}).pop(k, None)
+
+
+class _Value:
+    def __init__(self, s: _Shard) -> None:
+        self.s = s
+
+    def get(self) -> Any:
+        return self.s.values.get(self.s.at)
+
+    def update(self, v: Any) -> None:
+        self.s.values[self.s.at] = v
+
+    def exists(self) -> bool:
+        return self.s.at in self.s.values
+
+    def clear(self) -> None:
+        self.s.values.pop(self.s.at, None)
+
+
+class _List:
+    def __init__(self, s: _Shard) -> None:
+        self.s = s
+
+    def get(self) -> Iterator[Any]:
+        return iter(list(self.s.lists.get(self.s.at, [])))
+
+    def put(self, rows: list[Any]) -> None:
+        self.s.lists[self.s.at] = list(rows)
+
+    def appendList(self, rows: list[Any]) -> None:  # noqa: N802
+        self.s.lists.setdefault(self.s.at, []).extend(rows)
+
+    def clear(self) -> None:
+        self.s.lists.pop(self.s.at, None)
+
+
+class _Handle:
+    def __init__(self, s: _Shard) -> None:
+        self.s = s
+
+    def getMapState(self, *args: Any) -> _Map:  # noqa: N802
+        return _Map(self.s)
+
+    def getValueState(self, *args: Any) -> _Value:  # noqa: N802
+        return _Value(self.s)
+
+    def getListState(self, *args: Any) -> _List:  # noqa: N802
+        return _List(self.s)
+
+    def listTimers(self) -> list[int]:  # noqa: N802
+        return sorted(self.s.timers.get(self.s.at, ()))
+
+    def deleteTimer(self, t: int) -> None:  # noqa: N802
+        self.s.timers.get(self.s.at, set()).discard(t)
+
+    def registerTimer(self, t: int) -> None:  # noqa: N802
+        self.s.timers.setdefault(self.s.at, set()).add(t)
+
+
+class _Watermark:
+    def __init__(self, wm: int) -> None:
+        self.wm = wm
+
+    def getCurrentWatermarkInMs(self) -> int:  # noqa: N802
+        return self.wm
+
+
+def stored_bytes(s: _Shard) -> int:
+    maps = sum(len(v[0]) for m in s.maps.values() for v in m.values())
+    return maps + sum(len(r[0]) for rows in s.lists.values() for r in rows)
+
+
+def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
+             ) -> list[dict[str, Any]]:
+    """One engine loop ("native" or "python") over `batches` micro-batches of `batch_s`
+    seconds of events at `rate` events/s; per batch: CPU µs per event, stored bytes, keys."""
+    import pandas as pd
+
+    os.environ["CEP_ENGINE"] = loop
+    from cep.engines import RulesEngineFactory
+    from cep.runtime.alerts import output_rows
+    from cep.spark import operator as op
+
+    op._ENGINES.clear()
+    op._HELD.clear()
+    shard = _Shard()
+    proc = op.CepProcessor(RulesEngineFactory.from_path(RULES), output_rows, DELAY_MS)
+    proc.init(_Handle(shard))  # type: ignore[arg-type]
+    cards = rate * 20  # each card every 20 s: velocity's 5-in-1-minute never fits
+    t0, i, wm, out = 1_700_000_000_000, 0, 0, []
+    n = int(rate * batch_s)
+    for b in range(batches):
+        by_shard: dict[int, list[tuple[Any, ...]]] = {}
+        for j in range(n):
+            ts = t0 + int((b * n + j) * 1000 / rate)
+            card = f"c{i % cards}"
+            data = json.dumps({"ts": ts, "card": card, "amount": 5 + (i * 7) % 295,
+                               "merchant": "m", "country": COUNTRIES[i % cards % 4]})
+            s = zlib.crc32(card.encode()) % shards
+            by_shard.setdefault(s, []).append((s, "transactions", ts, i, data, "card", True))
+            i += 1
+        frames = {s: pd.DataFrame(rows, columns=["shard", "stream", "ts", "seq", "data",
+                                                 "key_field", "primary"])
+                  for s, rows in by_shard.items()}
+        cpu = time.process_time()
+        for s, frame in sorted(frames.items()):
+            shard.at = (s,)
+            for _ in proc.handleInputRows((s,), iter([frame]), _Watermark(wm)):
+                pass
+        for key, ts_set in sorted(shard.timers.items()):
+            expired = {t for t in ts_set if t <= wm}
+            if expired:
+                ts_set -= expired
+                shard.at = key
+                for _ in proc.handleExpiredTimer(key, _Watermark(wm), None):
+                    pass
+        cpu = time.process_time() - cpu
+        wm = t0 + int((b + 1) * n * 1000 / rate) - DELAY_MS
+        keys = (sum(len(h.state) for h in op._HELD.values()) if loop == "native" else None)
+        out.append({"batch": b, "events": n, "cpu_us_per_event": round(1e6 * cpu / n, 1),
+                    "stored_bytes": stored_bytes(shard), "keys": keys})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=int, default=1000)
+    ap.add_argument("--batch-s", type=float, default=5.0)
+    ap.add_argument("--batches", type=int, default=16)
+    ap.add_argument("--shards", type=int, default=64)
+    a = ap.parse_args(argv)
+    load = os.getloadavg()
+    res = {loop: run_loop(loop, a.rate, a.batch_s, a.batches, a.shards)
+           for loop in ("python", "native")}
+    print(f"load {load[0]:.1f} → {os.getloadavg()[0]:.1f}; {a.rate} ev/s, {a.batch_s} s "
+          f"batches, {a.shards} shards")
+    print("| batch | Python loop µs/event (CPU) | native loop µs/event (CPU) | ratio | "
+          "stored MB Python / native |")
+    print("|---|---|---|---|---|")
+    for p, n in zip(res["python"], res["native"], strict=True):
+        print(f"| {p['batch']} | {p['cpu_us_per_event']} | {n['cpu_us_per_event']} | "
+              f"{p['cpu_us_per_event'] / max(n['cpu_us_per_event'], 0.1):.1f}x | "
+              f"{p['stored_bytes'] / 1e6:.1f} / {n['stored_bytes'] / 1e6:.1f} |")
+    last = res["native"][-1]
+    if last["keys"]:
+        print(f"\nnative: {last['keys']} keys held; the stored log is "
+              f"{last['stored_bytes'] / last['keys']:.0f} B per key (with records not yet "
+              "compacted away)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
