@@ -106,11 +106,18 @@ class RulesWatcher:
     the very texts that were read.
 
     `strict` (the first poll, at start-up): any rejected file is an error, as `cep check`
-    would say; the job does not start with rules silently missing."""
+    would say; the job does not start with rules silently missing.
 
-    def __init__(self, rules_dir: str, snapshot: str) -> None:
+    `settle`: a changed text is judged only when the next poll reads it unchanged, so a file
+    caught mid-write (an editor or `>` truncates, then writes) is never taken for the new rules:
+    an empty `fraud.cep` read between the two would compile to no rules and remove them all (a
+    live-job test saw exactly that). Costs one poll interval of reload delay."""
+
+    def __init__(self, rules_dir: str, snapshot: str, settle: bool = True) -> None:
         self.rules_dir = rules_dir
         self.snapshot = snapshot
+        self.settle = settle
+        self._pending: int | None = None  # a new text's digest, waiting for the next poll
         self._seen: int | None = None
         self.versions: dict[str, str] = {}
         self.ruleset: RuleSet | None = None
@@ -124,7 +131,12 @@ class RulesWatcher:
         sources = self._read()
         key = _digest(sources)
         if key == self._seen:
+            self._pending = None
             return None
+        if self.settle and self._seen is not None and key != self._pending:
+            self._pending = key  # seen once: judged if the next poll reads the same
+            return None
+        self._pending = None
         strict = self._seen is None
         self._seen = key
         candidate, compiled, files, errors = self._judge(sources)

@@ -196,6 +196,12 @@ class LiveJob:
         ensure_topics(self.settings.kafka_bootstrap, topics,
                       client_conf=dict(self.settings.kafka_options))
         plan = plan_for(ruleset, self.settings.shards)
+        if not plan.streams and self.plan is not None:
+            # No enabled rule reads any stream: keep reading the topics the query reads (its
+            # events match nothing) rather than restart a query with no source.
+            log.warning("no enabled rule reads any stream: the job keeps its input and "
+                        "matches nothing until rules come back")
+            return False
         restart = self.plan is not None and plan.streams != self.plan.streams
         self.plan = plan
         return restart

@@ -174,7 +174,7 @@ def test_operator_alerts_equal_embedded_whatever_the_batching(engine_loop: str, 
                                                              ) -> None:
     from cep.runtime.alerts import AlertRow, DeadRow, StatsRow
 
-    ds = GENERATORS["fraud"](n_events=1_000, n_keys=25, seed=11, inject=3)
+    ds = GENERATORS["fraud"](n_events=600, n_keys=20, seed=11, inject=3)
     events = sorted(ds.events, key=lambda e: e["ts"])
     want = sorted(a["alert_id"] for a in alerts_for(build_engine(load_rules_dir(RULES)),
                                                     {"transactions": events}))

@@ -28,7 +28,7 @@ def test_reload_per_file(tmp_path):
     shutil.copy(ROOT / "rules" / "fraud.cep", fraud)
     (rules / "broken.cep").write_text("RULE oops FROM transactions PATTERN (a b\n")
     snapshot = tmp_path / "snapshot.json"
-    watcher = RulesWatcher(str(rules), str(snapshot))
+    watcher = RulesWatcher(str(rules), str(snapshot), settle=False)
 
     first = watcher.poll()  # start-up: strict
     assert first is not None and not first.accepted and first.errors
@@ -78,7 +78,7 @@ def test_cep_status_shows_each_file_and_the_counts(tmp_path, capsys):
     shutil.copy(ROOT / "rules" / "fraud.cep", rules / "fraud.cep")
     ck = tmp_path / "ck"
     ck.mkdir()
-    watcher = RulesWatcher(str(rules), str(ck / "snapshot.json"))
+    watcher = RulesWatcher(str(rules), str(ck / "snapshot.json"), settle=False)
     metrics = Metrics(ck / "metrics.json")
     change = watcher.poll()
     metrics.set_rules(change.versions)
@@ -116,7 +116,7 @@ def test_each_poll_reads_once_and_compiles_only_new_text(tmp_path, monkeypatch):
         return real(text, path)
 
     monkeypatch.setattr(engines, "compile_file", counting)
-    watcher = RulesWatcher(str(rules), str(tmp_path / "snapshot.json"))
+    watcher = RulesWatcher(str(rules), str(tmp_path / "snapshot.json"), settle=False)
     start = watcher.poll()
     assert start is not None and start.accepted and sorted(compiled) == ["big.cep", "fraud.cep"]
     assert start.ruleset is not None and {r.id for r in start.ruleset.rules} >= {"big_charge"}
@@ -132,3 +132,24 @@ def test_each_poll_reads_once_and_compiles_only_new_text(tmp_path, monkeypatch):
     change = watcher.poll()  # rejected: its previous text runs, from its earlier compilation
     assert change is not None and not change.accepted and compiled == ["big.cep"]
     assert change.files[str(rules / "big.cep")]["running"] == "previous"
+
+
+def test_a_file_caught_mid_write_is_judged_once_its_text_settles(tmp_path):
+    """An editor (or `>`) truncates a rules file, then writes it: a poll in between reads an
+    empty file, which compiles to no rules. The watcher judges a new text only when the next
+    poll reads it unchanged, so the rules are never removed by a half-written file."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    fraud = rules / "fraud.cep"
+    shutil.copy(ROOT / "rules" / "fraud.cep", fraud)
+    watcher = RulesWatcher(str(rules), str(tmp_path / "snapshot.json"))
+    start = watcher.poll()
+    assert start is not None and start.accepted
+    text = fraud.read_text()
+    fraud.write_text("")  # mid-write
+    assert watcher.poll() is None  # seen once: not judged yet
+    fraud.write_text(text.replace("VERSION 1", "VERSION 2", 1))
+    assert watcher.poll() is None  # another new text: not judged yet either
+    change = watcher.poll()  # the same text again: judged
+    assert change is not None and change.accepted and not change.removed
+    assert change.changed and watcher.poll() is None
