@@ -593,7 +593,7 @@ def run_variant(services: Services, work: Path, variant: Variant,
         # Drain: wait for the measured alerts (bounded; a job that fell behind will not catch up).
         # The stream keeps flowing meanwhile, as a live one does: the last patterns are matched
         # once later events move the watermark past them (LATENESS), never without them.
-        wanted = {k for k, sent in producer.completing.items()
+        wanted = {k for k, sent in list(producer.completing.items())  # it keeps producing
                   if any(ph.measure_from <= sent < ph.end for ph in phases)}
         # (A job that is behind will not deliver them in seconds: a short look only.)
         drain_until = time.time() + (drain_s if drain_s is not None
