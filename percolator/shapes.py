@@ -32,13 +32,15 @@ from percolator.analysis import Schema
 from percolator.compile import LeafTable, PAnd, PLeaf, PNode, PNot, POr, plan
 from percolator.syntax import parse_fast  # (syntax first: fastparse imports it)
 
-_VALUE = (r'"[A-Za-z0-9_ .,\']*"'
-          r"|[\[{](?:[A-Za-z0-9_.]+|\*) TO (?:[A-Za-z0-9_.]+|\*)[\]}]"
-          r"|[A-Za-z0-9_]+~[012](?![0-9.])"
-          r"|[A-Za-z0-9_]+\*"
-          r"|[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*")
+# A field, a colon and a value (a quoted phrase, a range, a fuzzy term, a prefix or a term), as
+# one literal pattern: the architecture test allows the stdlib `re` literal patterns only.
 _CLAUSE = re.compile(r"((?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?:"
-                     + _VALUE + "))")
+                     r'"[A-Za-z0-9_ .,\']*"'
+                     r"|[\[{](?:[A-Za-z0-9_.]+|\*) TO (?:[A-Za-z0-9_.]+|\*)[\]}]"
+                     r"|[A-Za-z0-9_]+~[012](?![0-9.])"
+                     r"|[A-Za-z0-9_]+\*"
+                     r"|[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*"
+                     r"))")
 _STAND_IN = "f:x"
 _OPS = frozenset({"AND", "OR", "NOT"})
 MAX_CHARS = 4096  # parse_fast's limit
