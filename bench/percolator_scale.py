@@ -3,6 +3,11 @@ corpus, without the Lucene side (bench/corpus_peer.py compares with Lucene Monit
 
     python -m bench.percolator_scale --size 1000000 --events 3000 [--source apt|sample]
         [--cache /tmp/perc_queries]   # keep the generated searches (1M: ~270 s to generate)
+        [--build-only]                # time the build alone
+
+Before/after a change of the library, the same script over the older code:
+`git archive <commit> percolator cep bench | tar -x -C /tmp/base && cp bench/percolator_scale.py
+/tmp/base/bench/ && cd /tmp/base && python -m bench.percolator_scale --build-only ...`.
 
 Build rate is CPU seconds of `Percolator.from_searches` (process_time, so other load on the
 machine counts less); memory is the growth of the process's resident set over the build (the
@@ -52,7 +57,7 @@ def cached_queries(events: list[dict[str, Any]], size: int, cache: str | None
 
 
 def run(size: int, n_events: int, source: str = "auto", trace: bool = False,
-        cache: str | None = None) -> dict[str, Any]:
+        cache: str | None = None, build_only: bool = False) -> dict[str, Any]:
     events_all, where = apt_corpus.load(source)
     queries, gen_s = cached_queries(events_all, size, cache)
     events = apt_corpus.shuffled(events_all, n_events)
@@ -66,6 +71,11 @@ def run(size: int, n_events: int, source: str = "auto", trace: bool = False,
     rss1, heap1 = _rss(), tracemalloc.get_traced_memory()[0] if trace else 0
     if trace:
         tracemalloc.stop()
+    if build_only:
+        return {"size": size, "build_cpu_seconds": build_cpu, "build_wall_seconds": build_wall,
+                "build_rate_cpu": size / build_cpu, "build_rate_wall": size / build_wall,
+                "heap_bytes_per_search": (heap1 - heap0) / size if trace else None,
+                "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
     # Updates without a rebuild: replace 1,000 searches by others' queries, delete 1,000.
     n_up = min(1000, size // 4)
     c0 = time.process_time()
@@ -104,8 +114,10 @@ def main() -> None:
     ap.add_argument("--source", default="auto")
     ap.add_argument("--tracemalloc", action="store_true")
     ap.add_argument("--cache", default=None, help="folder keeping the generated searches")
+    ap.add_argument("--build-only", action="store_true", help="time the build alone")
     a = ap.parse_args()
-    print(json.dumps(run(a.size, a.events, a.source, a.tracemalloc, a.cache), indent=1))
+    print(json.dumps(run(a.size, a.events, a.source, a.tracemalloc, a.cache, a.build_only),
+                     indent=1))
 
 
 if __name__ == "__main__":  # pragma: no cover
