@@ -29,8 +29,10 @@ DELAY_MS = 5_000  # the benchmark rules' LATENESS
 COUNTRIES = ("NL", "DE", "FR", "BE")
 
 
-class _Shard:
-    """Per-shard state, one object per kind; `at` is the shard the current call is for."""
+class ShardState:
+    """Spark's per-shard state for `CepProcessor` without Spark, one object per kind (MapState,
+    ValueState, ListState, timers); `at` is the shard the current call is for (set it before
+    each call). Shared with tests/test_operator_offline.py."""
 
     def __init__(self) -> None:
         self.at: Any = None
@@ -41,7 +43,7 @@ class _Shard:
 
 
 class _Map:
-    def __init__(self, s: _Shard) -> None:
+    def __init__(self, s: ShardState) -> None:
         self.s = s
 
     def getValue(self, k: Any) -> Any:  # noqa: N802 - Spark's names
@@ -55,7 +57,7 @@ class _Map:
 
 
 class _Value:
-    def __init__(self, s: _Shard) -> None:
+    def __init__(self, s: ShardState) -> None:
         self.s = s
 
     def get(self) -> Any:
@@ -72,7 +74,7 @@ class _Value:
 
 
 class _List:
-    def __init__(self, s: _Shard) -> None:
+    def __init__(self, s: ShardState) -> None:
         self.s = s
 
     def get(self) -> Iterator[Any]:
@@ -88,8 +90,8 @@ class _List:
         self.s.lists.pop(self.s.at, None)
 
 
-class _Handle:
-    def __init__(self, s: _Shard) -> None:
+class Handle:
+    def __init__(self, s: ShardState) -> None:
         self.s = s
 
     def getMapState(self, *args: Any) -> _Map:  # noqa: N802
@@ -111,7 +113,7 @@ class _Handle:
         self.s.timers.setdefault(self.s.at, set()).add(t)
 
 
-class _Watermark:
+class Watermark:
     def __init__(self, wm: int) -> None:
         self.wm = wm
 
@@ -119,7 +121,7 @@ class _Watermark:
         return self.wm
 
 
-def stored_bytes(s: _Shard) -> int:
+def stored_bytes(s: ShardState) -> int:
     maps = sum(len(v[0]) for m in s.maps.values() for v in m.values())
     return maps + sum(len(r[0]) for rows in s.lists.values() for r in rows)
 
@@ -137,9 +139,9 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
 
     op._ENGINES.clear()
     op._HELD.clear()
-    shard = _Shard()
+    shard = ShardState()
     proc = op.CepProcessor(RulesEngineFactory.from_path(RULES), output_rows, DELAY_MS)
-    proc.init(_Handle(shard))  # type: ignore[arg-type]
+    proc.init(Handle(shard))  # type: ignore[arg-type]
     cards = rate * 20  # each card every 20 s: velocity's 5-in-1-minute never fits
     t0, i, wm, out = 1_700_000_000_000, 0, 0, []
     n = int(rate * batch_s)
@@ -159,14 +161,14 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
         cpu = time.process_time()
         for s, frame in sorted(frames.items()):
             shard.at = (s,)
-            for _ in proc.handleInputRows((s,), iter([frame]), _Watermark(wm)):
+            for _ in proc.handleInputRows((s,), iter([frame]), Watermark(wm)):
                 pass
         for key, ts_set in sorted(shard.timers.items()):
             expired = {t for t in ts_set if t <= wm}
             if expired:
                 ts_set -= expired
                 shard.at = key
-                for _ in proc.handleExpiredTimer(key, _Watermark(wm), None):
+                for _ in proc.handleExpiredTimer(key, Watermark(wm), None):
                     pass
         cpu = time.process_time() - cpu
         wm = t0 + int((b + 1) * n * 1000 / rate) - DELAY_MS

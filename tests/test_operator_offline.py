@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from bench.operator import Handle, ShardState, Watermark
 from cep.compile import load_rules_dir
 from cep.datagen import GENERATORS
 from cep.engines import RulesEngineFactory
@@ -30,104 +31,21 @@ SHARDS = 16
 DELAY = 5_000  # the bundled fraud rules' LATENESS (the watermark delay)
 
 
-class _State:
-    """One shard's MapState, ValueState and ListState at a time (`shard` is set before each
-    call); `_Lists` gives the ListState calls."""
-
-    def __init__(self) -> None:
-        self.shard: Any = None
-        self.maps: dict[Any, dict[Any, Any]] = {}
-        self.values: dict[Any, Any] = {}
-        self.lists: dict[Any, list[Any]] = {}
-        self.timers: dict[Any, set[int]] = {}
-
-    # MapState
-    def getValue(self, k: Any) -> Any:  # noqa: N802 - Spark's names
-        return self.maps.setdefault(self.shard, {}).get(k)
-
-    def updateValue(self, k: Any, v: Any) -> None:  # noqa: N802
-        self.maps.setdefault(self.shard, {})[k] = v
-
-    def removeKey(self, k: Any) -> None:  # noqa: N802
-        self.maps.setdefault(self.shard, {}).pop(k, None)
-
-    # ValueState
-    def get(self) -> Any:
-        return self.values.get(self.shard)
-
-    def update(self, v: Any) -> None:
-        self.values[self.shard] = v
-
-    def exists(self) -> bool:
-        return self.shard in self.values
-
-    def clear(self) -> None:
-        self.values.pop(self.shard, None)
-
-
-class _Lists:
-    def __init__(self, state: _State) -> None:
-        self.s = state
-
-    def get(self) -> Any:
-        return iter(list(self.s.lists.get(self.s.shard, [])))
-
-    def put(self, rows: list[Any]) -> None:
-        self.s.lists[self.s.shard] = list(rows)
-
-    def appendList(self, rows: list[Any]) -> None:  # noqa: N802
-        self.s.lists.setdefault(self.s.shard, []).extend(rows)
-
-    def clear(self) -> None:
-        self.s.lists.pop(self.s.shard, None)
-
-
-class _Handle:
-    def __init__(self, state: _State) -> None:
-        self.s = state
-
-    def getListState(self, *args: Any) -> _Lists:  # noqa: N802
-        return _Lists(self.s)
-
-    def getMapState(self, *args: Any) -> _State:  # noqa: N802
-        return self.s
-
-    def getValueState(self, *args: Any) -> _State:  # noqa: N802
-        return self.s
-
-    def listTimers(self) -> list[int]:  # noqa: N802
-        return sorted(self.s.timers.get(self.s.shard, ()))
-
-    def deleteTimer(self, t: int) -> None:  # noqa: N802
-        self.s.timers.get(self.s.shard, set()).discard(t)
-
-    def registerTimer(self, t: int) -> None:  # noqa: N802
-        self.s.timers.setdefault(self.s.shard, set()).add(t)
-
-
-class _Timer:
-    def __init__(self, wm: int) -> None:
-        self.wm = wm
-
-    def getCurrentWatermarkInMs(self) -> int:  # noqa: N802
-        return self.wm
-
-
 def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0) -> list[Any]:
     """The events (in time order) through the operator as a replay runs it: micro-batches of
     `batch` rows grouped by shard, the watermark trailing each batch's max event time by the
     delay, expired timers after the input, then the end-of-input marker. `dead`: bad rows mixed
     in (their dead-letter data must come out as `dead` rows)."""
-    state = _State()
+    state = ShardState()
     proc = op.CepProcessor(RulesEngineFactory.from_path(RULES), output_rows, DELAY,
                            end_of_input=max(e["ts"] for e in events))
-    proc.init(_Handle(state))
+    proc.init(Handle(state))  # type: ignore[arg-type]
     wm, top, rows = 0, None, []
 
     def call(shard: int, frame: pd.DataFrame | None) -> None:
-        state.shard = (shard,)
-        out = (proc.handleInputRows((shard,), iter([frame]), _Timer(wm)) if frame is not None
-               else proc.handleExpiredTimer((shard,), _Timer(wm), None))
+        state.at = (shard,)
+        out = (proc.handleInputRows((shard,), iter([frame]), Watermark(wm)) if frame is not None
+               else proc.handleExpiredTimer((shard,), Watermark(wm), None))
         for pdf in out:
             rows.extend(pdf.itertuples(index=False))
 
