@@ -34,7 +34,8 @@ def register(sub: Any) -> None:
     p.add_argument("--from", dest="kafka_from", help="Kafka start: startingOffsets JSON or "
                    "'earliest' (default)")
     p.add_argument("--to", dest="kafka_to", help="Kafka end: endingOffsets JSON or 'latest'")
-    p.add_argument("--max-files-per-trigger", type=int, help="micro-batch size, in files")
+    p.add_argument("--max-files-per-trigger", type=int,
+                   help="ignored: replay is one batch job (kept so that scripts keep working)")
     p.add_argument("--shards", type=int, help="shards of the partition key (default 64)")
     p.add_argument("--shuffle-partitions", type=int)
     p.add_argument("--master", dest="spark_master", help="Spark master (default local[2])")
