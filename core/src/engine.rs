@@ -89,7 +89,7 @@ pub struct EngineState {
     /// min-heap of (time, key) finds the due keys (superseded entries are skipped lazily).
     wake_at: HashMap<Sk, i64>,
     wake: BinaryHeap<Reverse<(i64, Sk)>>,
-    /// The keys advanced since `Engine.take_dirty` last ran (kept only when `track_dirty`):
+    /// The keys advanced since `Engine.export_blobs` last ran (kept only when `track_dirty`):
     /// what a store that writes changed keys back must write.
     dirty: HashSet<Sk>,
     track_dirty: bool,
@@ -144,7 +144,7 @@ impl EngineState {
 
 #[pymethods]
 impl EngineState {
-    /// `track_dirty`: remember which keys each call changed (`Engine.take_dirty`), for a
+    /// `track_dirty`: remember which keys each call changed (`Engine.export_blobs`), for a
     /// store that writes changed keys back (the Spark operator's).
     #[new]
     #[pyo3(signature = (track_dirty=false))]
@@ -419,9 +419,6 @@ impl Engine {
         Ok((matches, counts))
     }
 }
-
-/// A key a call changed: (group id, key, its state's bytes or None when it has none left).
-type DirtyKey = (String, String, Option<Py<PyAny>>);
 
 type IngestOut<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, usize, usize, usize);
 
@@ -877,20 +874,6 @@ impl Engine {
         let out = self.rules.iter().zip(p.iter()).filter(|(_, &d)| d != 0).map(|(r, &d)| (r.id.clone(), d)).collect();
         p.iter_mut().for_each(|d| *d = 0);
         out
-    }
-
-    /// The keys advanced since the last call, each as `(group id, key, key_bytes or None when
-    /// the key no longer has state)`, sorted; clears the record (needs `EngineState(track_dirty=True)`).
-    fn take_dirty(&self, py: Python<'_>, state: &Bound<'_, EngineState>) -> PyResult<Vec<DirtyKey>> {
-        let mut dirty: Vec<Sk> = state.try_borrow_mut()?.dirty.drain().collect();
-        dirty.sort_by(|a, b| self.rank[a.0 as usize].cmp(&self.rank[b.0 as usize]).then_with(|| a.1.cmp(&b.1)));
-        let mut out = Vec::with_capacity(dirty.len());
-        for (gi, key) in dirty {
-            let gid = &self.groups[gi as usize].gid;
-            let b = self.key_bytes(py, state, gid, &key)?;
-            out.push((gid.clone(), key.to_string(), b));
-        }
-        Ok(out)
     }
 
     /// The group ids, in the engine's order.
