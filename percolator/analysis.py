@@ -7,8 +7,11 @@ token "3"). docs/percolator.md, "Analysis", has the full rules.
 
 The text analyser: NFKC-normalise, casefold, NFKC again (casefolding can denormalise), then split
 into word tokens the way Unicode word segmentation (UAX #29) mostly does — letters/digits/`_`
-runs, joined across `.`/`'` between word characters and `,` between digits ("3.5", "don't",
-"1,000" are one token; "e-mail" is two).
+runs, joined across a MidNumLet (`.`, `'`, `‘`, `’`) between two letters or two digits, a
+MidLetter (`:`, `·`, `‧`) between two letters and a MidNum (`,`, `;`, `٬`) between two digits:
+"3.5", "don't", "1,000", "a.b", "v1.2.3" are one token; "e-mail", "alpha.3", "science.1136800",
+"x.1a" and "1.a" are two (the characters either side of the separator decide, as UAX #29's
+WB6/7/11/12 and Lucene's StandardTokenizer do).
 """
 
 from __future__ import annotations
@@ -56,8 +59,8 @@ _WORD_PATTERN = (
     r"\ua80b\ua823-\ua827\ua82c\ua880-\ua881\ua8b4-\ua8c5\ua8e0-\ua8f1\ua8ff\ua926-\ua92d"
     r"\ua947-\ua953\ua980-\ua983\ua9b3-\ua9c0\ua9e5\uaa29-\uaa36\uaa43\uaa4c-\uaa4d\uaa7b-"
     r"\uaa7d\uaab0\uaab2-\uaab4\uaab7-\uaab8\uaabe-\uaabf\uaac1\uaaeb-\uaaef\uaaf5-\uaaf6"
-    r"\uabe3-\uabea\uabec-\uabed\ufb1e\ufe00-\ufe0f\ufe20-\ufe2f\u200d]+(?:(?:[.'’]|(?<=\d),"
-    r"(?=\d)|(?<=[^\W\d_]):(?=[^\W\d_]))[\w\u0300-\u036f\u0483-\u0489\u0591-\u05bd\u05bf\u05c1-"
+    r"\uabe3-\uabea\uabec-\uabed\ufb1e\ufe00-\ufe0f\ufe20-\ufe2f\u200d]+(?:(?:(?<=[^\W\d_])[.'‘’:"
+    r"·‧](?=[^\W\d_])|(?<=\d)[.'‘’,;٬](?=\d))[\w\u0300-\u036f\u0483-\u0489\u0591-\u05bd\u05bf\u05c1-"
     r"\u05c2\u05c4-\u05c5"
     r"\u05c7\u0610-\u061a\u064b-\u065f\u0670\u06d6-\u06dc\u06df-\u06e4\u06e7-\u06e8\u06ea-"
     r"\u06ed\u0711\u0730-\u074a\u07a6-\u07b0\u07eb-\u07f3\u07fd\u0816-\u0819\u081b-\u0823"
