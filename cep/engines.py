@@ -6,9 +6,14 @@ The processor object is pickled to every task, so it carries rule *text* (small,
 picklable), never compiled closures. Two factories:
 - `RulesEngineFactory`: a fixed set of sources (replay);
 - `SnapshotEngineFactory`: reads the accepted snapshot file that the live job's driver writes
-  when the rules directory changes (`RulesWatcher`); every task loads the current snapshot when
-  the operator starts it, so a change takes effect at the next micro-batch.
+  when the rules change (`RulesWatcher`); every task loads the current snapshot when the
+  operator starts it, so a change takes effect at the next micro-batch.
 Engines are cached per worker under a hash of the sources.
+
+Where the rules come from is a `RulesSource`: a directory (`DirectorySource`, one unit per
+file) or a compacted Kafka topic (`cep.rules_topic.TopicSource`, one unit per rule: the text of
+the file it was deployed from, of which the unit runs that one rule). The watcher judges units
+the same way whatever the source.
 """
 
 from __future__ import annotations
@@ -22,7 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from cep.compile import compile_file, merge_rulesets, read_sources, ruleset_from_sources
+from cep.compile import (
+    compile_file,
+    compile_rules,
+    merge_rulesets,
+    read_sources,
+    ruleset_from_sources,
+)
 from cep.errors import RuleSemanticError, SourceError, Span
 from cep.nfa import RuleSet
 from cep.runtime.bind import build_embedded_engine, rule_hash
@@ -39,6 +50,22 @@ def _digest(sources: dict[str, str], extra: str = "") -> int:
     return int.from_bytes(h.digest()[:8], "big")
 
 
+def select_rule(rules: RuleSet, rule_id: str) -> RuleSet:
+    """The one rule `rule_id` of a compiled file, with the stream it reads."""
+    chosen = tuple(r for r in rules.rules if r.id == rule_id)
+    names = {r.stream.name for r in chosen}
+    return RuleSet(chosen, tuple(s for s in rules.streams if s.name in names))
+
+
+def sources_ruleset(sources: dict[str, str], select: dict[str, str] | None = None) -> RuleSet:
+    """Units' texts → one `RuleSet`; a unit named in `select` runs only that rule of its text."""
+    if not select:
+        return ruleset_from_sources(sources)
+    return merge_rulesets(
+        select_rule(compile_rules(text, name), select[name]) if name in select
+        else compile_rules(text, name) for name, text in sorted(sources.items()))
+
+
 class EngineFactory(Protocol):
     """What the Spark operator is given: `load()` → (cache key, a builder of the engine)."""
 
@@ -46,10 +73,12 @@ class EngineFactory(Protocol):
 
 
 class RulesEngineFactory:
-    def __init__(self, sources: dict[str, str], max_partial_matches: int | None = None) -> None:
+    def __init__(self, sources: dict[str, str], max_partial_matches: int | None = None,
+                 select: dict[str, str] | None = None) -> None:
         self.sources = dict(sorted(sources.items()))
         self.max_partial_matches = max_partial_matches
-        self.cache_key = _digest(self.sources, str(max_partial_matches))
+        self.select = dict(sorted((select or {}).items()))
+        self.cache_key = _digest(self.sources, f"{max_partial_matches}|{json.dumps(self.select)}")
 
     @classmethod
     def from_path(cls, path: str | Path, max_partial_matches: int | None = None,
@@ -57,7 +86,7 @@ class RulesEngineFactory:
         return cls(read_sources([path]), max_partial_matches)
 
     def ruleset(self) -> RuleSet:
-        return ruleset_from_sources(self.sources)
+        return sources_ruleset(self.sources, self.select)
 
     def load(self) -> tuple[int, Callable[[], Engine]]:
         return self.cache_key, self
@@ -76,7 +105,8 @@ class SnapshotEngineFactory:
 
     def load(self) -> tuple[int, Callable[[], Engine]]:
         data = json.loads(Path(self.snapshot).read_text())
-        inner = RulesEngineFactory(data["sources"], self.max_partial_matches)
+        inner = RulesEngineFactory(data["sources"], self.max_partial_matches,
+                                   data.get("select"))
         return inner.cache_key, inner
 
 
@@ -92,6 +122,57 @@ class RulesChange:
     # Per rules file: {"status": "accepted" | "rejected", "errors": [...], "running": which
     # text runs ("current", "previous" or "none")}.
     files: dict[str, dict[str, object]] = field(default_factory=dict)
+    # Per running rule id: where its text came from (`RulesSource.meta`: the file, or the
+    # topic's version number, content hash, who deployed it and when).
+    provenance: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
+class RulesSource(Protocol):
+    """Where the rules come from: units of rule text by name (a file, or a rule deployed to a
+    topic). `settle`: a new text is judged only once a second read gives it unchanged (files
+    can be caught mid-write; topic records cannot)."""
+
+    settle: bool
+
+    def read(self) -> dict[str, str]:
+        """Every unit's current text, by unit name."""
+        ...
+
+    def compile(self, name: str, text: str) -> tuple[RuleSet | None, list[SourceError]]:
+        """A unit's text compiled to the rules it runs (errors name the unit)."""
+        ...
+
+    def selected(self, name: str) -> str | None:
+        """The one rule of its text a unit runs (None: all of them)."""
+        ...
+
+    def meta(self, name: str) -> dict[str, object]:
+        """What the last `read` knows about a unit's text beyond it (version, deployer)."""
+        ...
+
+
+class DirectorySource:
+    """A rules directory: one unit per `*.cep` file, every rule of it."""
+
+    settle = True
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._texts: dict[str, str] = {}
+
+    def read(self) -> dict[str, str]:
+        self._texts = read_sources([self.path])
+        return self._texts
+
+    def compile(self, name: str, text: str) -> tuple[RuleSet | None, list[SourceError]]:
+        return compile_file(text, name)
+
+    def selected(self, name: str) -> str | None:
+        return None
+
+    def meta(self, name: str) -> dict[str, object]:
+        text = self._texts.get(name, "")
+        return {"source": name, "sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
 class RulesWatcher:
@@ -113,19 +194,22 @@ class RulesWatcher:
     an empty `fraud.cep` read between the two would compile to no rules and remove them all (a
     live-job test saw exactly that). Costs one poll interval of reload delay."""
 
-    def __init__(self, rules_dir: str, snapshot: str, settle: bool = True) -> None:
-        self.rules_dir = rules_dir
+    def __init__(self, rules: str | RulesSource, snapshot: str, settle: bool | None = None,
+                 ) -> None:
+        self.source: RulesSource = DirectorySource(rules) if isinstance(rules, str) else rules
         self.snapshot = snapshot
-        self.settle = settle
+        self.settle = self.source.settle if settle is None else settle
         self._pending: int | None = None  # a new text's digest, waiting for the next poll
         self._seen: int | None = None
         self.versions: dict[str, str] = {}
         self.ruleset: RuleSet | None = None
         self.accepted: dict[str, str] = {}  # path -> the accepted text of that file
         self._compiled: dict[str, RuleSet] = {}  # path -> the accepted text, compiled
+        self._meta: dict[str, dict[str, object]] = {}  # path -> its accepted text's meta
+        self.provenance: dict[str, dict[str, object]] = {}  # rule id -> meta (running rules)
 
     def _read(self) -> dict[str, str]:
-        return read_sources([self.rules_dir])
+        return self.source.read()
 
     def poll(self) -> RulesChange | None:
         sources = self._read()
@@ -149,25 +233,36 @@ class RulesWatcher:
                       err.render())
         if candidate == self.accepted and self.ruleset is not None:
             return RulesChange(False, dict(self.versions), errors=errors, files=files,
-                               ruleset=self.ruleset)
+                               ruleset=self.ruleset, provenance=dict(self.provenance))
         ruleset = merge_rulesets(compiled[path] for path in sorted(candidate))
         versions = {r.id: rule_hash(r) for r in ruleset.rules if r.enabled}
+        metas = {path: (self._meta[path] if candidate[path] == self.accepted.get(path)
+                        and path in self._meta else self.source.meta(path))
+                 for path in candidate}
+        provenance = {r.id: {**metas[path], "rule_hash": rule_hash(r)}
+                      for path in sorted(candidate) for r in compiled[path].rules
+                      if r.id in versions}
+        select = {path: rid for path in candidate
+                  if (rid := self.source.selected(path)) is not None}
         change = RulesChange(
             True, versions,
             added=sorted(set(versions) - set(self.versions)),
             changed=sorted(r for r in versions if r in self.versions
                            and versions[r] != self.versions[r]),
             removed=sorted(set(self.versions) - set(versions)),
-            errors=errors, ruleset=ruleset, files=files,
+            errors=errors, ruleset=ruleset, files=files, provenance=provenance,
         )
         tmp = f"{self.snapshot}.tmp"
         Path(tmp).parent.mkdir(parents=True, exist_ok=True)
-        Path(tmp).write_text(json.dumps({"sources": candidate, "versions": versions}))
+        Path(tmp).write_text(json.dumps({"sources": candidate, "select": select,
+                                         "versions": versions, "provenance": provenance}))
         os.replace(tmp, self.snapshot)
         self.versions = versions
         self.ruleset = ruleset
         self.accepted = candidate
         self._compiled = compiled
+        self._meta = metas
+        self.provenance = provenance
         log.info("rules accepted: added %s, changed %s, removed or disabled %s",
                  change.added, change.changed, change.removed)
         return change
@@ -188,7 +283,7 @@ class RulesWatcher:
                 rules: RuleSet | None = self._compiled[path]
                 errs: list[SourceError] = []
             else:
-                rules, errs = compile_file(text, path)
+                rules, errs = self.source.compile(path, text)
             if rules is not None and not errs:
                 dup = next((r.id for r in rules if r.id in owner), None)
                 if dup is not None:

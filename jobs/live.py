@@ -17,6 +17,14 @@ which every task loads when it starts, so a change takes effect at the next micr
 change that needs a different query plan (a new stream or key field) restarts the query
 in-process from its checkpoint. Each file's status and errors are in the metrics
 (`rules_files`, `cep_rules_file_accepted`).
+
+`--rules kafka:TOPIC` follows a rules topic instead (`cep.rules_topic.TopicSource`, one unit
+per deployed rule; docs/rules-topic.md): the same watcher, snapshot and semantics.
+
+What ran is kept in the checkpoint: `rules-archive/<rule>-<rule_hash>.json` holds every
+accepted rule version's text and provenance (topic version, content hash, who deployed it),
+under the `rule_hash` each alert carries; `rules-log.jsonl` has a line for the first batch
+delivered under each set of rules in force (batch id, rule id -> rule_hash and topic version).
 """
 
 from __future__ import annotations
@@ -115,6 +123,22 @@ class AlertRouter:
                                          self.settings.dead_letter_topic)
 
 
+def rules_source(settings: Settings, rules: str) -> Any:
+    """`--rules`: a directory (its path) or `kafka:TOPIC` (a rules topic)."""
+    if rules.startswith("kafka:"):
+        from cep.rules_topic import TopicSource
+
+        return TopicSource(settings.kafka_bootstrap, rules[len("kafka:"):],
+                           dict(settings.kafka_options))
+    return rules
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 class LiveJob:
     def __init__(self, settings: Settings, options: LiveOptions) -> None:
         from cep.engines import RulesWatcher
@@ -124,7 +148,8 @@ class LiveJob:
         self.ck = Path(options.checkpoint)
         claim_checkpoint(self.ck, "cep run", {})
         self.snapshot = str(self.ck / "rules-snapshot.json")
-        self.watcher = RulesWatcher(options.rules, self.snapshot)
+        self.watcher = RulesWatcher(rules_source(settings, options.rules), self.snapshot)
+        self._logged_rules: dict[str, Any] | None = None
         self.metrics = Metrics(self.ck / "metrics.json")
         self.router = AlertRouter(settings, self.metrics)
         self.queries: list[Any] = []
@@ -139,6 +164,8 @@ class LiveJob:
             first = change.errors[0].render().splitlines()[0] if change and change.errors else ""
             raise LiveJobError(f"the rules do not compile ({first}); fix them (`cep check`) and "
                                "start again")
+        if change.ruleset is None or not len(change.ruleset):
+            raise LiveJobError(f"no rules in {self.opts.rules}: nothing to run")
         self.metrics.set_rule_files(change.files)
         self._preflight(change.ruleset)
         self._adopt(change)
@@ -191,6 +218,7 @@ class LiveJob:
         ruleset = change.ruleset
         self.router.rules = {r.id: r for r in ruleset.rules}
         self.metrics.set_rules(change.versions)
+        self._archive(change)
         topics = [alert_topic(r) for r in ruleset.rules if r.enabled]
         topics += [self.settings.dead_letter_topic, self.settings.late_topic]
         ensure_topics(self.settings.kafka_bootstrap, topics,
@@ -205,6 +233,38 @@ class LiveJob:
         restart = self.plan is not None and plan.streams != self.plan.streams
         self.plan = plan
         return restart
+
+    # -- which rules produced what (kept in the checkpoint) ------------------------------
+    def _archive(self, change: Any) -> None:
+        """Every accepted rule version, under the `rule_hash` its alerts carry."""
+        archive = self.ck / "rules-archive"
+        archive.mkdir(parents=True, exist_ok=True)
+        texts = self.watcher.accepted
+        for rid, prov in change.provenance.items():
+            path = archive / f"{rid}-{prov['rule_hash']}.json"
+            if not path.exists():
+                unit = str(prov.get("source", ""))
+                _write_atomic(path, json.dumps({"rule": rid, **prov,
+                                                "text": texts.get(unit)}, sort_keys=True))
+
+    def _in_force(self) -> dict[str, Any]:
+        return {rid: {"rule_hash": p.get("rule_hash"), "version": p.get("version"),
+                      "source": p.get("source")}
+                for rid, p in sorted(self.watcher.provenance.items())}
+
+    def _on_batch(self, query: str) -> Any:
+        record = self.metrics.on_batch(query)
+
+        def on_batch(batch_id: int, info: dict[str, Any]) -> None:
+            record(batch_id, info)
+            rules = self._in_force()
+            if rules != self._logged_rules:  # a line per change of the rules in force
+                with (self.ck / "rules-log.jsonl").open("a") as f:
+                    f.write(json.dumps({"batch_id": batch_id, "query": query,
+                                        "at": int(time.time() * 1000), "rules": rules},
+                                       sort_keys=True) + "\n")
+                self._logged_rules = rules
+        return on_batch
 
     def _stop(self) -> None:
         for q in self.queries:
@@ -251,7 +311,7 @@ class LiveJob:
         out = match_rules(rows, self.plan, factory)
         alerts_ck = str(self.ck / "alerts")
         deliver = BatchDelivery(self.settings, "alerts", alerts_ck, self.router,
-                                on_batch=self.metrics.on_batch("alerts"))
+                                on_batch=self._on_batch("alerts"))
         q1 = (out.writeStream.queryName("alerts").foreachBatch(deliver)
               .option("checkpointLocation", alerts_ck).trigger(**trigger).start())
         self.queries = [q1]

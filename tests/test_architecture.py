@@ -66,7 +66,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "language": ("cep.grammar", "cep.ast", "cep.expr", "cep.expr_columns", "cep.compile",
                  "cep.nfa", "cep.program"),
     "runtime": ("cep.runtime",),
-    "host": ("cep.engines", "cep.testing", "cep.report"),
+    "host": ("cep.engines", "cep.rules_topic", "cep.testing", "cep.report"),
     "percolator": ("percolator",),
     "spark": ("cep.spark",),
     "jobs": ("jobs",),

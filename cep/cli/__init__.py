@@ -4,6 +4,7 @@ This package is the only one that imports the jobs (`jobs/`), and it imports the
 by name, one module per area:
 
 - `cep.cli.rules`     check, explain               (the rule language)
+- `cep.cli.rules_topic` rules deploy|ls|history|rollback|disable|enable  (the rules topic)
 - `cep.cli.testing`   test, report                 (the embedded engine)
 - `cep.cli.spark`     demo, replay, run, status, tail   (the CEP Spark jobs)
 - `cep.cli.percolate` percolate                    (the percolator's Spark job)
@@ -21,11 +22,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from cep.cli import console, percolate, rules, search, spark, testing
+from cep.cli import console, percolate, rules, rules_topic, search, spark, testing
 from cep.errors import CepError
 
 # The areas, in the order their subcommands are listed by `cep --help`.
-COMMAND_MODULES = (spark, percolate, search, rules, testing, console)
+COMMAND_MODULES = (spark, percolate, search, rules, rules_topic, testing, console)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,7 +50,8 @@ def register(sub: Any) -> None:
                        description="Run every rule of a rules directory over Kafka topics, "
                        "continuously. Rules may be added, changed, disabled and removed while it "
                        "runs. Metrics: CHECKPOINT/metrics.json and metrics.prom.")
-    p.add_argument("--rules", default="rules", help="rules directory (default: rules/)")
+    p.add_argument("--rules", default="rules", help="rules directory (default: rules/), or "
+                   "kafka:TOPIC to follow a rules topic (`cep rules deploy`)")
     p.add_argument("--bootstrap", dest="kafka_bootstrap", help="Kafka bootstrap servers")
     p.add_argument("--redis", dest="redis_url", help="Redis URL")
     p.add_argument("--checkpoint", dest="checkpoint_dir", help="checkpoint directory")

@@ -1,0 +1,182 @@
+"""Rules in a compacted Kafka topic (issue 15, part 3), on the real broker: `cep rules deploy`
+checks and publishes, `ls`/`history`/`rollback`/`disable`/`enable` round trip, and the live
+job's watcher follows the topic (`TopicSource`) with the directory's semantics: a record that
+does not compile never replaces the running version."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from cep.cli import main
+from cep.engines import RulesWatcher, SnapshotEngineFactory
+from cep.rules_topic import RulesTopic, TopicSource
+
+pytestmark = pytest.mark.services
+ROOT = Path(__file__).resolve().parent.parent
+FRAUD = ("card_testing", "impossible_travel", "velocity")
+
+
+def _bump_velocity(path: Path, version: int) -> None:
+    text = path.read_text()
+    at = text.index("RULE velocity")
+    path.write_text(text[:at] + text[at:].replace("VERSION 1", f"VERSION {version}", 1))
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def rules(tmp_path):
+    d = tmp_path / "rules"
+    d.mkdir()
+    shutil.copy(ROOT / "rules" / "fraud.cep", d / "fraud.cep")
+    return d
+
+
+def test_deploy_ls_history_rollback_disable_round_trip(rules, kafka_bootstrap, topic, capsys):
+    k = ("--bootstrap", kafka_bootstrap, "--topic", topic)
+    code, out, _ = _cli(capsys, "rules", "deploy", str(rules), *k, "--json")
+    assert code == 0
+    published = json.loads(out)["published"]
+    assert sorted((p["rule"], p["version"], p["status"]) for p in published) == [
+        (r, 1, "new") for r in FRAUD]
+
+    # The topic was created compacted, with one partition.
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    meta = admin.list_topics(topic, timeout=10).topics[topic]
+    assert len(meta.partitions) == 1
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    conf = admin.describe_configs([res])[res].result(timeout=10)
+    assert conf["cleanup.policy"].value == "compact"
+
+    # The same files again: nothing new.
+    code, out, _ = _cli(capsys, "rules", "deploy", str(rules), *k, "--json")
+    assert code == 0 and {p["status"] for p in json.loads(out)["published"]} == {"unchanged"}
+
+    # velocity changes: version 2 of velocity only.
+    _bump_velocity(rules / "fraud.cep", 2)
+    code, out, _ = _cli(capsys, "rules", "deploy", str(rules), *k)
+    assert code == 0 and "changed   velocity v2" in out and "1 of 3 rules published" in out
+
+    code, out, _ = _cli(capsys, "rules", "ls", *k, "--json")
+    rows = {r["rule"]: r for r in json.loads(out)["rules"]}
+    assert sorted(rows) == list(FRAUD)
+    assert (rows["velocity"]["version"], rows["velocity"]["declared_version"]) == (2, 2)
+    assert rows["card_testing"]["version"] == 1 and all(r["enabled"] for r in rows.values())
+    assert rows["velocity"]["by"]["user"] and rows["velocity"]["by"]["host"]
+
+    # Rollback to version 1: version 1's record back in force; the history keeps both.
+    code, out, _ = _cli(capsys, "rules", "rollback", "velocity", "1", *k)
+    assert code == 0 and "velocity: version 1 in force" in out
+    code, out, _ = _cli(capsys, "rules", "history", "velocity", *k, "--json")
+    h = json.loads(out)
+    assert h["current"] == {"version": 1, "enabled": True}
+    assert [v["version"] for v in h["versions"]] == [1, 2]
+    assert [v["declared_version"] for v in h["versions"]] == [1, 2]
+    assert h["versions"][0]["content_hash"] != h["versions"][1]["content_hash"]
+    assert all(len(v["sha256"]) == 64 and v["deployed_at"] > 0 for v in h["versions"])
+    assert [(e["action"], e["version"]) for e in h["events"]] == [
+        ("deploy", 1), ("deploy", 2), ("rollback", 1)]
+
+    # Disable, then enable: the version in force is kept.
+    assert _cli(capsys, "rules", "disable", "velocity", *k)[0] == 0
+    code, out, _ = _cli(capsys, "rules", "ls", *k)
+    line = next(x for x in out.splitlines() if x.startswith("velocity"))
+    assert line.split()[1:3] == ["1", "disabled"]
+    code, out, _ = _cli(capsys, "rules", "history", "velocity", *k)
+    assert "velocity: version 1 in force, disabled" in out and "disable" in out
+    assert _cli(capsys, "rules", "enable", "velocity", *k)[0] == 0
+    state = RulesTopic(kafka_bootstrap, topic).state()
+    assert state.current["velocity"]["enabled"] and state.current["velocity"]["version"] == 1
+    assert [e["action"] for e in state.events["velocity"]] == [
+        "deploy", "deploy", "rollback", "disable", "enable"]
+
+    # Errors are one line, exit 2.
+    code, _, err = _cli(capsys, "rules", "rollback", "velocity", "7", *k)
+    assert code == 2 and "has no version 7 (versions: 1, 2)" in err
+    code, _, err = _cli(capsys, "rules", "disable", "nope", *k)
+    assert code == 2 and "no rule 'nope'" in err
+
+
+def test_a_rejected_file_publishes_nothing(rules, kafka_bootstrap, topic, capsys):
+    k = ("--bootstrap", kafka_bootstrap, "--topic", topic)
+    assert _cli(capsys, "rules", "deploy", str(rules), *k)[0] == 0
+    before = RulesTopic(kafka_bootstrap, topic).state()
+    # A valid change beside a broken file: neither is published.
+    _bump_velocity(rules / "fraud.cep", 2)
+    (rules / "broken.cep").write_text("RULE oops FROM transactions PATTERN (a b\n")
+    code, _, err = _cli(capsys, "rules", "deploy", str(rules), *k)
+    assert code == 1
+    assert f"{rules / 'broken.cep'}:2:1: syntax error" in err
+    assert f"nothing published to {topic}" in err
+    code, out, _ = _cli(capsys, "rules", "deploy", str(rules), *k, "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["published"] == []
+    assert (doc["errors"][0]["file"], doc["errors"][0]["line"], doc["errors"][0]["col"]) == (
+        str(rules / "broken.cep"), 2, 1)
+    after = RulesTopic(kafka_bootstrap, topic).state()
+    assert after.current == before.current and after.versions == before.versions
+    assert after.events == before.events
+
+
+def test_the_job_watcher_follows_the_topic(rules, kafka_bootstrap, topic, tmp_path):
+    """`cep run --rules kafka:TOPIC`'s watcher: one unit per enabled rule, the snapshot the
+    workers load runs exactly those rules, a new version is the next poll's change, a record
+    that does not compile (written past `cep rules deploy`) is rejected and the previous
+    version keeps running, a disabled rule is removed."""
+    deployer = RulesTopic(kafka_bootstrap, topic)
+    deployer.deploy([rules])
+    snapshot = tmp_path / "snapshot.json"
+    source = TopicSource(kafka_bootstrap, topic)
+    try:
+        watcher = RulesWatcher(source, str(snapshot))
+        start = watcher.poll()
+        assert start is not None and start.accepted and sorted(start.versions) == list(FRAUD)
+        assert start.provenance["velocity"]["version"] == 1
+        assert start.provenance["velocity"]["source"] == f"kafka:{topic}/velocity"
+        _, build = SnapshotEngineFactory(str(snapshot)).load()
+        assert sorted(r.id for r in build.ruleset().rules) == list(FRAUD)  # type: ignore
+        assert watcher.poll() is None  # nothing new
+
+        _bump_velocity(rules / "fraud.cep", 2)
+        deployer.deploy([rules])
+        change = watcher.poll()
+        assert change is not None and change.accepted and change.changed == ["velocity"]
+        assert change.provenance["velocity"]["version"] == 2
+        assert change.provenance["card_testing"]["version"] == 1
+        v2 = dict(change.versions)
+        assert json.loads(snapshot.read_text())["versions"] == v2
+
+        # A foreign producer writes a broken current record: rejected, version 2 keeps running.
+        bad = {**deployer.state().current["velocity"], "version": 3,
+               "source": "RULE velocity FROM transactions PATTERN (a b\n"}
+        p = Producer({"bootstrap.servers": kafka_bootstrap})
+        p.produce(topic, key=b"rule/velocity", value=json.dumps(bad).encode())
+        assert p.flush(30) == 0
+        change = watcher.poll()
+        assert change is not None and not change.accepted and change.versions == v2
+        unit = change.files[f"kafka:{topic}/velocity"]
+        assert unit["status"] == "rejected" and unit["running"] == "previous"
+        assert json.loads(snapshot.read_text())["versions"] == v2
+
+        deployer.rollback("velocity", 1)
+        change = watcher.poll()
+        assert change is not None and change.accepted and change.changed == ["velocity"]
+        assert change.provenance["velocity"]["version"] == 1
+        deployer.set_enabled("velocity", False)
+        change = watcher.poll()
+        assert change is not None and change.removed == ["velocity"]
+        _, build = SnapshotEngineFactory(str(snapshot)).load()
+        assert sorted(r.id for r in build.ruleset().rules) == [  # type: ignore
+            "card_testing", "impossible_travel"]
+    finally:
+        source.close()
