@@ -33,9 +33,14 @@ class Literal:
 
 @dataclass(frozen=True, slots=True)
 class Name:
-    """`field`, `` `odd field` ``, `VAR.field`, or `VAR` alone (only inside COUNT)."""
+    """`field`, `` `odd field` ``, `VAR.field`, or `VAR` alone (only inside COUNT).
+
+    `path`: the keys of a nested JSON field after the field, `payload:amount` is
+    `Name(("payload",), ("amount",))` and `b.device:geo:country` is
+    `Name(("b", "device"), ("geo", "country"))` (docs/rule-language.md, "Nested fields")."""
 
     parts: tuple[str, ...]
+    path: tuple[str, ...] = ()
     span: Span = _span()
 
 
@@ -181,8 +186,9 @@ class Duration:
 @dataclass(frozen=True, slots=True)
 class FieldDecl:
     name: str
-    type: str  # STRING INT FLOAT BOOL (upper-case canonical)
+    type: str  # STRING INT FLOAT BOOL STRUCT ... (upper-case, as written)
     span: Span = _span()
+    fields: tuple[FieldDecl, ...] | None = None  # the sub-fields of a STRUCT
 
 
 @dataclass(frozen=True, slots=True)

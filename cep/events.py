@@ -20,7 +20,10 @@ Types, by the stream's declared schema (`FIELDS (...)` in the rules); a field th
 - `INT`: a JSON integer in the signed 64-bit range (an integral number such as `5.0` too);
 - `FLOAT`: any finite JSON number;
 - `BOOL`: `true` or `false`;
-- `STRING`: a JSON string.
+- `STRING`: a JSON string;
+- `STRUCT(...)`: a JSON object, whose declared fields are checked by these same rules (absent
+  or `null` is fine; a wrong type names the path: "field 'payload:amount' is FLOAT, got a
+  string"); undeclared fields inside it pass unchanged.
 Nothing is converted between strings and numbers: `"5000"` for a `FLOAT` field is a dead letter
 ("field 'amount' is FLOAT, got a string"), never a silently unmatched event. A JSON document has
 number types; a number in quotes is a producer bug that conversion would hide (and `"5,000"` or
@@ -54,14 +57,22 @@ class EventSchema:
     stream: str
     time_field: str = "ts"
     key_fields: tuple[str, ...] = ()
-    fields: tuple[tuple[str, str], ...] | None = None  # declared (name, type), or None
+    # Declared (name, type), or None. A STRUCT's type is the tuple of its own (name, type).
+    fields: tuple[tuple[str, Any], ...] | None = None
 
     @classmethod
     def of(cls, spec: Any, key_fields: Iterable[str | None] = ()) -> EventSchema:
         """From a compiled `StreamSpec` (`cep.nfa`) and the key fields its rules partition by."""
-        fields = None if spec.fields is None else tuple((f.name, f.type) for f in spec.fields)
+        fields = None if spec.fields is None else schema_fields(spec.fields)
         keys = tuple(dict.fromkeys(k for k in key_fields if k))
         return cls(spec.name, spec.time_field, keys, fields)
+
+
+def schema_fields(specs: Iterable[Any]) -> tuple[tuple[str, Any], ...]:
+    """`cep.nfa.FieldSpec`s → `EventSchema.fields`: (name, STRING|INT|FLOAT|BOOL), or (name,
+    the STRUCT's own fields)."""
+    return tuple((f.name, schema_fields(f.fields) if f.fields is not None else f.type)
+                 for f in specs)
 
 
 class _Reject(ValueError):
@@ -191,22 +202,46 @@ def _conform(data: Mapping[str, Any], schema: EventSchema, owned: bool,
     event = data if owned and type(data) is dict else dict(data)
     event[tf] = ts
     if schema.fields is not None:
-        for name, typ in schema.fields:
-            value = event.get(name)
-            if value is None or name == tf:
-                continue
-            t = type(value)
-            if typ == "STRING":
-                ok = t is str
-            elif typ == "FLOAT":
-                ok = (t is float and value - value == 0.0) or (t is int and -_MAXF < value < _MAXF)
-            else:
-                ok, converted = _typed(value, typ)
-                if converted is not value:
-                    event[name], changed = converted, True
-            if not ok:
-                return None, None, f"field '{name}' is {typ}, got {_describe(value)}", False
+        reason, converted = _check_fields(event, schema.fields, tf, "")
+        if reason is not None:
+            return None, None, reason, False
+        changed = changed or converted
     return event, ts, None, changed
+
+
+def _check_fields(obj: dict[str, Any], fields: tuple[tuple[str, Any], ...], tf: str | None,
+                  prefix: str) -> tuple[str | None, bool]:
+    """Check (and convert in place) `obj`'s declared fields: `(reason or None, converted)`.
+    A STRUCT's type is the tuple of its own fields; its value must be a JSON object, whose
+    fields are checked the same way (a nested dict is copied before a conversion, so the
+    caller's data is never changed). Names in reasons are paths: `payload:amount`."""
+    changed = False
+    for name, typ in fields:
+        value = obj.get(name)
+        if value is None or name == tf:
+            continue
+        t = type(value)
+        if type(typ) is tuple:
+            if t is not dict:
+                return f"field '{prefix}{name}' is STRUCT, got {_describe(value)}", False
+            inner = dict(value)
+            reason, converted = _check_fields(inner, typ, None, f"{prefix}{name}:")
+            if reason is not None:
+                return reason, False
+            if converted:
+                obj[name], changed = inner, True
+            continue
+        if typ == "STRING":
+            ok = t is str
+        elif typ == "FLOAT":
+            ok = (t is float and value - value == 0.0) or (t is int and -_MAXF < value < _MAXF)
+        else:
+            ok, converted_value = _typed(value, typ)
+            if converted_value is not value:
+                obj[name], changed = converted_value, True
+        if not ok:
+            return f"field '{prefix}{name}' is {typ}, got {_describe(value)}", False
+    return None, changed
 
 
 def event_time(value: Any) -> tuple[int | None, str | None]:
@@ -358,4 +393,4 @@ def dead_letter(reason: str, raw: bytes | str | None, stream: str | None,
 
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "EventSchema", "conform", "dead_letter", "dumps",
-           "event_time", "parse_object", "validate", "validate_text"]
+           "event_time", "parse_object", "schema_fields", "validate", "validate_text"]

@@ -114,6 +114,46 @@ class Field(Expr):
         return self.name if self.name.isidentifier() else f"`{self.name}`"
 
 
+def _ident(name: str) -> str:
+    return name if name.isidentifier() else "`" + name.replace("`", "``") + "`"
+
+
+@dataclass(frozen=True, slots=True)
+class Path(Expr):
+    """A nested JSON field: `name:keys[0]:keys[1]...` (`payload:amount`). NULL when a level is
+    missing, null or not an object; the leaf's value as the event holds it otherwise."""
+
+    name: str
+    keys: tuple[str, ...]
+
+    def fields(self) -> frozenset[str]:
+        return frozenset((self.name,))
+
+    def bind(self) -> Fn:
+        name, keys = self.name, self.keys
+        if len(keys) == 1:
+            (key,) = keys
+
+            def one(e: Mapping[str, Any], c: Caps) -> Any:
+                v = e.get(name)
+                return v.get(key) if isinstance(v, dict) else None
+
+            return one
+
+        def walk(e: Mapping[str, Any], c: Caps) -> Any:
+            v = e.get(name)
+            for k in keys:
+                if not isinstance(v, dict):
+                    return None
+                v = v.get(k)
+            return v
+
+        return walk
+
+    def __str__(self) -> str:
+        return ":".join(_ident(p) for p in (self.name, *self.keys))
+
+
 def _row_fn(row: Expr) -> Callable[[Mapping[str, Any]], Any]:
     fn = row.bind()
     return lambda ev: fn(ev, ())

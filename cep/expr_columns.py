@@ -92,6 +92,11 @@ def _eval(node: X.Expr, cols: Mapping[str, np.ndarray], n: int) -> Pair:  # noqa
         return np.full(n, node.value, dtype=object), np.ones(n, dtype=bool)
     if isinstance(node, X.Field):
         return _column(cols, node.name, n)
+    if isinstance(node, X.Path):
+        get = node.bind()
+        base, _ = _column(cols, node.name, n)
+        values = np.array([get({node.name: v}, ()) for v in base], dtype=object)
+        return values, np.array([v is not None for v in values], dtype=bool)
     if isinstance(node, X.Neg):
         v, ok = _eval(node.operand, cols, n)
         if _numeric(v):

@@ -78,6 +78,7 @@ def _build(factory: Any) -> Any:
 
 LPAR, RPAR, COMMA, SEMI = (pp.Suppress(c) for c in "(),;")
 DOT = pp.Suppress(".")
+COLON = pp.Suppress(":")
 
 _plain_ident = pp.Regex(r"[A-Za-z_][A-Za-z0-9_]*")
 _plain_ident.add_condition(lambda t: t[0].upper() not in RESERVED)
@@ -144,8 +145,14 @@ call = func_name("func") + LPAR + pp.Optional(pp.DelimitedList(star | expr))("ar
 call.set_name("function call").set_parse_action(
     lambda s, loc, t: ast.Call(t.func.upper(), tuple(t.args), span_at(loc, len(t.func)))
 )
-ref = pp.Located(IDENT + pp.Optional(DOT + IDENT)).set_name("field reference")
-ref.set_parse_action(lambda s, loc, t: ast.Name(tuple(t[1]), _name_node(s, t)[1]))
+# `field`, `VAR.field`, then the keys of a nested JSON field: `payload:amount`,
+# `b.device:geo:country` (the colon cannot be read as a variable reference).
+ref = pp.Located(
+    pp.Group(IDENT + pp.Optional(DOT + IDENT)) + pp.Group(pp.ZeroOrMore(COLON + IDENT))
+).set_name("field reference")
+ref.set_parse_action(
+    lambda s, loc, t: ast.Name(tuple(t[1][0]), tuple(t[1][1]), _located_span(s, t))
+)
 paren = LPAR + expr + RPAR
 primary = (number_lit | string_lit | const_lit | call | ref | paren).set_name("operand")
 
@@ -267,6 +274,11 @@ def _located(s: str, t: pp.ParseResults) -> tuple[int, int]:
     while start < end and s[start].isspace():
         start += 1
     return start, end
+
+
+def _located_span(s: str, t: pp.ParseResults) -> Span:
+    start, end = _located(s, t)
+    return span_at(start, end - start)
 
 
 def _name_node(s: str, t: pp.ParseResults) -> tuple[str, Span]:
@@ -405,10 +417,13 @@ def _rule(s: str, loc: int, t: pp.ParseResults) -> ast.RuleDecl:
     return ast.RuleDecl(name, title, clauses, sp)
 
 
-field_decl = (
-    (located_name + IDENT)
-    .set_name("field declaration (name TYPE)")
-    .set_parse_action(lambda s, loc, t: ast.FieldDecl(t[0][0], str(t[1]).upper(), t[0][1]))
+field_decl = pp.Forward().set_name("field declaration (name TYPE)")
+struct_type = (pp.Suppress(K("STRUCT")) + LPAR - pp.Group(pp.DelimitedList(field_decl)) + RPAR)
+struct_type.set_name("STRUCT(name TYPE, ...)")
+field_decl <<= (located_name + (struct_type | IDENT)).set_parse_action(
+    lambda s, loc, t: ast.FieldDecl(t[0][0], "STRUCT", t[0][1], tuple(t[1]))
+    if isinstance(t[1], pp.ParseResults)
+    else ast.FieldDecl(t[0][0], str(t[1]).upper(), t[0][1])
 )
 stream_decl = (
     pp.Suppress(K("STREAM"))

@@ -216,7 +216,8 @@ class Nfa:
 @dataclass(frozen=True, slots=True)
 class FieldSpec:
     name: str
-    type: str  # STRING INT FLOAT BOOL
+    type: str  # STRING INT FLOAT BOOL STRUCT
+    fields: tuple[FieldSpec, ...] | None = None  # a STRUCT's sub-fields (nested JSON object)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,8 @@ expression reads field `i` of an event as `["field", i]`):
 
     ["const", value]                    NULL, bool, int (64-bit), float, str
     ["field", i]                        field i of the current event
+    ["path", i, [key, ...]]             a nested JSON field: field i, then each key in turn
+                                        (NULL when a level is missing or not an object)
     ["var_row", var, "LAST"|"FIRST", row, include_current]
     ["prev", row, n, offset]
     ["agg", "SUM"|"AVG"|"COUNT"|"MIN"|"MAX", var|-1, row|None, include_current]
@@ -58,6 +60,7 @@ _RE_ESCAPE_OK = set("\\.+*?()|[]{}^$-/#&~nrtfv'\"!%,:;=@")
 _KNOWN_FIELDS: dict[type, tuple[str, ...]] = {
     X.Const: ("value",),
     X.Field: ("name",),
+    X.Path: ("name", "keys"),
     X.VarRow: ("var", "var_name", "which", "row", "include_current"),
     X.Prev: ("row", "n", "offset"),
     X.Agg: ("func", "var", "var_name", "row", "include_current"),
@@ -141,6 +144,10 @@ class _Exporter:
             return self.const(e.value)
         if isinstance(e, X.Field):
             return ["field", self.field(e.name)]
+        if isinstance(e, X.Path):
+            if not e.keys or not all(isinstance(k, str) for k in e.keys):
+                raise Unsupported("nested field without keys")
+            return ["path", self.field(e.name), list(e.keys)]
         if isinstance(e, X.VarRow):
             if e.which not in ("LAST", "FIRST"):
                 raise Unsupported(f"navigation {e.which}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import re2
 
@@ -52,12 +53,20 @@ class _Bad(Exception):
     """Raised inside resolution after an error was reported, to abandon the expression."""
 
 
+# A stream's declared fields: field -> NUM/STR/BOOL, or a STRUCT's own fields (a nested dict).
+Schema: TypeAlias = "dict[str, str | Schema]"
+
+
 @dataclass(frozen=True, slots=True)
 class Scope:
     vars: Mapping[str, int]  # every pattern variable (positive and negated)
-    schema: Mapping[str, str] | None  # field -> NUM/STR/BOOL, None when undeclared
+    schema: Schema | None  # None when undeclared
     current: str | None  # variable whose DEFINE this is (None in MEASURES)
     measure: bool = False
+
+
+def _type_name(typ: object) -> str:
+    return {NUM: "a number", STR: "a STRING", BOOL: "a BOOL"}.get(str(typ), str(typ))
 
 
 def compatible(a: str, b: str) -> bool:
@@ -86,16 +95,41 @@ class _Resolver:
 
     # -- names ------------------------------------------------------------------------------
 
-    def field(self, name: str, node: ast.Expr) -> tuple[X.Expr, str]:
+    def field(
+        self, name: str, node: ast.Expr, path: tuple[str, ...] = ()
+    ) -> tuple[X.Expr, str]:
+        """Field `name` of an event, or the nested field `name:path[0]:path[1]...`."""
+        built: X.Expr = X.Path(name, path) if path else X.Field(name)
         schema = self.scope.schema
         if schema is None:
-            return X.Field(name), ANY
+            return built, ANY
         if name not in schema:
             hint = did_you_mean(name, schema, "fields")
             if name in self.scope.vars:
                 hint = f"{name} is a pattern variable; write {name}.<field>"
             raise self.fail(f"unknown field {name!r}", node, hint)
-        return X.Field(name), schema[name]
+        typ = schema[name]
+        where = name
+        for key in path:
+            if not isinstance(typ, dict):
+                raise self.fail(
+                    f"{where} is not a STRUCT: it has no field {key!r}",
+                    node,
+                    f"{where} holds {_type_name(typ)}",
+                )
+            if key not in typ:
+                hint = did_you_mean(key, typ, f"fields of {where}")
+                raise self.fail(f"unknown field {key!r} in {where}", node, hint)
+            typ = typ[key]
+            where = f"{where}:{key}"
+        if isinstance(typ, dict):
+            first = next(iter(typ), "field")
+            raise self.fail(
+                f"{where} is a STRUCT: read one of its fields",
+                node,
+                f"e.g. {where}:{first} (fields: {', '.join(typ)})",
+            )
+        return built, typ
 
     def var_index(self, name: str, node: ast.Expr) -> int:
         if name not in self.scope.vars:
@@ -108,10 +142,19 @@ class _Resolver:
 
     def name(self, node: ast.Name) -> tuple[X.Expr, str]:
         if len(node.parts) == 1:
-            return self.field(node.parts[0], node)
+            return self.field(node.parts[0], node, node.path)
         var, fname = node.parts
+        if var not in self.scope.vars:
+            schema = self.scope.schema
+            nested = ":".join((var, fname, *node.path))
+            if schema is None or isinstance(schema.get(var), dict):
+                raise self.fail(
+                    f"unknown pattern variable {var!r}",
+                    node,
+                    f"a nested JSON field is written with ':', e.g. {nested}",
+                )
         index = self.var_index(var, node)
-        row, typ = self.field(fname, node)
+        row, typ = self.field(fname, node, node.path)
         if var == self.scope.current:
             return row, typ  # the event being tested is the last event of its own variable
         return X.VarRow(index, var, "LAST", row, False), typ
@@ -125,7 +168,7 @@ class _Resolver:
                 if len(n.parts) == 2:
                     self.var_index(n.parts[0], n)
                     seen.add(n.parts[0])
-                return self.field(n.parts[-1], n)
+                return self.field(n.parts[-1], n, n.path)
             if isinstance(n, ast.Call) and (n.func in AGGREGATES or n.func in NAVIGATION):
                 raise self.fail(f"{n.func} cannot be nested inside {func}", n)
             return self.expr(n, walk)
@@ -238,6 +281,7 @@ class _Resolver:
             if isinstance(arg, ast.Star) or (
                 isinstance(arg, ast.Name)
                 and len(arg.parts) == 1
+                and not arg.path
                 and arg.parts[0] in self.scope.vars
             ):
                 var = arg.var if isinstance(arg, ast.Star) else arg.parts[0]

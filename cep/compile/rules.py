@@ -7,50 +7,83 @@ from collections.abc import Mapping
 from cep import ast
 from cep import nfa as N
 from cep.compile.diagnostics import Diagnostics, did_you_mean
-from cep.compile.expressions import ANY, BOOL, SCHEMA_TYPES, Scope, resolve
+from cep.compile.expressions import (
+    ANY,
+    BOOL,
+    NUM,
+    SCHEMA_TYPES,
+    STR,
+    Schema,
+    Scope,
+    resolve,
+)
 from cep.compile.nfa_build import MAX_STATES, TooManyStates, build_nfa
 from cep.compile.patterns import PatternInfo, check_pattern
 from cep.errors import Span
 from cep.expr import Expr
 
 
+def _fields(
+    decls: tuple[ast.FieldDecl, ...], diag: Diagnostics
+) -> tuple[Schema, tuple[N.FieldSpec, ...]]:
+    """Declared fields → the checker's schema and the runtime's field specs (recursive:
+    a STRUCT holds its own fields)."""
+    schema: Schema = {}
+    specs: list[N.FieldSpec] = []
+    names: set[str] = set()
+    for f in decls:
+        if f.name in names:
+            diag.error(f"field {f.name!r} is declared twice", f.span)
+        names.add(f.name)
+        if f.fields is not None:
+            sub_schema, sub_specs = _fields(f.fields, diag)
+            schema[f.name] = sub_schema
+            specs.append(N.FieldSpec(f.name, "STRUCT", sub_specs))
+            continue
+        if f.type not in SCHEMA_TYPES:
+            diag.error(
+                f"unknown type {f.type}", f.span,
+                "types are STRING, INT, FLOAT, BOOL and STRUCT(name TYPE, ...)",
+            )
+            continue
+        schema[f.name] = SCHEMA_TYPES[f.type]
+        canonical = {"number": "FLOAT", "string": "STRING", "boolean": "BOOL"}[
+            SCHEMA_TYPES[f.type]
+        ]
+        if f.type in ("INT", "INTEGER", "LONG", "BIGINT"):
+            canonical = "INT"
+        specs.append(N.FieldSpec(f.name, canonical))
+    return schema, tuple(specs)
+
+
 def compile_streams(
     streams: tuple[ast.StreamDecl, ...], diag: Diagnostics
-) -> dict[str, tuple[N.StreamSpec, dict[str, str] | None]]:
-    out: dict[str, tuple[N.StreamSpec, dict[str, str] | None]] = {}
+) -> dict[str, tuple[N.StreamSpec, Schema | None]]:
+    out: dict[str, tuple[N.StreamSpec, Schema | None]] = {}
     for s in streams:
         if s.name in out:
             diag.error(f"stream {s.name!r} is declared twice", s.span)
             continue
-        schema: dict[str, str] | None = None
+        schema: Schema | None = None
         fields: tuple[N.FieldSpec, ...] | None = None
         if s.fields is not None:
-            schema, specs, names = {}, [], set()
-            for f in s.fields:
-                if f.name in names:
-                    diag.error(f"field {f.name!r} is declared twice", f.span)
-                names.add(f.name)
-                if f.type not in SCHEMA_TYPES:
-                    diag.error(
-                        f"unknown type {f.type}", f.span, "types are STRING, INT, FLOAT and BOOL"
-                    )
-                    continue
-                schema[f.name] = SCHEMA_TYPES[f.type]
-                canonical = {"number": "FLOAT", "string": "STRING", "boolean": "BOOL"}[
-                    SCHEMA_TYPES[f.type]
-                ]
-                if f.type in ("INT", "INTEGER", "LONG", "BIGINT"):
-                    canonical = "INT"
-                specs.append(N.FieldSpec(f.name, canonical))
-            fields = tuple(specs)
+            schema, fields = _fields(s.fields, diag)
             if s.time_field not in schema:
                 diag.error(
                     f"time field {s.time_field!r} is not a field of stream {s.name!r}",
                     s.span,
                     did_you_mean(s.time_field, schema, "fields"),
                 )
-            elif schema[s.time_field] != "number":
-                diag.error(f"time field {s.time_field!r} must be INT (epoch milliseconds)", s.span)
+            elif schema[s.time_field] not in (NUM, STR):
+                diag.error(
+                    f"time field {s.time_field!r} must be INT (epoch milliseconds) or STRING "
+                    "(ISO-8601)",
+                    s.span,
+                )
+            else:
+                # Events carry their time as epoch milliseconds once validated (cep.events),
+                # whatever the field held: an ISO-8601 STRING reads as a number in rules.
+                schema[s.time_field] = NUM
         lateness = s.lateness.ms if s.lateness else 0
         out[s.name] = (N.StreamSpec(s.name, s.time_field, lateness, fields), schema)
     return out
@@ -58,7 +91,7 @@ def compile_streams(
 
 def compile_rule(
     rule: ast.RuleDecl,
-    streams: Mapping[str, tuple[N.StreamSpec, dict[str, str] | None]],
+    streams: Mapping[str, tuple[N.StreamSpec, Schema | None]],
     diag: Diagnostics,
 ) -> N.CompiledRule | None:
     """One rule, in small passes over its typed clauses; every error goes to `diag` and the
@@ -143,9 +176,9 @@ def _clauses(rule: ast.RuleDecl, diag: Diagnostics) -> ast.RuleClauses:
 def _source(
     stream_ref: tuple[str, Span],
     partition_by: tuple[str, Span] | None,
-    streams: Mapping[str, tuple[N.StreamSpec, dict[str, str] | None]],
+    streams: Mapping[str, tuple[N.StreamSpec, Schema | None]],
     diag: Diagnostics,
-) -> tuple[N.StreamSpec, dict[str, str] | None, str | None] | None:
+) -> tuple[N.StreamSpec, Schema | None, str | None] | None:
     """Pass 2: the stream read (FROM) and the partition key (PARTITION BY) against its
     schema."""
     stream_name, stream_span = stream_ref
@@ -165,6 +198,12 @@ def _source(
             diag.error(
                 f"unknown field {key_field!r}", key_span, did_you_mean(key_field, schema, "fields")
             )
+        elif schema is not None and isinstance(schema[key_field], dict):
+            diag.error(
+                f"PARTITION BY {key_field}: a STRUCT is not a key",
+                key_span,
+                "partition by a top-level field holding a value (STRING, INT, BOOL)",
+            )
     return stream, schema, key_field
 
 
@@ -183,7 +222,7 @@ def _time_limits(clauses: ast.RuleClauses, diag: Diagnostics) -> tuple[int | Non
 def _conditions(
     defines: tuple[ast.Define, ...],
     var_index: Mapping[str, int],
-    schema: dict[str, str] | None,
+    schema: Schema | None,
     diag: Diagnostics,
 ) -> list[Expr | None]:
     """Pass 4: DEFINE, one condition (or None: always true) per pattern variable."""
@@ -216,7 +255,7 @@ def _conditions(
 def _measures(
     given: tuple[ast.Measure, ...],
     var_index: Mapping[str, int],
-    schema: dict[str, str] | None,
+    schema: Schema | None,
     diag: Diagnostics,
 ) -> list[tuple[str, Expr]]:
     """Pass 5: MEASURES, resolved in the scope of the whole match."""

@@ -22,7 +22,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from cep.events import MAX_BYTES, EventSchema, validate_text
+from cep.events import MAX_BYTES, EventSchema, schema_fields, validate_text
 from cep.nfa import RuleSet, StreamSpec
 from cep.runtime.engine import EOF_TS
 
@@ -38,7 +38,8 @@ class StreamPlan:
     time_field: str
     lateness_ms: int
     key_fields: tuple[str, ...]
-    schema: tuple[tuple[str, str], ...] | None = None  # (field, STRING|INT|FLOAT|BOOL) declared
+    # Declared (field, STRING|INT|FLOAT|BOOL), or (field, a STRUCT's own fields): cep.events
+    schema: tuple[tuple[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def plan_for(ruleset: RuleSet, shards: int) -> Plan:
     streams = tuple(
         StreamPlan(
             name, spec.time_field, spec.lateness_ms, tuple(keys[name]),
-            None if spec.fields is None else tuple((f.name, f.type) for f in spec.fields),
+            None if spec.fields is None else schema_fields(spec.fields),
         )
         for name, spec in sorted(specs.items())
     )

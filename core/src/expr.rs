@@ -138,6 +138,9 @@ pub enum FuncK {
 pub enum Expr {
     Const(Value),
     Field(usize),
+    /// A nested JSON field: field `i`, then each key in turn (NULL when a level is missing or
+    /// not an object); `cep.expr.Path`.
+    Path(usize, Vec<Py<pyo3::types::PyString>>),
     VarRow { var: u32, first: bool, row: Box<Expr>, cur: bool },
     Prev { row: Box<Expr>, back: usize },
     Agg { func: AggF, var: Option<u32>, row: Option<Box<Expr>>, cur: bool },
@@ -177,6 +180,17 @@ pub fn build(py: Python<'_>, obj: &Bound<'_, PyAny>, nfields: usize) -> PyResult
                 return Err(bad("field index out of range"));
             }
             Expr::Field(i)
+        }
+        "path" => {
+            let i: usize = node.get_item(1)?.extract()?;
+            if i >= nfields {
+                return Err(bad("field index out of range"));
+            }
+            let keys: Vec<String> = node.get_item(2)?.extract()?;
+            if keys.is_empty() {
+                return Err(bad("path: no keys"));
+            }
+            Expr::Path(i, keys.iter().map(|k| pyo3::types::PyString::intern(py, k).unbind()).collect())
         }
         "var_row" => Expr::VarRow {
             var: node.get_item(1)?.extract()?,
@@ -371,6 +385,25 @@ impl Expr {
         Ok(match self {
             Expr::Const(v) => v.clone(),
             Expr::Field(i) => cx.vals(e)?[*i].clone(),
+            Expr::Path(i, keys) => {
+                let mut v = cx.vals(e)?[*i].clone();
+                for k in keys {
+                    v = match &v {
+                        Value::Py(o) => match o.bind(py).downcast::<pyo3::types::PyDict>() {
+                            Ok(d) => match d.get_item(k.bind(py))? {
+                                Some(x) => Value::from_py(&x),
+                                None => Value::Null,
+                            },
+                            Err(_) => Value::Null,
+                        },
+                        _ => Value::Null,
+                    };
+                    if matches!(v, Value::Null) {
+                        break;
+                    }
+                }
+                v
+            }
             Expr::VarRow { var, first, row, cur } => {
                 if !*first {
                     if *cur {

@@ -43,6 +43,22 @@ from tests.core.test_native_differential import DEFINES, MEASURES
 from tests.hyp import profile
 from tests.rules.strategies import rule_statement
 
+# Nested JSON fields (`p:v`, `p:q:s`) beside the flat ones: read from the tested event, from
+# matched events (`a.p:v`), through PREV/FIRST/aggregates, in measures, and `p`/`p:q` whole.
+NESTED_DEFINES = {
+    var: (*conds, *{
+        "a": ("p:v >= 2", "p:q:s CONTAINS 'b'", "p:v IS NULL", "SUM(a.p:v) <= 3",
+              "p:q IS NOT NULL AND t = 'a'"),
+        "b": ("p:v > a.p:v", "p:v > PREV(p:v)", "p:q:s IS NOT NULL", "p:v = v"),
+        "c": ("p:q:s = FIRST(a.p:q:s)", "AVG(p:v) > v", "MAX(c.p:q:s) >= 'a'"),
+        "x": ("p:v = 0", "p:q:s = s"),
+        "y": ("p:q:s MATCHES 'y'", "p:v > 1"),
+    }.get(var, ()))
+    for var, conds in DEFINES.items()
+}
+NESTED_MEASURES = (*MEASURES, "a.p:v AS apv", "SUM(b.p:v) AS spv", "LAST(p:q:s) AS pqs",
+                   "p:q AS pq", "p AS whole", "MIN(a.p:q:s) AS mins")
+
 EXAMPLES = int(os.environ.get("CEP_ENGINE_DIFF_EXAMPLES")
                or {"dev": 10, "ci": 100, "deep": 1_000}[profile()])
 STREAMS_PER_RULESET = 20
@@ -59,8 +75,9 @@ def ruleset_text(draw: st.DrawFn) -> tuple[str, list[str]]:
         text += f"STREAM s2 TIME BY ts LATENESS {lat[1]}ms;\n"
     rules = []
     for i in range(draw(st.integers(1, 3))):
-        rule = draw(rule_statement(DEFINES, rule_id=f"r{i}", emit=f"m{i}", partition=True,
-                                   timeouts=True, measures=MEASURES, max_partial=True))
+        rule = draw(rule_statement(NESTED_DEFINES, rule_id=f"r{i}", emit=f"m{i}",
+                                   partition=True, timeouts=True, measures=NESTED_MEASURES,
+                                   max_partial=True))
         if two and draw(st.booleans()):
             rule = rule.replace(" FROM s ", " FROM s2 ", 1)
         rules.append(rule)
@@ -86,7 +103,15 @@ event = st.fixed_dictionaries(
     optional={"k": st.sampled_from(("K", "K", "J", 7, None)), "v": values,
               "f": st.sampled_from((0.5, 2.0, -1.0, 3, None)),
               "s": st.sampled_from(("ab", "a_b", "Ab", "Äbß", "xyz", "", "y", 5)),
-              "n": st.sampled_from((None, 1, 0))},
+              "n": st.sampled_from((None, 1, 0)),
+              # a nested object (or, sometimes, a value where an object is expected)
+              "p": st.one_of(
+                  st.fixed_dictionaries({}, optional={
+                      "v": values,
+                      "q": st.one_of(st.fixed_dictionaries({}, optional={
+                          "s": st.sampled_from(("ab", "y", "Ab", "", 5, None))}),
+                          st.sampled_from((None, 3, "q")))}),
+                  st.sampled_from((None, 5, "p", (1, 2))))},
 )
 # (events with their time gaps and stream, arrival shuffle seed, how late some may be, seq kind,
 # serialise the native key states after every call)

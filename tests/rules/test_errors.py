@@ -294,8 +294,11 @@ def test_size_and_nesting_limits():
 
 
 def test_schema_errors():
-    errors = check_text("STREAM s (ts STRING, v WIDGET, v INT) TIME BY ts;", "r.cep")
+    errors = check_text("STREAM s (ts BOOL, v WIDGET, v INT) TIME BY ts;", "r.cep")
     messages = [e.message for e in errors]
     assert any("unknown type WIDGET" in m for m in messages)
     assert any("declared twice" in m for m in messages)
-    assert any("must be INT" in m for m in messages)
+    assert any("must be INT (epoch milliseconds) or STRING (ISO-8601)" in m for m in messages)
+    # An ISO-8601 STRING time field is fine; rules read it as epoch milliseconds (a number).
+    assert check_text("STREAM s (ts STRING) TIME BY ts;\nRULE r FROM s PATTERN (a) "
+                      "DEFINE a AS ts > 0 EMIT 'x';", "r.cep") == []
