@@ -293,7 +293,7 @@ class RuleClauses:
     severity: str | None = None
     enabled: bool | None = None
     stream: tuple[str, Span] | None = None  # FROM: the stream's name and where it is written
-    partition_by: tuple[str, Span] | None = None
+    partition_by: tuple[str, Span, tuple[str, ...]] | None = None  # field, where, nested keys
     pattern: PAlt | None = None
     define: tuple[Define, ...] = ()
     within: Duration | None = None

@@ -222,13 +222,13 @@ def _check_fields(obj: dict[str, Any], fields: tuple[tuple[str, Any], ...], tf: 
             continue
         t = type(value)
         if type(typ) is tuple:
-            if t is not dict:
+            if not isinstance(value, dict):
                 return f"field '{prefix}{name}' is STRUCT, got {_describe(value)}", False
             inner = dict(value)
             reason, converted = _check_fields(inner, typ, None, f"{prefix}{name}:")
             if reason is not None:
                 return reason, False
-            if converted:
+            if converted or t is not dict:  # (a test file's mapping becomes a plain dict)
                 obj[name], changed = inner, True
             continue
         if typ == "STRING":

@@ -289,6 +289,12 @@ def _name_node(s: str, t: pp.ParseResults) -> tuple[str, Span]:
 located_name = NAME.copy().set_parse_action(lambda s, loc, t: [_name_node(s, t)])
 
 
+# PARTITION BY's field, as (name, span, nested keys): a nested key parses so that the
+# compiler can say it is not supported (rather than a syntax error at the ':').
+partition_key = pp.Located(IDENT + pp.Group(pp.ZeroOrMore(COLON + IDENT))).set_parse_action(
+    lambda s, loc, t: [(str(t[1][0]), _located_span(s, t), tuple(t[1][1]))]
+).set_name("field")
+
 pvar = NAME.copy().set_parse_action(lambda s, loc, t: ast.PVar(*_name_node(s, t)))
 pnot = (K("NOT") + located_name).set_parse_action(lambda s, loc, t: ast.PNot(t[1][0], t[1][1]))
 group = (LPAR + alternation + RPAR).set_name("group")
@@ -385,7 +391,7 @@ rule_clause = pp.MatchFirst(
         clause("ENABLED", K("TRUE") | K("FALSE"), lambda t: t[0].upper() == "TRUE"),
         clause("DISABLED", pp.Empty(), lambda t: False),
         clause("FROM", located_name),
-        clause("PARTITION BY", located_name),
+        clause("PARTITION BY", partition_key),
         clause("PATTERN", LPAR + alternation + RPAR),
         clause("DEFINE", pp.DelimitedList(define), lambda t: tuple(t)),
         clause("STEP WITHIN", DURATION),
@@ -417,7 +423,8 @@ def _rule(s: str, loc: int, t: pp.ParseResults) -> ast.RuleDecl:
     return ast.RuleDecl(name, title, clauses, sp)
 
 
-field_decl = pp.Forward().set_name("field declaration (name TYPE)")
+field_decl = pp.Forward()
+field_decl.set_name("field declaration (name TYPE)")
 struct_type = (pp.Suppress(K("STRUCT")) + LPAR - pp.Group(pp.DelimitedList(field_decl)) + RPAR)
 struct_type.set_name("STRUCT(name TYPE, ...)")
 field_decl <<= (located_name + (struct_type | IDENT)).set_parse_action(

@@ -175,7 +175,7 @@ def _clauses(rule: ast.RuleDecl, diag: Diagnostics) -> ast.RuleClauses:
 
 def _source(
     stream_ref: tuple[str, Span],
-    partition_by: tuple[str, Span] | None,
+    partition_by: tuple[str, Span, tuple[str, ...]] | None,
     streams: Mapping[str, tuple[N.StreamSpec, Schema | None]],
     diag: Diagnostics,
 ) -> tuple[N.StreamSpec, Schema | None, str | None] | None:
@@ -193,8 +193,14 @@ def _source(
     stream, schema = streams[stream_name]
     key_field = None
     if partition_by is not None:
-        key_field, key_span = str(partition_by[0]), partition_by[1]
-        if schema is not None and key_field not in schema:
+        key_field, key_span, keys = str(partition_by[0]), partition_by[1], partition_by[2]
+        if keys:
+            diag.error(
+                f"PARTITION BY a nested field ({':'.join((key_field, *keys))}) is not supported",
+                key_span,
+                "partition by a top-level field; have the producer copy the key to the top level",
+            )
+        elif schema is not None and key_field not in schema:
             diag.error(
                 f"unknown field {key_field!r}", key_span, did_you_mean(key_field, schema, "fields")
             )
