@@ -114,33 +114,38 @@ class TopicReader:
             "bootstrap.servers": bootstrap, **(client_conf or {}),
             "group.id": f"cep-rules-reader-{uuid.uuid4().hex}",
             "enable.auto.commit": False, "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest"}))
+            "auto.offset.reset": "earliest", "enable.partition.eof": True}))
+        self._end: int | None = None  # the offset of the last end-of-partition event
         self.tp = TopicPartition(topic, 0)
         self.consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
 
-    def read_new(self, timeout: float = 10.0) -> list[tuple[str, dict[str, Any] | None]]:
-        _, hi = self.consumer.get_watermark_offsets(self.tp, timeout=timeout)
+    def read_new(self, timeout: float = 30.0) -> list[tuple[str, dict[str, Any] | None]]:
+        """Up to the partition's end (librdkafka's end-of-partition event, which counts the
+        transaction markers and stops at the last stable offset); at once when the end has not
+        moved since the last call."""
+        from confluent_kafka import KafkaError
+
+        lo, hi = self.consumer.get_watermark_offsets(self.tp, timeout=10)
+        if hi <= lo or hi == self._end:
+            return []
         out: list[tuple[str, dict[str, Any] | None]] = []
         deadline = time.monotonic() + timeout
-        idle = 0
         while time.monotonic() < deadline:
-            pos = self.consumer.position([self.tp])[0].offset
-            if pos >= hi:
-                break
-            msgs = self.consumer.consume(500, timeout=0.2)
-            if not msgs:
-                idle += 1
-                # Only a transaction marker (or an open transaction) lies before `hi`.
-                if idle >= 3 and pos >= 0:
-                    break
-                continue
-            idle = 0
-            for m in msgs:
+            eof = False
+            for m in self.consumer.consume(500, timeout=0.2):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        self._end = m.offset()
+                        eof = True
+                    continue
                 key = m.key()
-                if m.error() is not None or key is None:
+                if key is None:
                     continue
                 raw = m.value()
                 out.append((key.decode(), None if raw is None else json.loads(raw)))
+            if eof:
+                break
         return out
 
     def close(self) -> None:
