@@ -2,7 +2,7 @@
 
 luqum (PLY) costs ~1 ms per query, most of an index build. Most saved searches are a handful of
 `field:value` clauses joined by explicit AND/OR/NOT with parentheses, where the value is a plain
-word, `word*`, `word~N`, a `"phrase"` or a `[a TO b]` range. `parse_fast` recognises exactly that
+word, `word*`, `word~N`, a `"phrase"`, a `[a TO b]` range or a comparison (`>=n`, `>n`, `<=n`, `<n`). `parse_fast` recognises exactly that
 subset with one regular-expression tokenizer and a recursive descent, and returns None for
 anything else (escapes, wildcards, regexes, boosts, `+`/`-`, implicit operators, field groups,
 similarity, leading/trailing space, ...), which then goes to `percolator.syntax.parse`.
@@ -28,6 +28,7 @@ _TOKEN = re.compile(r"""
   | (?P<range>[\[{](?P<lo>[A-Za-z0-9_.]+|\*)\ TO\ (?P<hi>[A-Za-z0-9_.]+|\*)[\]}])
   | (?P<fuzzy>(?P<fw>[A-Za-z0-9_]+)~(?P<fd>[012])(?![0-9.]))
   | (?P<prefix>[A-Za-z0-9_]+)\*
+  | (?P<cmp>(?P<cop>[<>]=?)(?P<cv>[A-Za-z0-9_.]+))
   | (?P<word>[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*)
   | (?P<open>\()
   | (?P<close>\))
@@ -55,7 +56,7 @@ def parse_fast(text: str) -> ast.Query | None:
         space = sm(text, end)
         tail = space.end() if space else end
         kind = m.lastgroup
-        if kind in ("lo", "hi", "fw", "fd"):  # pragma: no cover - inner groups end later
+        if kind in ("lo", "hi", "fw", "fd", "cop", "cv"):  # pragma: no cover - inner groups end later
             return None
         assert kind is not None
         toks.append((kind, m, m.start(), end, tail))
@@ -141,7 +142,7 @@ class _Descent:
             t = self.peek()  # type: ignore[assignment]
             if t is None:
                 raise _Bail
-        kind, m, start, end, _ = t
+        kind, m, start, end, tail = t
         self.i += 1
         self.clauses += 1
         if self.clauses > MAX_CLAUSES:
@@ -171,4 +172,12 @@ class _Descent:
                 raise _Bail
             return ast.Range(field, None if lo == "*" else lo, None if hi == "*" else hi,
                              g[0] == "[", g[-1] == "]", **meta)
+        if kind == "cmp":  # `beds:>=3`: luqum's From/To, a half-open range
+            op, v = m.group("cop"), m.group("cv")
+            if v in _KEYWORDS:
+                raise _Bail
+            meta["loc"] = (start, tail)  # luqum's From/To span takes the spaces after it
+            if op[0] == ">":
+                return ast.Range(field, v, None, op == ">=", False, **meta)
+            return ast.Range(field, None, v, False, op == "<=", **meta)
         raise _Bail

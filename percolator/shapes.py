@@ -39,6 +39,7 @@ _CLAUSE = re.compile(r"((?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):
                      r"|[\[{](?:[A-Za-z0-9_.]+|\*) TO (?:[A-Za-z0-9_.]+|\*)[\]}]"
                      r"|[A-Za-z0-9_]+~[012](?![0-9.])"
                      r"|[A-Za-z0-9_]+\*"
+                     r"|[<>]=?[A-Za-z0-9_.]+"
                      r"|[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*"
                      r"))")
 _STAND_IN = "f:x"
@@ -156,6 +157,7 @@ _ONE = re.compile(r"""(?P<field>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]
   | (?P<range>[\[{](?P<lo>[A-Za-z0-9_.]+|\*)\ TO\ (?P<hi>[A-Za-z0-9_.]+|\*)[\]}])
   | (?P<fuzzy>(?P<fw>[A-Za-z0-9_]+)~(?P<fd>[012])(?![0-9.]))
   | (?P<prefix>[A-Za-z0-9_]+)\*
+  | (?P<cmp>(?P<cop>[<>]=?)(?P<cv>[A-Za-z0-9_.]+))
   | (?P<word>[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*)
 )\Z""", re.VERBOSE)
 _KEYWORDS = frozenset({"AND", "OR", "NOT", "TO"})
@@ -183,6 +185,13 @@ def _leaf(text: str) -> ast.Leaf | None:
         return None if w in _KEYWORDS else ast.Fuzzy(field, w, int(m.group("fd")), **meta)
     if kind == "phrase":
         return ast.Phrase(field, m.group("phrase")[1:-1], 0, **meta)
+    if kind == "cmp":
+        op, v = m.group("cop"), m.group("cv")
+        if v in _KEYWORDS:
+            return None
+        if op[0] == ">":
+            return ast.Range(field, v, None, op == ">=", False, **meta)
+        return ast.Range(field, None, v, False, op == "<=", **meta)
     lo, hi, g = m.group("lo"), m.group("hi"), m.group("range")
     if lo in _KEYWORDS or hi in _KEYWORDS:
         return None

@@ -50,7 +50,7 @@ FIELDS = st.sampled_from(["", "body:", "title:", "address.city:", "_exists_:", "
 def leaf(draw: st.DrawFn) -> str:
     f = draw(FIELDS)
     w = draw(WORDS)
-    kind = draw(st.sampled_from(["term", "prefix", "fuzzy", "phrase", "range", "odd"]))
+    kind = draw(st.sampled_from(["term", "prefix", "fuzzy", "phrase", "range", "cmp", "odd"]))
     if kind == "prefix":
         return f"{f}{w}*"
     if kind == "fuzzy":
@@ -60,6 +60,9 @@ def leaf(draw: st.DrawFn) -> str:
     if kind == "range":
         lo, hi = draw(WORDS), draw(st.sampled_from(["*", "9", "zz"]))
         return f"{f}{draw(st.sampled_from('[{'))}{lo} TO {hi}{draw(st.sampled_from(']}'))}"
+    if kind == "cmp":
+        return f"{f}{draw(st.sampled_from(['>', '>=', '<', '<=', '>= ', '=']))}{w}" + draw(
+            st.sampled_from(["", "*", "~1", ")"]))
     if kind == "odd":
         return draw(st.sampled_from(["-x", "+y", "x^2", "a\\:b", "w?rd", "/re/", "*:*", "*"]))
     return f"{f}{w}"
@@ -89,3 +92,16 @@ def test_fast_path_agrees_or_declines(text: str) -> None:
     if got is not None:
         assert full(got) == full(want), text
     assert full(parse(text)) == full(want)
+
+
+def test_structured_workload_takes_the_fast_path_and_agrees() -> None:
+    # bench.percolation.structured: `city:x AND price:[lo TO hi] AND beds:>=n` among others.
+    from bench.percolation import structured
+
+    searches, _, _ = structured(2000, 1)
+    texts = [s.query for s in searches] + ["a:>3 OR b:x", "a:>3  OR b:x", "(a:<=3) AND b:x",
+                                           "NOT a:<1.5 AND b:x"]
+    for text in texts:
+        got = parse_fast(text)
+        assert got is not None, text
+        assert full(got) == full(parse_luqum(text)), text
