@@ -2,10 +2,11 @@
 
 luqum (PLY) costs ~1 ms per query, most of an index build. Most saved searches are a handful of
 `field:value` clauses joined by explicit AND/OR/NOT with parentheses, where the value is a plain
-word, `word*`, `word~N`, a `"phrase"`, a `[a TO b]` range or a comparison (`>=n`, `>n`, `<=n`, `<n`). `parse_fast` recognises exactly that
-subset with one regular-expression tokenizer and a recursive descent, and returns None for
-anything else (escapes, wildcards, regexes, boosts, `+`/`-`, implicit operators, field groups,
-similarity, leading/trailing space, ...), which then goes to `percolator.syntax.parse`.
+word, `word*`, `word~N`, a `"phrase"`, a `[a TO b]` range or a comparison (`>=n`, `>n`, `<=n`,
+`<n`). `parse_fast` recognises exactly that subset with one regular-expression tokenizer and a
+recursive descent, and returns None for anything else (escapes, wildcards, regexes, boosts, `+`/`-`,
+implicit operators, field groups, similarity, leading/trailing space, ...), which then goes to
+`percolator.syntax.parse`.
 
 It builds the same AST, positions and labels included, as the luqum path: tests/percolator/
 test_fastparse.py checks that on the real-corpus searches and on generated shapes. Errors are
@@ -56,7 +57,7 @@ def parse_fast(text: str) -> ast.Query | None:
         space = sm(text, end)
         tail = space.end() if space else end
         kind = m.lastgroup
-        if kind in ("lo", "hi", "fw", "fd", "cop", "cv"):  # pragma: no cover - inner groups end later
+        if kind in ("lo", "hi", "fw", "fd", "cop", "cv"):  # pragma: no cover - inner ones end later
             return None
         assert kind is not None
         toks.append((kind, m, m.start(), end, tail))
