@@ -10,8 +10,11 @@ One partition, JSON values, three kinds of key:
   of the file it was deployed from). Compaction keeps the latest: what a job reads.
 - `version/<id>/<n>`: version n of the rule, immutable (text, content hash, who deployed it,
   when). One key per version, so compaction never removes one: rollback can always find it.
-- `event/<id>/<seq>`: one record per action (deploy, rollback, disable, enable) with who and
-  when: the audit trail `cep rules history` prints, also one key each.
+- `event/<id>/<seq>`: one record per action (deploy, rollback, disable, enable, remove) with
+  who and when: the audit trail `cep rules history` prints, also one key each.
+
+`cep rules rm` writes a tombstone for `rule/<id>`: jobs drop the rule, compaction deletes the
+record; its versions and actions stay.
 
 Every command reads the topic and writes its records in one Kafka transaction under one
 transactional id per topic: two deploys at once cannot both allocate version n (the second
@@ -28,7 +31,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,14 +201,15 @@ class RulesTopic:
         producer.init_transactions(30)
         return producer
 
-    def _publish(self, producer: Any, records: list[tuple[str, dict[str, Any]]]) -> None:
+    def _publish(self, producer: Any,
+                 records: Sequence[tuple[str, dict[str, Any] | None]]) -> None:
         from confluent_kafka import KafkaException
 
         try:
             producer.begin_transaction()
             for key, value in records:
-                producer.produce(self.topic, key=key.encode(),
-                                 value=json.dumps(value, sort_keys=True).encode())
+                producer.produce(self.topic, key=key.encode(), value=None if value is None
+                                 else json.dumps(value, sort_keys=True).encode())
             producer.commit_transaction(30)
         except KafkaException as exc:
             try:
@@ -299,6 +303,25 @@ class RulesTopic:
     def set_enabled(self, rule: str, enabled: bool, *, by: dict[str, str] | None = None,
                     ) -> dict[str, Any]:
         return self._act(rule, "enable" if enabled else "disable", enabled=enabled, by=by)
+
+    def remove(self, rule: str, *, by: dict[str, str] | None = None) -> dict[str, Any]:
+        """Take a rule out: a tombstone for its current record (jobs drop it; compaction
+        deletes the record), its versions and actions kept, with a `remove` action."""
+        if not self.exists():
+            raise RulesTopicError(f"no rules topic {self.topic}: deploy rules first")
+        by = by or who()
+        producer = self._transaction()
+        try:
+            state = self.state()
+            cur = self._current(state, rule)
+            seq = state.next_event(rule)
+            event = {"schema": SCHEMA, "rule": rule, "seq": seq, "action": "remove",
+                     "version": cur["version"], "enabled": False, "by": by,
+                     "at": int(time.time() * 1000)}
+            self._publish(producer, [(f"event/{rule}/{seq:06d}", event), (f"rule/{rule}", None)])
+            return {"rule": rule, "version": cur["version"], "status": "remove"}
+        finally:
+            producer.flush(10)
 
     def _act(self, rule: str, action: str, *, version: int | None = None,
              enabled: bool | None = None, by: dict[str, str] | None = None) -> dict[str, Any]:

@@ -100,6 +100,15 @@ def test_deploy_ls_history_rollback_disable_round_trip(rules, kafka_bootstrap, t
     assert [e["action"] for e in state.events["velocity"]] == [
         "deploy", "deploy", "rollback", "disable", "enable"]
 
+    # rm: a tombstone; the rule leaves `ls`, its history stays.
+    assert _cli(capsys, "rules", "rm", "impossible_travel", *k)[0] == 0
+    code, out, _ = _cli(capsys, "rules", "ls", *k, "--json")
+    assert sorted(r["rule"] for r in json.loads(out)["rules"]) == ["card_testing", "velocity"]
+    code, out, _ = _cli(capsys, "rules", "history", "impossible_travel", *k, "--json")
+    h = json.loads(out)
+    assert h["current"] is None and [v["version"] for v in h["versions"]] == [1]
+    assert [e["action"] for e in h["events"]] == ["deploy", "remove"]
+
     # Errors are one line, exit 2.
     code, _, err = _cli(capsys, "rules", "rollback", "velocity", "7", *k)
     assert code == 2 and "has no version 7 (versions: 1, 2)" in err
@@ -178,5 +187,9 @@ def test_the_job_watcher_follows_the_topic(rules, kafka_bootstrap, topic, tmp_pa
         _, build = SnapshotEngineFactory(str(snapshot)).load()
         assert sorted(r.id for r in build.ruleset().rules) == [  # type: ignore
             "card_testing", "impossible_travel"]
+        deployer.remove("impossible_travel")
+        change = watcher.poll()
+        assert change is not None and change.removed == ["impossible_travel"]
+        assert sorted(change.versions) == ["card_testing"]
     finally:
         source.close()

@@ -4,7 +4,7 @@ This package is the only one that imports the jobs (`jobs/`), and it imports the
 by name, one module per area:
 
 - `cep.cli.rules`     check, explain               (the rule language)
-- `cep.cli.rules_topic` rules deploy|ls|history|rollback|disable|enable  (the rules topic)
+- `cep.cli.rules_topic` rules deploy|ls|history|rollback|disable|enable|rm  (the rules topic)
 - `cep.cli.testing`   test, report                 (the embedded engine)
 - `cep.cli.spark`     demo, replay, run, status, tail   (the CEP Spark jobs)
 - `cep.cli.percolate` percolate                    (the percolator's Spark job)

@@ -6,6 +6,7 @@
     cep rules history velocity [--json]               # its versions and who did what, when
     cep rules rollback velocity 1                     # version 1's text in force again
     cep rules disable velocity / cep rules enable velocity
+    cep rules rm velocity                             # out of the topic; its history stays
 
 `--topic` defaults to `cep.rules`; `--bootstrap` to the configuration (CEP_KAFKA_BOOTSTRAP).
 A file that fails the checks is never published: nothing of that deploy is (exit 1, the errors
@@ -28,7 +29,7 @@ DEFAULT_TOPIC = "cep.rules"
 
 def register(sub: Any) -> None:
     p = sub.add_parser("rules", help="rules in a compacted Kafka topic: deploy, ls, history, "
-                       "rollback, disable, enable (`cep run --rules kafka:TOPIC` follows it)")
+                       "rollback, disable, enable, rm (`cep run --rules kafka:TOPIC` follows it)")
     rs = p.add_subparsers(dest="rules_command", metavar="ACTION")
     rs.required = True
 
@@ -65,6 +66,11 @@ def register(sub: Any) -> None:
     r.add_argument("version", type=int)
     common(r)
     r.set_defaults(func=_rollback)
+
+    rm = rs.add_parser("rm", help="take a rule out of the topic (its history stays)")
+    rm.add_argument("rule")
+    common(rm)
+    rm.set_defaults(func=_rm)
 
     for name, on in (("disable", False), ("enable", True)):
         q = rs.add_parser(name, help=f"{name} a rule (its version in force is kept)")
@@ -173,4 +179,11 @@ def _switch(args: argparse.Namespace) -> int:
     res = _topic(args).set_enabled(args.rule, args.enabled)
     state = "enabled" if res["enabled"] else "disabled"
     print(f"{args.rule}: {state}" + (" (it already was)" if res["status"] == "unchanged" else ""))
+    return 0
+
+
+def _rm(args: argparse.Namespace) -> int:
+    res = _topic(args).remove(args.rule)
+    print(f"{args.rule}: removed (version {res['version']} was in force; "
+          "`cep rules history` keeps its versions)")
     return 0
