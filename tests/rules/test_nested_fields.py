@@ -207,3 +207,12 @@ def test_python_engine_and_native_core_agree_on_nested_fields() -> None:
 def test_cep_test_runs_the_nested_example(capsys) -> None:
     assert main(["test", str(NESTED / "payments.yaml")]) == 0
     assert "4 passed, 0 failed" in capsys.readouterr().out
+
+
+def test_the_documented_example_compiles() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "rule-language.md").read_text()
+    section = doc[doc.index("### Nested fields"):]
+    example = section[section.index("```sql") + 6:section.index("```\n")]
+    rules = compile_rules(example, "rule-language.md")
+    assert [r.id for r in rules.rules] == ["new_country"]
+    assert why_not_native(rules.rules[0]) is None or not available()
