@@ -166,8 +166,13 @@ class RulesTopic:
 
     def ensure(self) -> None:
         """Create the topic (compacted, one partition) if it is missing."""
-        ensure_topics(self.bootstrap, [self.topic], partitions=1, config=TOPIC_CONFIG,
-                      client_conf=self.client_conf)
+        from confluent_kafka import KafkaException
+
+        try:
+            ensure_topics(self.bootstrap, [self.topic], partitions=1, config=TOPIC_CONFIG,
+                          client_conf=self.client_conf)
+        except KafkaException as exc:
+            raise RulesTopicError(f"Kafka at {self.bootstrap} is not reachable: {exc}") from exc
 
     def exists(self) -> bool:
         from confluent_kafka.admin import AdminClient
@@ -193,12 +198,16 @@ class RulesTopic:
 
     # -- writing --------------------------------------------------------------------------
     def _transaction(self) -> Any:
-        from confluent_kafka import Producer
+        from confluent_kafka import KafkaException, Producer
 
         producer = Producer(quiet_kafka_conf({
             "bootstrap.servers": self.bootstrap, **self.client_conf,
             "transactional.id": f"cep-rules-{self.topic}", "enable.idempotence": True}))
-        producer.init_transactions(30)
+        try:
+            producer.init_transactions(30)
+        except KafkaException as exc:
+            raise RulesTopicError(f"cannot write to {self.topic} at {self.bootstrap}: {exc}"
+                                  ) from exc
         return producer
 
     def _publish(self, producer: Any,
