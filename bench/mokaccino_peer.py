@@ -15,6 +15,8 @@ machine may be shared). The event → document conversion mirrors our
 analysis (keyword: the value; text: each token of `analysis.tokenise`; integral numbers as
 decimal strings) and is inside mokaccino's timed loop, as our analysis is inside match_batch.
 Both run pinned to one core. Notifications are compared as sets of (event index, query id).
+Ours runs with highlighting off (mokaccino reports query ids only; runs before 2026-11-23 02:40
+UTC had it on, e.g. bench/results/percolator_mokaccino_1m.json's 0.66x).
 """
 
 from __future__ import annotations
@@ -193,7 +195,9 @@ def _ours(searches: list[SavedSearch], events: list[dict[str, Any]], schema: Sch
           ) -> dict[str, Any]:
     gc.collect()
     t0 = time.perf_counter()
-    perc = Percolator.from_searches(searches, schema=schema)
+    # Highlighting off: mokaccino returns query ids only (as bench.corpus_peer against Lucene
+    # Monitor's SIMPLE_MATCHER); notifications still carry the matched labels and fields.
+    perc = Percolator.from_searches(searches, schema=schema, highlight=False)
     build = time.perf_counter() - t0
     perc.match_batch(events[: max(1, int(len(events) * WARMUP_SHARE))])
     passes = []
@@ -383,6 +387,6 @@ if __name__ == "__main__":
     sizes = tuple(int(x) for x in sys.argv[1].split(",")) if len(sys.argv) > 1 else (
         1_000, 10_000, 100_000)
     n_ev = int(sys.argv[2]) if len(sys.argv) > 2 else 1_000
-    res = run(sizes, n_ev)
+    res = run(sizes, n_ev, breakdown="--no-breakdown" not in sys.argv[3:])
     print(json.dumps(res, indent=1, default=str))
     print(render_md(res))

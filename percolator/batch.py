@@ -53,18 +53,30 @@ class BatchTerms:
                 m ^= low
             return out
         if type(node) is PAnd:
-            rest = []
-            for c in node.children:  # plain terms first: a mask lookup each
-                if type(c) is PLeaf and getattr(c.fn, "term", None) is not None:
+            # Plain terms first, inline (a mask lookup each, no call); the rest after, on the
+            # events still in the mask.
+            rest = None
+            inv = self._inv
+            for c in node.children:
+                if type(c) is PLeaf:
+                    t = getattr(c.fn, "term", None)
+                    if t is not None:
+                        col = inv.get(t[0])
+                        if col is None:
+                            col = self.inverted(t[0])
+                        cand &= col.get(t[1], 0)
+                        if not cand:
+                            return 0
+                        continue
+                if rest is None:
+                    rest = [c]
+                else:
+                    rest.append(c)
+            if rest is not None:
+                for c in rest:
                     cand = self.verify(c, cand)
                     if not cand:
                         return 0
-                else:
-                    rest.append(c)
-            for c in rest:
-                cand = self.verify(c, cand)
-                if not cand:
-                    return 0
             return cand
         if type(node) is POr:
             out = 0

@@ -360,9 +360,9 @@ class Percolator:
         candidates = 0
         for slot, cand in self._index.select_batch(bt).items():
             candidates += cand.bit_count()
-            m = verify(by_slot[slot].compiled.plan, cand)
+            entry = by_slot[slot]
+            m = verify(entry.plan, cand)
             if m:
-                entry = by_slot[slot]
                 sid = entry.search.id
                 while m:
                     low = m & -m
