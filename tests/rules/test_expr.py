@@ -12,7 +12,8 @@ from cep.expr_columns import condition_mask
 from cep.grammar import parse_expression
 from tests.hyp import examples
 
-SCHEMA = {"v": "number", "x": "number", "name": "string", "flag": "boolean"}
+SCHEMA = {"v": "number", "x": "number", "name": "string", "flag": "boolean",
+          "p": {"v": "number", "q": {"s": "string"}}}
 
 
 def compile_expr(text: str):
@@ -63,13 +64,19 @@ LOCAL = [
     "flag = TRUE OR v / x > 1",
     "name = 'ab' OR name IS NULL",
     "COALESCE(v, x) > 1",
+    "p:v > 1 OR p:q:s = 'a'",
+    "p:v IS NULL AND p:q:s IS NOT NULL",
+    "p:v + v >= 2 OR UPPER(p:q:s) = 'AB'",
 ]
 values = st.one_of(st.none(), st.integers(-3, 3))
 fvalues = st.one_of(st.none(), st.floats(-3, 3, allow_nan=False))
 names = st.one_of(st.none(), st.sampled_from(["", "a", "ab", "ba", "AB"]))
 rows = st.lists(
     st.fixed_dictionaries(
-        {"v": values, "x": fvalues, "name": names, "flag": st.one_of(st.none(), st.booleans())}
+        {"v": values, "x": fvalues, "name": names, "flag": st.one_of(st.none(), st.booleans()),
+         "p": st.one_of(st.none(), st.just("p"), st.fixed_dictionaries({}, optional={
+             "v": values, "q": st.one_of(st.none(), st.fixed_dictionaries({}, optional={
+                 "s": names}))}))}
     ),
     min_size=0,
     max_size=12,
@@ -89,6 +96,7 @@ def test_eval_columns_equals_closure(rows, which):
         "x": np.array([np.nan if r["x"] is None else r["x"] for r in rows], dtype=float),
         "name": np.array([r["name"] for r in rows], dtype=object),
         "flag": np.array([r["flag"] for r in rows], dtype=object),
+        "p": np.array([r["p"] for r in rows] + [None], dtype=object)[:-1],  # (a 1-d array)
     }
     got = condition_mask(node, cols)
     assert got.dtype == bool and got.tolist() == expected.tolist(), (which, rows)
