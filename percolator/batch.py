@@ -12,19 +12,29 @@ against per-event matching and the naive scan).
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from operator import itemgetter
+from typing import Any
 
 from percolator.analysis import AnalysedEvent
 from percolator.compile import PAnd, PLeaf, PNode, PNot, POr
 
+_NONE = -1  # a leaf mask that has no columnar form: run the leaf per event
+
 
 class BatchTerms:
-    __slots__ = ("events", "all", "_inv")
+    __slots__ = ("events", "all", "_inv", "_leaf", "_sorted", "_cols")
 
     def __init__(self, events: Sequence[AnalysedEvent]) -> None:
         self.events = events
         self.all = (1 << len(events)) - 1
         self._inv: dict[str, dict[str, int]] = {}
+        self._leaf: dict[PLeaf, int] = {}  # prefix/range leaf → mask over the whole batch
+        self._sorted: dict[str, list[str]] = {}  # field → the batch's distinct terms, sorted
+        # (values accessor, field) → (sorted values, their event bits, prefix ORs, one value
+        # per event), or None when the values do not sort (mixed types, NaN).
+        self._cols: dict[tuple[Any, str], tuple[list[Any], list[int], list[int], bool] | None] = {}
 
     def inverted(self, field: str) -> dict[str, int]:
         """term → mask of the events whose `field` carries it."""
@@ -45,6 +55,13 @@ class BatchTerms:
             if t is not None:
                 return cand & self.inverted(t[0]).get(t[1], 0)
             fn, evs = node.fn, self.events
+            col = getattr(fn, "columnar", None)
+            if col is not None:
+                lm = self._leaf.get(node)
+                if lm is None:
+                    lm = self._leaf[node] = self._columnar(col)
+                if lm != _NONE:
+                    return cand & lm
             out, m = 0, cand
             while m:
                 low = m & -m
@@ -88,6 +105,71 @@ class BatchTerms:
             return out
         assert type(node) is PNot
         return cand & ~self.verify(node.child, cand)
+
+    def _columnar(self, col: tuple[Any, ...]) -> int:
+        """The mask of the whole batch's events matching a prefix or range leaf (described by
+        its matcher's `columnar`, see percolator.match), or _NONE. Exactly the per-event
+        matcher's result: a prefix is the union of the masks of the batch's terms that start
+        with it (found by bisection in the sorted terms); a range is the union of the bits of
+        the batch's values within it (bisection in the sorted values, the same comparisons as
+        `match.in_range`)."""
+        if col[0] == "p":
+            _, field, text = col
+            inv = self.inverted(field)
+            terms = self._sorted.get(field)
+            if terms is None:
+                terms = self._sorted[field] = sorted(inv)
+            out = 0
+            i, n = bisect_left(terms, text), len(terms)
+            while i < n and terms[i].startswith(text):
+                out |= inv[terms[i]]
+                i += 1
+            return out
+        _, values, field, lo, hi, include_lo, include_hi = col
+        key = (values, field)
+        if key in self._cols:
+            c = self._cols[key]
+        else:
+            c = self._cols[key] = self._column(values, field)
+        if c is None:
+            return _NONE
+        keys, bits, prefix, unique = c
+        try:
+            i = 0 if lo is None else (bisect_left if include_lo else bisect_right)(keys, lo)
+            j = len(keys) if hi is None else (bisect_right if include_hi else bisect_left)(
+                keys, hi)
+        except TypeError:  # a bound of another type than the values: per event decides
+            return _NONE
+        if i >= j:
+            return 0
+        if unique:  # disjoint bits: the OR of a slice is a difference of prefix ORs
+            return prefix[j] ^ prefix[i]
+        out = 0
+        for b in bits[i:j]:
+            out |= b
+        return out
+
+    def _column(self, values: Any, field: str
+                ) -> tuple[list[Any], list[int], list[int], bool] | None:
+        pairs: list[tuple[Any, int]] = []
+        for i, ev in enumerate(self.events):
+            bit = 1 << i
+            for v in values(ev, field):
+                if v != v:  # NaN does not sort
+                    return None
+                pairs.append((v, bit))
+        try:
+            pairs.sort(key=itemgetter(0))
+        except TypeError:
+            return None
+        keys = [v for v, _ in pairs]
+        bits = [b for _, b in pairs]
+        prefix = [0]
+        acc = 0
+        for b in bits:
+            acc |= b
+            prefix.append(acc)
+        return keys, bits, prefix, acc.bit_count() == len(bits)
 
 
 def bits(mask: int) -> list[int]:

@@ -106,6 +106,9 @@ def memoised(leaf_id: int, m: Matcher) -> Matcher:
         return r
     if hasattr(m, "term"):
         match.term = m.term  # type: ignore[attr-defined]
+    columnar = getattr(m, "columnar", None)
+    if columnar is not None:
+        match.columnar = columnar  # type: ignore[attr-defined]
     return match
 
 
@@ -182,6 +185,7 @@ def _sloppy(value: Sequence[str], toks: Sequence[str], slop: int) -> bool:
 def prefix(field: str, text: str) -> Matcher:
     def match(ev: AnalysedEvent) -> bool:
         return any(t.startswith(text) for t in ev.terms(field))
+    match.columnar = ("p", field, text)  # type: ignore[attr-defined]  # percolator.batch
     return match
 
 
@@ -217,6 +221,8 @@ def range_of(values: Callable[[AnalysedEvent, str], Sequence[Any]], field: str,
 
     def match(ev: AnalysedEvent) -> bool:
         return any(ok(x) for x in values(ev, field))
+    # percolator.batch evaluates it over a whole batch by bisection of the batch's values.
+    match.columnar = ("r", values, field, lo, hi, include_lo, include_hi)  # type: ignore[attr-defined]
     return match
 
 

@@ -65,3 +65,28 @@ def test_batch_on_the_real_corpus_sample() -> None:
     events = apt_corpus.shuffled(sample, 200, seed=11)
     _check(perc, events)
     assert perc.last_stats.matched > 0
+
+
+def test_prefix_and_range_leaves_over_the_batch_as_per_event() -> None:
+    # percolator.batch evaluates prefix and range leaves over the whole batch by bisection;
+    # multi-valued fields, open and exclusive bounds, values equal to the bounds, string and
+    # date ranges and fields the schema does not declare (inferred per value).
+    from percolator import FieldType, Percolator, Schema
+
+    schema = Schema({"n": FieldType.NUMBER, "k": FieldType.KEYWORD, "t": FieldType.TEXT,
+                     "d": FieldType.DATE})
+    queries = ["n:[1 TO 3]", "n:{1 TO 3}", "n:>=3", "n:>3", "n:<1", "n:<=1", "n:[* TO *]",
+               "k:[b TO d]", "k:{b TO d}", "k:ab*", "t:bl*", "t:[blue TO green]",
+               "d:[2024-01-01 TO 2024-01-31]", "d:{2024-01-01 TO *]", "x:[2 TO 5]", "x:a*",
+               "n:[1 TO 3] AND NOT t:bl*", "k:b* OR n:>2.5", "t:b*"]
+    events = [{"n": 1, "k": "b", "t": "blue sky", "d": "2024-01-01"},
+              {"n": [0, 3], "k": ["ab", "d"], "t": "green blues", "x": 3},
+              {"n": 2.5, "k": "abc", "t": "bleak", "d": "2024-02-01T00:00:00Z", "x": "abc"},
+              {"n": 3, "k": "e", "x": [5, "a"]},
+              {"t": "", "n": [], "k": []},
+              {"n": -1, "d": "2023-12-31T23:59:59Z", "t": "Blue"}]
+    perc = Percolator.from_searches(
+        [SavedSearch(f"q{i}", "o", q) for i, q in enumerate(queries)], schema=schema)
+    _check(perc, events)
+    _check(perc, events[::-1])
+    _check(perc, events * 3)
