@@ -219,6 +219,10 @@ class FieldSpec:
     type: str  # STRING INT FLOAT BOOL STRUCT
     fields: tuple[FieldSpec, ...] | None = None  # a STRUCT's sub-fields (nested JSON object)
 
+    def __repr__(self) -> str:  # as before STRUCTs when `fields` is None (rule hashes hold it)
+        inner = "" if self.fields is None else f", fields={self.fields!r}"
+        return f"FieldSpec(name={self.name!r}, type={self.type!r}{inner})"
+
 
 @dataclass(frozen=True, slots=True)
 class StreamSpec:
