@@ -198,6 +198,8 @@ class StreamDecl:
     time_field: str
     lateness: Duration | None
     span: Span = _span()
+    time_keys: tuple[str, ...] = ()  # `TIME BY a:b` (nested: reported as not supported)
+    time_span: Span = _span()
 
 
 @dataclass(frozen=True, slots=True)

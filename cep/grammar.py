@@ -289,8 +289,8 @@ def _name_node(s: str, t: pp.ParseResults) -> tuple[str, Span]:
 located_name = NAME.copy().set_parse_action(lambda s, loc, t: [_name_node(s, t)])
 
 
-# PARTITION BY's field, as (name, span, nested keys): a nested key parses so that the
-# compiler can say it is not supported (rather than a syntax error at the ':').
+# PARTITION BY's and TIME BY's field, as (name, span, nested keys): a nested key parses so that
+# the compiler can say it is not supported (rather than a syntax error at the ':').
 partition_key = pp.Located(IDENT + pp.Group(pp.ZeroOrMore(COLON + IDENT))).set_parse_action(
     lambda s, loc, t: [(str(t[1][0]), _located_span(s, t), tuple(t[1][1]))]
 ).set_name("field")
@@ -437,7 +437,7 @@ stream_decl = (
     - located_name
     + pp.Optional(LPAR - pp.DelimitedList(field_decl) + RPAR)("fields")
     + pp.Suppress(K("TIME BY"))
-    + located_name
+    + partition_key
     + pp.Optional(pp.Suppress(K("LATENESS")) - DURATION)("lateness")
     + SEMI
 ).set_name("STREAM statement")
@@ -449,7 +449,9 @@ def _stream(s: str, loc: int, t: pp.ParseResults) -> ast.StreamDecl:
     fields = tuple(f for f in t if isinstance(f, ast.FieldDecl))
     names = [x for x in t if isinstance(x, tuple)]
     lateness = next((d for d in t if isinstance(d, ast.Duration)), None)
-    return ast.StreamDecl(name, fields if "fields" in t else None, names[1][0], lateness, sp)
+    time_field, time_span, time_keys = names[1]
+    return ast.StreamDecl(name, fields if "fields" in t else None, time_field, lateness, sp,
+                          time_keys, time_span)
 
 
 statement = (stream_decl | rule_decl).set_name("statement (STREAM ... ; or RULE ... ;)")

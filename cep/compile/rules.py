@@ -66,9 +66,18 @@ def compile_streams(
             continue
         schema: Schema | None = None
         fields: tuple[N.FieldSpec, ...] | None = None
+        if s.time_keys:
+            diag.error(
+                f"TIME BY a nested field ({':'.join((s.time_field, *s.time_keys))}) is not "
+                "supported",
+                s.time_span,
+                "the event time is a top-level field (epoch milliseconds or ISO-8601)",
+            )
         if s.fields is not None:
             schema, fields = _fields(s.fields, diag)
-            if s.time_field not in schema:
+            if s.time_keys:
+                pass  # reported above
+            elif s.time_field not in schema:
                 diag.error(
                     f"time field {s.time_field!r} is not a field of stream {s.name!r}",
                     s.span,

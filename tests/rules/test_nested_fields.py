@@ -108,6 +108,12 @@ def test_check_errors(rule: str, line: int, col: int, message: str, hint: str | 
         assert err.hint is not None and hint in err.hint
 
 
+def test_time_by_a_nested_field_is_reported() -> None:
+    errors = check_text("STREAM s (ts INT, d STRUCT(t INT)) TIME BY d:t;", "r.cep")
+    assert [(e.span.line, e.span.col, e.message) for e in errors] == [
+        (1, 44, "TIME BY a nested field (d:t) is not supported")]
+
+
 def test_schema_errors_inside_a_struct() -> None:
     errors = check_text("STREAM s (ts INT, p STRUCT(a WIDGET, b INT, b FLOAT)) TIME BY ts;",
                         "r.cep")
