@@ -147,7 +147,10 @@ class _Resolver:
         if var not in self.scope.vars:
             schema = self.scope.schema
             nested = ":".join((var, fname, *node.path))
-            if schema is None or isinstance(schema.get(var), dict):
+            typo = did_you_mean(var, self.scope.vars, "variables")
+            if isinstance(schema.get(var) if schema else None, dict) or (
+                schema is None and not typo
+            ):
                 raise self.fail(
                     f"unknown pattern variable {var!r}",
                     node,
