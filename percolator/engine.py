@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from percolator import ast
-from percolator.analysis import AnalysedEvent, Schema
+from percolator.analysis import AnalysedEvent, FieldType, Schema
 from percolator.batch import BatchTerms
 from percolator.compile import LeafTable, PAnd, PLeaf, PNode, PNot, plan
 from percolator.highlight import Highlight, hits
@@ -225,6 +225,9 @@ class Percolator:
         self._table = LeafTable()
         self._shapes = ShapeCache(self.schema, self._table)
         self._costs: dict[PLeaf, float] = {}  # anchor cost per plan leaf (see anchor_of)
+        # Declared keyword fields: their term keys pair up in conjunctions (see anchor_of).
+        self._pairs = frozenset(f for f, t in self.schema.fields.items()
+                                if t is FieldType.KEYWORD) or None
         self._index = QueryIndex()
         self._by_id: dict[str, _Entry] = {}
         # Slot → entry; slots are never reused (range trees filter removed ones), a removed
@@ -246,6 +249,7 @@ class Percolator:
             # an error goes through `add` itself.
             plan_of, by_id, by_slot = perc._shapes.plan, perc._by_id, perc._by_slot
             index_add, cost, costs = perc._index.add, perc.cost, perc._costs
+            pairs = perc._pairs
             op = perc.default_operator
             for s in searches:
                 sid = s.id
@@ -258,7 +262,7 @@ class Percolator:
                 by_id[sid] = entry
                 by_slot.append(entry)
                 index_add(slot, p.anchor if p.__class__ is PLeaf else
-                          anchor_of(p, cost, costs))
+                          anchor_of(p, cost, costs, pairs))
         finally:
             if enabled:
                 if len(perc) >= FREEZE_AT:
@@ -300,7 +304,7 @@ class Percolator:
         self._by_id[search.id] = entry
         self._by_slot.append(entry)
         self._index.add(slot, p.anchor if isinstance(p, PLeaf) else
-                        anchor_of(p, self.cost, self._costs))
+                        anchor_of(p, self.cost, self._costs, self._pairs))
 
     def remove(self, search_id: str) -> bool:
         entry = self._by_id.pop(search_id, None)
@@ -325,7 +329,7 @@ class Percolator:
     def anchor(self, search_id: str) -> tuple[Any, ...] | None:
         """The presearcher keys of a stored search (None: always run)."""
         entry = self._by_id[search_id]
-        return anchor_of(entry.compiled.plan, self.cost)
+        return anchor_of(entry.compiled.plan, self.cost, None, self._pairs)
 
     def analyse(self, event: Mapping[str, Any]) -> AnalysedEvent:
         return AnalysedEvent(event, self.schema)

@@ -48,14 +48,21 @@ def default_cost(key: Key) -> float:
         return 2.5
     if kind == "b":
         return 25.0
+    if kind == "c":
+        return 0.5
     return 40.0  # "e": field present
 
 
 def anchor_of(node: PNode, cost: Weigher = default_cost,
-              memo: dict[PLeaf, float] | None = None) -> tuple[Key, ...] | None:
+              memo: dict[PLeaf, float] | None = None,
+              pairs: frozenset[str] | None = None) -> tuple[Key, ...] | None:
     """Keys one of which every event matching `node` produces; None if there are none.
     `memo` keeps the cost of each leaf's anchor (a leaf is shared by many searches): pass the
-    same dict only with the same `cost`."""
+    same dict only with the same `cost`. `pairs`: fields (keyword ones: a value or a few per
+    event) whose term keys may be paired: a conjunction anchored on such a term that also
+    requires a second one is anchored on the pair, `("c", (f1, f2), (v1, v2))`, which an event
+    produces when it has both (`city:x AND kind:flat` is then a candidate only for events in
+    city x that are flats, not for every event in city x)."""
     if isinstance(node, PLeaf):
         return node.anchor
     if isinstance(node, PNot):
@@ -63,13 +70,14 @@ def anchor_of(node: PNode, cost: Weigher = default_cost,
     if isinstance(node, POr):
         keys: dict[Key, None] = {}
         for child in node.children:
-            a = anchor_of(child, cost, memo)
+            a = anchor_of(child, cost, memo, pairs)
             if a is None:
                 return None
             keys.update(dict.fromkeys(a))
         return tuple(keys)
     best: tuple[Key, ...] | None = None
     best_cost = float("inf")
+    terms: list[tuple[float, Key]] | None = None  # pairable single-term anchors of children
     for child in node.children:
         if isinstance(child, PLeaf):
             a = child.anchor
@@ -80,13 +88,26 @@ def anchor_of(node: PNode, cost: Weigher = default_cost,
                 c = sum(cost(k) for k in a)
                 if memo is not None:
                     memo[child] = c
+            if pairs and len(a) == 1 and a[0][0] == "t" and a[0][1] in pairs:
+                if terms is None:
+                    terms = [(c, a[0])]
+                else:
+                    terms.append((c, a[0]))
         else:
-            a = anchor_of(child, cost, memo)
+            a = anchor_of(child, cost, memo, pairs)
             if a is None:
                 continue
             c = sum(cost(k) for k in a)
         if c < best_cost:
             best, best_cost = a, c
+    if terms is not None and len(terms) > 1 and best is not None and len(best) == 1 \
+            and best[0][0] == "t" and best[0][1] in pairs:  # type: ignore[operator]
+        first = best[0]
+        others = [(c, k) for c, k in terms if k != first]
+        if others:
+            second = min(others, key=lambda ck: ck[0])[1]
+            a1, a2 = sorted(((first[1], first[2]), (second[1], second[2])))
+            return (("c", (a1[0], a2[0]), (a1[1], a2[1])),)
     return best
 
 
@@ -251,7 +272,10 @@ class QueryIndex:
                 self._fuzzy_spec.pop(field, None)
 
     def fields(self) -> set[str]:
-        return {f for _, f in self.postings} | {f for f, _ in self.ranges}
+        out = {f for _, f in self.ranges}
+        for kind, f in self.postings:
+            out.update(f if kind == "c" else (f,))
+        return out
 
     def candidates(self, ev: AnalysedEvent) -> set[int]:
         """Slots of every query the event could match (always-run ones included)."""
@@ -266,6 +290,9 @@ class QueryIndex:
                 found = group.keys() & {"true" if b else "false" for b in ev.bools(field)}
             elif kind == "e":
                 found = (None,) if ev.present(field) else ()
+            elif kind == "c":
+                f1, f2 = field
+                found = group.keys() & {(a, b) for a in ev.terms(f1) for b in ev.terms(f2)}
             elif kind == "g":
                 levels = self._geo_levels[field]
                 found = group.keys() & {cell(lat, lon, k) for lat, lon in ev.points(field)
@@ -335,6 +362,10 @@ class QueryIndex:
                         found = group.keys() & {"true" if b else "false" for b in ev.bools(field)}
                     elif kind == "e":
                         found = (None,) if ev.present(field) else ()
+                    elif kind == "c":
+                        f1, f2 = field
+                        found = group.keys() & {(a, b) for a in ev.terms(f1)
+                                                for b in ev.terms(f2)}
                     else:  # "g"
                         levels = self._geo_levels[field]
                         found = group.keys() & {cell(lat, lon, k) for lat, lon in ev.points(field)

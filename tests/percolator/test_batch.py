@@ -90,3 +90,50 @@ def test_prefix_and_range_leaves_over_the_batch_as_per_event() -> None:
     _check(perc, events)
     _check(perc, events[::-1])
     _check(perc, events * 3)
+
+
+_KW = ["city:x", "city:y", "kind:flat", "kind:loft", "tag:a", "tag:b", "city:x*", "n:>2",
+       "t:blue", "NOT kind:flat", "tag:\"a\""]
+
+
+@st.composite
+def _kw_query(draw: st.DrawFn, depth: int = 0) -> str:
+    if depth > 1 or draw(st.booleans()):
+        return draw(st.sampled_from(_KW))
+    parts = draw(st.lists(_kw_query(depth + 1), min_size=2, max_size=4))
+    return "(" + draw(st.sampled_from([" AND ", " OR "])).join(parts) + ")"
+
+
+_KW_EVENT = st.fixed_dictionaries({}, optional={
+    "city": st.one_of(st.sampled_from(["x", "y", "xz"]), st.lists(st.sampled_from(["x", "y"]))),
+    "kind": st.one_of(st.sampled_from(["flat", "loft"]), st.lists(st.sampled_from(["flat"]))),
+    "tag": st.sampled_from(["a", "b"]), "n": st.integers(0, 5),
+    "t": st.sampled_from(["blue sky", "red"])})
+
+
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_kw_query(), min_size=1, max_size=20), st.lists(_KW_EVENT, min_size=1,
+                                                                 max_size=10))
+def test_keyword_pairs_anchor_soundly(queries: list[str], events: list[dict]) -> None:
+    # Conjunctions of keyword terms are anchored on the pair ("c" keys, index.anchor_of):
+    # batch = each = scan, multi-valued and missing keyword fields included.
+    from percolator import FieldType, Percolator, Schema
+
+    schema = Schema({"city": FieldType.KEYWORD, "kind": FieldType.KEYWORD,
+                     "tag": FieldType.KEYWORD, "n": FieldType.NUMBER, "t": FieldType.TEXT})
+    perc = Percolator.from_searches(
+        [SavedSearch(f"q{i}", "o", q) for i, q in enumerate(queries)], schema=schema)
+    _check(perc, events)
+
+
+def test_a_keyword_conjunction_is_anchored_on_the_pair() -> None:
+    from percolator import FieldType, Percolator, Schema
+
+    schema = Schema({"city": FieldType.KEYWORD, "kind": FieldType.KEYWORD})
+    perc = Percolator.from_searches([SavedSearch("a", "o", "city:x AND kind:flat"),
+                                     SavedSearch("b", "o", "city:x AND title:blue")],
+                                    schema=schema)
+    assert perc.anchor("a") == (("c", ("city", "kind"), ("x", "flat")),)
+    assert perc.anchor("b") == (("t", "title", "blue"),)  # one keyword term: no pair
+    perc.match_batch([{"city": "x", "kind": "loft"}, {"city": "x", "kind": "flat"}])
+    assert perc.last_stats.candidates == 1  # "a" for the flat only; "b": no title
