@@ -51,11 +51,11 @@ class BatchTerms:
     def verify(self, node: PNode, cand: int) -> int:
         """Mask of the events in `cand` that match `node`."""
         if type(node) is PLeaf:
-            t = getattr(node.fn, "term", None)
+            t = node.term
             if t is not None:
                 return cand & self.inverted(t[0]).get(t[1], 0)
             fn, evs = node.fn, self.events
-            col = getattr(fn, "columnar", None)
+            col = node.columnar
             if col is not None:
                 lm = self._leaf.get(node)
                 if lm is None:
@@ -73,15 +73,21 @@ class BatchTerms:
             # Plain terms first, inline (a mask lookup each, no call); the rest after, on the
             # events still in the mask.
             rest = None
-            inv = self._inv
+            inv, leaf_masks = self._inv, self._leaf
             for c in node.children:
                 if type(c) is PLeaf:
-                    t = getattr(c.fn, "term", None)
+                    t = c.term
                     if t is not None:
                         col = inv.get(t[0])
                         if col is None:
                             col = self.inverted(t[0])
                         cand &= col.get(t[1], 0)
+                        if not cand:
+                            return 0
+                        continue
+                    lm = leaf_masks.get(c)  # a prefix or range leaf already over the batch
+                    if lm is not None and lm != _NONE:
+                        cand &= lm
                         if not cand:
                             return 0
                         continue

@@ -53,6 +53,14 @@ class PLeaf:
     anchor: tuple[Key, ...] | None
     source: ast.Leaf | None = None           # the AST leaf (for highlighting)
     field_fns: tuple[m.Matcher, ...] = ()    # per field, aligned with `fields`; () for one
+    # Read by percolator.batch: (field, term) of a plain term leaf; the columnar description
+    # of a prefix or range leaf (see match.prefix, match.range_of); else None.
+    term: tuple[str, str] | None = None
+    columnar: tuple[Any, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self.term = getattr(self.fn, "term", None)
+        self.columnar = getattr(self.fn, "columnar", None)
 
     def per_field(self) -> tuple[m.Matcher, ...]:
         return self.field_fns or (self.fn,)
