@@ -70,3 +70,26 @@ def test_replay_of_nested_fields_equals_the_embedded_engine(spark, settings, tmp
     assert summary.events_read == len(events) + len(BAD)
     assert summary.events_processed == len(events)
     assert summary.dead_letters == len(BAD) and summary.balanced and summary.late == 0
+
+
+def test_detect_reads_struct_columns_as_nested_fields(spark):
+    """`cep.spark.detect` on a DataFrame with STRUCT columns: each row's JSON (`to_json`) holds
+    them as nested objects, which the rules read with `payload:amount`."""
+    from cep.spark.api import detect
+
+    events = _payments()
+    ddl = ("ts string, card string, payload struct<amount: double, currency: string>, "
+           "device struct<id: string, geo: struct<country: string, city: string>>")
+    df = spark.createDataFrame(
+        [(e["ts"], e["card"], e["payload"], e["device"]) for e in events], ddl)
+    got = sorted((r.rule_id, r.key, r.first_ts, r.last_ts)
+                 for r in detect(df, RULES, stream="payments").collect())
+
+    rules = compile_rules(RULES.read_text(), str(RULES))
+    schema = EventSchema.of(rules.streams[0], ["card"])
+    good, dead = validate_records([json.dumps(e) for e in events], schema)
+    assert not dead
+    expected = sorted((a["rule_id"], a["key"], a["first_ts"], a["last_ts"])
+                      for a in alerts_for(build_engine(rules), {"payments": good}))
+    assert got == expected
+    assert {g[0] for g in got} == {"new_country", "device_burst"}
