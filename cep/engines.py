@@ -58,12 +58,27 @@ def select_rule(rules: RuleSet, rule_id: str) -> RuleSet:
 
 
 def sources_ruleset(sources: dict[str, str], select: dict[str, str] | None = None) -> RuleSet:
-    """Units' texts → one `RuleSet`; a unit named in `select` runs only that rule of its text."""
+    """Units' texts → one `RuleSet`; a unit named in `select` runs only that rule of its text.
+
+    Compiled once per process for the same texts: a `RuleSet` is immutable, and parsing is
+    the costly part (`cep demo` compiled rules/ once per stream in the driver, ~1 s each)."""
+    key = _digest(sources, json.dumps(sorted((select or {}).items())))
+    cached = _RULESETS.get(key)
+    if cached is not None:
+        return cached
     if not select:
-        return ruleset_from_sources(sources)
-    return merge_rulesets(
-        select_rule(compile_rules(text, name), select[name]) if name in select
-        else compile_rules(text, name) for name, text in sorted(sources.items()))
+        ruleset = ruleset_from_sources(sources)
+    else:
+        ruleset = merge_rulesets(
+            select_rule(compile_rules(text, name), select[name]) if name in select
+            else compile_rules(text, name) for name, text in sorted(sources.items()))
+    if len(_RULESETS) >= 16:
+        _RULESETS.pop(next(iter(_RULESETS)))
+    _RULESETS[key] = ruleset
+    return ruleset
+
+
+_RULESETS: dict[int, RuleSet] = {}  # sources_ruleset's compilations, oldest first
 
 
 class EngineFactory(Protocol):

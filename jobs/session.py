@@ -90,7 +90,11 @@ def get_spark(
     )
     if kafka:
         builder = builder.config("spark.jars", ",".join(kafka_jars()))
-    if not settings.spark_master.startswith("local"):
+    if settings.spark_master.startswith("local"):
+        # Workers import PySpark from site-packages (bytecode cached) and start with
+        # pyspark.worker loaded: see cep/spark/worker_daemon.py.
+        builder = builder.config("spark.python.daemon.module", "cep.spark.worker_daemon")
+    else:
         builder = builder.config("spark.submit.pyFiles", package_zip())
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)

@@ -65,6 +65,11 @@ def detected_at(engine: Engine, result: Match | Timeout) -> int:
     return min(limits) if limits else result.last_ts
 
 
+# The rows the engine's hosts emit (the Spark operator, the batch plan): `output_rows` writes
+# them, `decode_rows` reads them back; as a Spark DDL schema.
+OUTPUT_SCHEMA = "kind string, rule_id string, key string, id string, payload string"
+
+
 def output_rows(engine: Engine, out: Output) -> list[Row]:
     rows: list[Row] = []
     for res in out.matches:

@@ -37,10 +37,9 @@ from pyspark.sql import functions as F
 
 from cep.engines import RulesEngineFactory
 from cep.events import MAX_BYTES, dead_letter
-from cep.runtime.alerts import output_rows
+from cep.runtime.alerts import OUTPUT_SCHEMA, output_rows
 from cep.runtime.bind import build_embedded_engine, engine_kind
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, content_seq
-from cep.spark.operator import OUTPUT_SCHEMA
 from cep.spark.pipeline import Plan, Validate
 
 RAW_COLUMNS = ("stream", "value", "seq", "src", "part", "off", "form")

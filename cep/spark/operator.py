@@ -21,12 +21,12 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 
 from cep.engines import EngineFactory
+from cep.runtime.alerts import OUTPUT_SCHEMA
 from cep.runtime.bind import engine_kind
 from cep.runtime.engine import EOF_TS, Engine, Event, Output, content_seq
 from cep.runtime.state_store import UNKNOWN, MapStateKeyStore, NativeShardStore
 from cep.spark.pipeline import DEAD_STREAM, EOF_STREAM
 
-OUTPUT_SCHEMA = "kind string, rule_id string, key string, id string, payload string"
 _OUT_COLUMNS = ["kind", "rule_id", "key", "id", "payload"]
 _BUCKET_SCHEMA = StructType([StructField("bucket", IntegerType())])
 _BLOB_SCHEMA = StructType([StructField("v", BinaryType())])

@@ -1,0 +1,52 @@
+"""Spark's Python worker daemon (`pyspark.daemon`), started so that workers start fast.
+
+Spark runs `python -m <spark.python.daemon.module>` once per executor and the daemon forks a
+worker per task slot. Two costs of the stock daemon, measured here (`cep run` on local[2]):
+
+- The JVM puts `pyspark/python/lib/pyspark.zip` first on the workers' PYTHONPATH, so PySpark is
+  imported from a zip, and zipimport never caches bytecode: every new worker compiles PySpark's
+  sources again (~1.1 s of CPU to import `pyspark.worker`, against ~0.3 s from site-packages).
+  In the first micro-batch of a live job half of the Python workers' CPU went to imports.
+- `pyspark.worker` is imported after each fork, by every worker.
+
+This daemon drops Spark's own zips from `sys.path` (the same PySpark release is installed in
+site-packages, with its bytecode cached) and imports, once, before forking: `pyspark.worker`
+and the rule compiler (`cep.engines`: pyparsing builds the grammar at import). All of them are
+plain Python that starts no thread. Nothing else is preloaded: pandas and pyarrow may start
+native threads, and a process must not fork with threads running (the stock daemon imports
+them after the fork for that reason).
+
+Used on local masters only (`jobs.session.get_spark`), where the driver's venv is the workers'
+venv. On a cluster the executors' interpreter may not have this package installed when the
+daemon starts (pyFiles arrive with the first task), so the stock daemon is kept there.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def _drop_spark_zips(path: list[str]) -> list[str]:
+    """`sys.path` without the zips Spark prepends (pyspark.zip, py4j-*-src.zip) when PySpark
+    itself is importable from an installed location."""
+    return [p for p in path
+            if not (p.endswith("pyspark.zip") or (p.rsplit("/", 1)[-1].startswith("py4j-")
+                                                  and p.endswith("-src.zip")))]
+
+
+def main() -> None:
+    sys.path[:] = _drop_spark_zips(sys.path)
+    for name in [m for m in sys.modules if m == "pyspark" or m.startswith("pyspark.")
+                 or m == "py4j" or m.startswith("py4j.")]:
+        # Loaded from the zip before the path changed (nothing should be): load them again.
+        del sys.modules[name]
+    import pyspark.worker  # noqa: F401  (once, in the daemon: inherited by every fork)
+    from pyspark import daemon
+
+    import cep.engines  # noqa: F401
+
+    daemon.manager()
+
+
+if __name__ == "__main__":
+    main()
