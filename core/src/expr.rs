@@ -386,23 +386,22 @@ impl Expr {
             Expr::Const(v) => v.clone(),
             Expr::Field(i) => cx.vals(e)?[*i].clone(),
             Expr::Path(i, keys) => {
-                let mut v = cx.vals(e)?[*i].clone();
+                // Only an object (a Python dict) has keys; every level is read in place and
+                // only the leaf becomes a `Value`.
+                let Value::Py(o) = &cx.vals(e)?[*i] else {
+                    return Ok(Value::Null);
+                };
+                let mut cur = o.bind(py).clone();
                 for k in keys {
-                    v = match &v {
-                        Value::Py(o) => match o.bind(py).downcast::<pyo3::types::PyDict>() {
-                            Ok(d) => match d.get_item(k.bind(py))? {
-                                Some(x) => Value::from_py(&x),
-                                None => Value::Null,
-                            },
-                            Err(_) => Value::Null,
-                        },
-                        _ => Value::Null,
+                    let Ok(d) = cur.downcast::<pyo3::types::PyDict>() else {
+                        return Ok(Value::Null);
                     };
-                    if matches!(v, Value::Null) {
-                        break;
+                    match d.get_item(k.bind(py))? {
+                        Some(x) => cur = x,
+                        None => return Ok(Value::Null),
                     }
                 }
-                v
+                Value::from_py(&cur)
             }
             Expr::VarRow { var, first, row, cur } => {
                 if !*first {
