@@ -78,10 +78,10 @@ class BatchTerms:
                 if type(c) is PLeaf:
                     t = c.term
                     if t is not None:
-                        col = inv.get(t[0])
-                        if col is None:
-                            col = self.inverted(t[0])
-                        cand &= col.get(t[1], 0)
+                        column = inv.get(t[0])
+                        if column is None:
+                            column = self.inverted(t[0])
+                        cand &= column.get(t[1], 0)
                         if not cand:
                             return 0
                         continue
