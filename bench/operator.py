@@ -173,8 +173,11 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
         cpu = time.process_time() - cpu
         wm = t0 + int((b + 1) * n * 1000 / rate) - DELAY_MS
         keys = (sum(len(h.state) for h in op._HELD.values()) if loop == "native" else None)
+        # After a call every held key is raw `CEPNK` bytes: the key states' own size.
+        key_bytes = (sum(h.engine.core.raw_bytes(h.state) for h in op._HELD.values())
+                     if loop == "native" else None)
         out.append({"batch": b, "events": n, "cpu_us_per_event": round(1e6 * cpu / n, 1),
-                    "stored_bytes": stored_bytes(shard), "keys": keys})
+                    "stored_bytes": stored_bytes(shard), "keys": keys, "key_bytes": key_bytes})
     return out
 
 
@@ -184,8 +187,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-s", type=float, default=5.0)
     ap.add_argument("--batches", type=int, default=16)
     ap.add_argument("--shards", type=int, default=64)
+    ap.add_argument("--native-only", action="store_true",
+                    help="run only the native loop (the key-state size per batch)")
     a = ap.parse_args(argv)
     load = os.getloadavg()
+    if a.native_only:
+        rows = run_loop("native", a.rate, a.batch_s, a.batches, a.shards)
+        print(f"load {load[0]:.1f} → {os.getloadavg()[0]:.1f}; {a.rate} ev/s, {a.batch_s} s "
+              f"batches, {a.shards} shards; native loop only")
+        print("| batch | µs/event (CPU) | keys | key state B per key (`Engine.raw_bytes`) |")
+        print("|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['batch']} | {r['cpu_us_per_event']} | {r['keys']} | "
+                  f"{r['key_bytes'] / max(r['keys'], 1):.0f} |")
+        return 0
     res = {loop: run_loop(loop, a.rate, a.batch_s, a.batches, a.shards)
            for loop in ("python", "native")}
     print(f"load {load[0]:.1f} → {os.getloadavg()[0]:.1f}; {a.rate} ev/s, {a.batch_s} s "

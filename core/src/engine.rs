@@ -20,17 +20,18 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::arrow::read_batch;
-use crate::evcodec::{decode_events, put_str, put_uv, Dec as EvDec, EvEnc, EvOwned, EvRef};
+use crate::evcodec::{decode_events, Dec as EvDec, EvOwned};
 use crate::json::{parse_row, ColsCache};
 use crate::expr::{Cols, Ev, Row};
 use crate::value::Value;
 use crate::matcher::{Core, MState, Out};
+use crate::keycodec::{self, KeyEnc, Src};
 use crate::{build_core, panic_message, state, CoreError};
 
 pub const EOF_TS: i64 = 253_402_300_799_000;
 pub const AT_END: i64 = EOF_TS - 1;
 pub const KEY_MAGIC: &[u8; 5] = b"CEPNK";
-pub const KEY_VERSION: u16 = 2;
+pub const KEY_VERSION: u16 = keycodec::VERSION;
 /// Key records as the Spark operator stores them (`Engine.export_blobs`): magic, u16 version,
 /// u32 count, then per key its group id and key (u32 length + UTF-8), its wake time (i64) and
 /// its `CEPNK` bytes (u32 length + bytes; none: the key has no state any more).
@@ -66,8 +67,8 @@ impl Item {
 }
 
 struct Part {
-    rule: String,
-    version: String,
+    /// `keycodec::fingerprint` of the rule's id and version.
+    fp: u32,
     state: MState,
 }
 
@@ -198,9 +199,29 @@ impl<'a> LateFor<'a> {
 struct RuleE {
     core: Core,
     id: String,
-    version: String,
+    /// `keycodec::fingerprint(id, version)`: what names the rule's part of a key state.
+    fp: u32,
     /// The program's field table (what an Arrow row is projected on).
     fields: Vec<String>,
+    /// The projection of the last column table seen on `fields` (rows of one batch or one
+    /// JSON shape share their table: the names are compared once per table, not per event).
+    proj: Proj,
+}
+
+#[derive(Default)]
+struct Proj {
+    cols: Option<Arc<Cols>>,
+    idx: Vec<Option<usize>>,
+}
+
+impl Proj {
+    fn vals(&mut self, fields: &[String], row: &Row) -> Vec<Value> {
+        if !self.cols.as_ref().is_some_and(|c| Arc::ptr_eq(c, &row.cols)) {
+            self.idx = fields.iter().map(|f| row.cols.names.iter().position(|n| n == f)).collect();
+            self.cols = Some(row.cols.clone());
+        }
+        self.idx.iter().map(|i| i.map_or(Value::Null, |i| row.vals[i].clone())).collect()
+    }
 }
 
 struct Group {
@@ -301,37 +322,28 @@ fn advance_key(
         }
     }
     let n = buffer.partition_point(|x| x.ts <= safe);
-    let released: Vec<Item> = buffer.drain(..n).collect();
-    let key_py = PyString::new(py, &sk.1).into_any().unbind();
+    let released: Vec<Item> = if n == buffer.len() { std::mem::take(&mut buffer) } else { buffer.drain(..n).collect() };
+    let out = Out::lazy(matches.clone(), sk.1.clone());
     let mut kept = Vec::new();
     let mut due = buffer.first().map(|x| x.ts);
     for &ri in &g.rules {
         let rule = &mut rules[ri];
-        let mstate = match parts.iter().position(|p| p.rule == rule.id) {
-            None => None,
-            Some(i) => {
-                let p = parts.remove(i);
-                if p.version != rule.version {
-                    counts.reset += 1;
-                    None
-                } else {
-                    Some(p.state)
-                }
-            }
-        };
+        // A part of another version of the rule has another fingerprint: it stays in `parts`
+        // and is counted as reset below.
+        let mstate = parts.iter().position(|p| p.fp == rule.fp).map(|i| parts.remove(i).state);
         let before = match (&partials, &mstate) {
             (Some(_), Some(m)) => partials_of(m),
             _ => 0,
         };
-        let out = Out { list: matches.clone(), key: Some(key_py.clone_ref(py)) };
         let core = &mut rule.core;
         let fields = &rule.fields;
+        let proj = &mut rule.proj;
         let r = catch_unwind(AssertUnwindSafe(|| -> PyResult<Option<MState>> {
             let mut s = mstate;
             for it in &released {
                 let ev = match (&it.row, &it.data, &it.seq) {
                     (Some(row), _, _) => {
-                        let vals = fields.iter().map(|f| row.get(f)).collect();
+                        let vals = proj.vals(fields, row);
                         Ev::from_row(row.clone(), it.seq.as_ref().map(|x| x.clone_ref(py)), it.seqi.unwrap_or(0), it.ts, vals)
                     }
                     (None, Some(d), Some(q)) => Ev::from_py(d.clone_ref(py), q.clone_ref(py), it.ts),
@@ -368,7 +380,7 @@ fn advance_key(
             if let Some(d) = m.deadline {
                 due = Some(due.map_or(d, |x| x.min(d)));
             }
-            kept.push(Part { rule: rule.id.clone(), version: rule.version.clone(), state: m });
+            kept.push(Part { fp: rule.fp, state: m });
         }
     }
     counts.reset += parts.len();
@@ -407,7 +419,7 @@ impl Engine {
         let mut counts = Counts::default();
         for sk in due {
             if let Some(raw) = st.raw.remove(&sk) {
-                let ks = decode_key(py, &raw)?;
+                let ks = decode_key(py, &raw, &sk.1)?;
                 st.states.insert(sk.clone(), ks);
             }
             let g = &self.groups[sk.0 as usize];
@@ -484,7 +496,8 @@ impl Engine {
             g.rules.push(i);
             g.rule_ids.push(id.clone());
             let fields = core.p.fields.iter().map(|f| f.bind(py).to_string()).collect();
-            rs.push(RuleE { core, id, version, fields });
+            let fp = keycodec::fingerprint(&id, &version);
+            rs.push(RuleE { core, id, fp, fields, proj: Proj::default() });
         }
         let mut by_stream: HashMap<String, Vec<u32>> = HashMap::new();
         for (gi, (stream, _)) in members.iter().enumerate() {
@@ -727,7 +740,7 @@ impl Engine {
         let st = state.try_borrow()?;
         let sk: Sk = (gi, Arc::from(key));
         let buf = match (st.states.get(&sk), st.raw.get(&sk)) {
-            (Some(ks), _) => encode_key(py, ks)?,
+            (Some(ks), _) => encode_key(py, ks, key)?,
             (None, Some(raw)) => raw.clone(),
             (None, None) => return Ok(None),
         };
@@ -737,7 +750,7 @@ impl Engine {
     /// Put a key's state read from `key_bytes` (replacing what the key had).
     fn load_key(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str, data: &[u8]) -> PyResult<()> {
         let gi = self.gid_index(gid)?;
-        let ks = decode_key(py, data)?;
+        let ks = decode_key(py, data, key)?;
         let when = self.wake_of(gi, &ks);
         let mut st = state.try_borrow_mut()?;
         let sk: Sk = (gi, Arc::from(key));
@@ -811,7 +824,7 @@ impl Engine {
         let mut st = state.try_borrow_mut()?;
         let live: Vec<(Sk, KeyState)> = st.states.drain().collect();
         for (sk, ks) in live {
-            let bytes = encode_key(py, &ks)?;
+            let bytes = encode_key(py, &ks, &sk.1)?;
             st.raw.insert(sk, bytes);
         }
         let dirty: Vec<Sk> = st.dirty.drain().collect();
@@ -883,38 +896,49 @@ impl Engine {
     }
 }
 
-/// A key's state as `CEPNK` bytes (format version 2; see `Engine.key_bytes`).
-fn encode_key(py: Python<'_>, ks: &KeyState) -> PyResult<Vec<u8>> {
-    let mut buf = Vec::with_capacity(128);
-    buf.extend_from_slice(KEY_MAGIC);
-    buf.extend_from_slice(&KEY_VERSION.to_le_bytes());
-    put_uv(&mut buf, ks.parts.len() as u64);
+/// A key's state as `CEPNK` bytes (format version 3, `keycodec`).
+fn encode_key(py: Python<'_>, ks: &KeyState, key: &str) -> PyResult<Vec<u8>> {
+    let mut enc = KeyEnc::new(key);
     for p in &ks.parts {
-        put_str(&mut buf, &p.rule);
-        put_str(&mut buf, &p.version);
-        let m = state::encode_vec(py, &p.state)?;
-        put_uv(&mut buf, m.len() as u64);
-        buf.extend_from_slice(&m);
+        enc.part(py, p.fp, &p.state)?;
     }
-    let mut enc = EvEnc::default();
+    let mut buffer = Vec::with_capacity(ks.buffer.len());
     for x in &ks.buffer {
-        let r = match (&x.row, &x.data) {
-            (Some(row), None) => EvRef::Row { row, seq: x.seqi.unwrap_or(0) },
-            _ => EvRef::Py { data: x.data_obj(py)?, seq: x.seq_obj(py)? },
-        };
-        enc.push(py, x.ts, r);
+        buffer.push(match (&x.row, &x.data) {
+            (Some(row), None) => Src::Row { row, seq: x.seqi.unwrap_or(0), ts: x.ts },
+            _ => Src::Py { data: x.data_obj(py)?, seq: x.seq_obj(py)?, ts: x.ts },
+        });
     }
-    enc.finish(py, &mut buf)?;
-    Ok(buf)
+    enc.finish(py, ks.parts.len(), buffer)
 }
 
-/// Read `encode_key`'s bytes (format versions 1 and 2).
-fn decode_key(py: Python<'_>, data: &[u8]) -> PyResult<KeyState> {
+/// Read `encode_key`'s bytes (format version 3; versions 1 and 2 are still read).
+fn decode_key(py: Python<'_>, data: &[u8], key: &str) -> PyResult<KeyState> {
         if data.len() < 7 || &data[..5] != KEY_MAGIC {
             return Err(PyValueError::new_err("not a native engine key state (cep._core): wrong header"));
         }
         let version = u16::from_le_bytes([data[5], data[6]]);
-        if version != KEY_VERSION && version != 1 {
+        if version == KEY_VERSION {
+            let dk = keycodec::decode(py, data, key)?;
+            let parts = dk.parts.into_iter().map(|(fp, state)| Part { fp, state }).collect();
+            let mut buffer = Vec::with_capacity(dk.buffer.len());
+            for i in dk.buffer {
+                buffer.push(match &*dk.events[i] {
+                    keycodec::DEv::Row { row, seq, ts } => {
+                        Item { ts: *ts, seqi: Some(*seq), seq: None, data: None, row: Some(row.clone()) }
+                    }
+                    keycodec::DEv::Py { data, seq, ts } => Item {
+                        ts: *ts,
+                        seqi: seq_int(seq.bind(py)),
+                        seq: Some(seq.clone_ref(py)),
+                        data: Some(data.clone_ref(py)),
+                        row: None,
+                    },
+                });
+            }
+            return Ok(KeyState { buffer, parts });
+        }
+        if version != 2 && version != 1 {
             return Err(PyValueError::new_err(format!(
                 "native engine key state format version {version}, but this cep._core reads \
                  version {KEY_VERSION}: the state was written by another release; discard it \
@@ -939,7 +963,7 @@ fn decode_key(py: Python<'_>, data: &[u8]) -> PyResult<KeyState> {
             let rule = String::from_utf8(d.take_n()?.to_vec()).map_err(|_| corrupt())?;
             let version = String::from_utf8(d.take_n()?.to_vec()).map_err(|_| corrupt())?;
             let m = state::decode(py, d.take_n()?)?;
-            parts.push(Part { rule, version, state: m });
+            parts.push(Part { fp: keycodec::fingerprint(&rule, &version), state: m });
         }
         let mut buffer = Vec::with_capacity(times.len());
         if version == 1 {

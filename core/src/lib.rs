@@ -12,6 +12,7 @@ mod engine;
 mod evcodec;
 mod expr;
 mod json;
+mod keycodec;
 mod matcher;
 mod program;
 mod state;
@@ -268,7 +269,7 @@ impl Matcher {
                 Some(v)
             }
         };
-        let out = Out { list: PyList::empty(py), key: key.filter(|k| !k.is_none(py)) };
+        let out = Out::new(PyList::empty(py), key.filter(|k| !k.is_none(py)));
         let st = Self::take(&state)?;
         let new = self.guard(|core| core.feed(py, st, ev, pre, &out))?;
         Ok((Self::give(py, state, new)?, out.list))
@@ -291,7 +292,7 @@ impl Matcher {
             let seq = t.get_item(1)?.unbind();
             evs.push(self.event(py, &t.get_item(2)?, ts, seq)?);
         }
-        let o = Out { list: out, key: key.filter(|k| !k.is_none(py)) };
+        let o = Out::new(out, key.filter(|k| !k.is_none(py)));
         let mut st = Self::take(&state)?;
         let r = self.guard(|core| {
             for ev in evs {
@@ -312,7 +313,7 @@ impl Matcher {
         key: Option<Py<PyAny>>,
     ) -> PyResult<(Py<PyAny>, Bound<'py, PyList>)> {
         let now = now_of(now)?;
-        let out = Out { list: PyList::empty(py), key: key.filter(|k| !k.is_none(py)) };
+        let out = Out::new(PyList::empty(py), key.filter(|k| !k.is_none(py)));
         let due = match &state {
             None => false,
             Some(s) => s.try_borrow()?.inner.as_ref().and_then(|m| m.deadline).is_some_and(|d| d <= now),
@@ -345,7 +346,7 @@ impl Matcher {
         state: Option<Bound<'py, State>>,
         key: Option<Py<PyAny>>,
     ) -> PyResult<(Py<PyAny>, Bound<'py, PyList>)> {
-        let out = Out { list: PyList::empty(py), key: key.filter(|k| !k.is_none(py)) };
+        let out = Out::new(PyList::empty(py), key.filter(|k| !k.is_none(py)));
         let st = Self::take(&state)?;
         self.guard(|core| match st {
             None => Ok(()),
@@ -361,7 +362,7 @@ impl Matcher {
         state: Option<Bound<'py, State>>,
         key: Option<Py<PyAny>>,
     ) -> PyResult<(Py<PyAny>, Bound<'py, PyList>)> {
-        let out = Out { list: PyList::empty(py), key: key.filter(|k| !k.is_none(py)) };
+        let out = Out::new(PyList::empty(py), key.filter(|k| !k.is_none(py)));
         let st = Self::take(&state)?;
         self.guard(|core| match st {
             None => Ok(()),

@@ -82,7 +82,21 @@ enum Key {
 /// Results of one call, and the key they are reported under.
 pub struct Out<'py> {
     pub list: Bound<'py, PyList>,
-    pub key: Option<Py<PyAny>>,
+    key: Option<Py<PyAny>>,
+    /// The engine's key as text: made a Python str only when a result needs it.
+    key_text: Option<Arc<str>>,
+    key_cell: std::cell::OnceCell<Py<PyAny>>,
+}
+
+impl<'py> Out<'py> {
+    pub fn new(list: Bound<'py, PyList>, key: Option<Py<PyAny>>) -> Self {
+        Out { list, key, key_text: None, key_cell: std::cell::OnceCell::new() }
+    }
+
+    /// Results reported under `key` (a str, built on first use).
+    pub fn lazy(list: Bound<'py, PyList>, key: Arc<str>) -> Self {
+        Out { list, key: None, key_text: Some(key), key_cell: std::cell::OnceCell::new() }
+    }
 }
 
 impl Core {
@@ -191,13 +205,25 @@ impl Core {
                 state = self.advance(py, s, ts - 1, out)?;
             }
         }
-        let mut local: Vec<Option<bool>> = match pre {
-            Some(p) if p.len() == self.p.vars.len() => p,
-            _ => vec![None; self.p.vars.len()],
+        // The cache of local conditions: on the stack for up to 8 variables (no allocation
+        // per event and rule).
+        let nvars = self.p.vars.len();
+        let mut stack = [None; 8];
+        let mut heap: Vec<Option<bool>>;
+        let local: &mut [Option<bool>] = match pre {
+            Some(p) if p.len() == nvars => {
+                heap = p;
+                &mut heap
+            }
+            _ if nvars <= stack.len() => &mut stack[..nvars],
+            _ => {
+                heap = vec![None; nvars];
+                &mut heap
+            }
         };
         let (row, mut runs) = match state {
             None => {
-                let spawned = self.spawn(py, &ev, 0, &mut local)?;
+                let spawned = self.spawn(py, &ev, 0, local)?;
                 if spawned.is_empty() {
                     return Ok(None);
                 }
@@ -207,10 +233,10 @@ impl Core {
                 let row = s.row;
                 let mut runs = Vec::with_capacity(s.runs.len() + 1);
                 for r in s.runs {
-                    let stepped = self.step(py, r.entries, &ev, row, &mut local)?;
+                    let stepped = self.step(py, r.entries, &ev, row, local)?;
                     runs.push(Run { start: r.start, entries: stepped, tpart: r.tpart, matched: r.matched });
                 }
-                let spawned = self.spawn(py, &ev, row, &mut local)?;
+                let spawned = self.spawn(py, &ev, row, local)?;
                 if !spawned.is_empty() {
                     runs.push(Run { start: row, entries: spawned, tpart: None, matched: false });
                 }
@@ -477,6 +503,9 @@ impl Core {
     fn key(&self, py: Python<'_>, caps: &[Cap], out: &Out) -> PyResult<Py<PyAny>> {
         if let Some(k) = &out.key {
             return Ok(k.clone_ref(py));
+        }
+        if let Some(t) = &out.key_text {
+            return Ok(out.key_cell.get_or_init(|| PyString::new(py, t).into_any().unbind()).clone_ref(py));
         }
         match &self.key_field {
             Some(f) => Ok(caps[0].ev.obj(py)?.bind(py).call_method1("get", (f.bind(py),))?.unbind()),

@@ -219,16 +219,19 @@ def test_native_engine_key_state_bytes_are_versioned() -> None:
 def test_a_panic_in_the_native_engine_is_an_exception_naming_the_rule() -> None:
     engine, store = _probe_with_a_partial_match()
     data = engine.key_bytes(store, "s:k", "K")
-    # CEPNK v2: magic, version, parts, then the part's rule id, version and matcher state
-    # (each a varint length and bytes): the state is replaced by a broken one.
-    _, at = _varint(data, 7)
-    for _ in range(2):
-        n, at = _varint(data, at)
-        at += n
-    n, start = _varint(data, at)
-    bad = _with_a_bad_position(data[start:start + n])
-    data = data[:at] + bytes([len(bad)]) + bad + data[start + n:]
-    assert len(bad) < 128  # one varint byte
+    # CEPNK v3 (core/src/keycodec.rs): magic, version, parts, then the part's fingerprint (4
+    # bytes) and matcher state: row, runs, the first run's row offset, flags (no timeout part
+    # here), entries, then the first entry's position + 1: replaced by 1000 (state 999).
+    assert data[5:7] == (3).to_bytes(2, "little")
+    _, at = _varint(data, 7)  # parts
+    at += 4
+    _, at = _varint(data, at)  # row
+    _, at = _varint(data, at)  # runs
+    _, at = _varint(data, at)  # row - start
+    assert data[at] & 2 == 0
+    _, at = _varint(data, at + 1)  # entries
+    _, end = _varint(data, at)
+    data = data[:at] + bytes([0xE8, 0x07]) + data[end:]
     broken = MemoryKeyStore()
     engine.load_key(broken, "s:k", "K", data)
     with pytest.raises(_core.CoreError, match="rule probe"):
