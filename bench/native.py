@@ -50,7 +50,8 @@ def _events_run(engine: Any, events: list[Event], batch: int) -> list[tuple]:
     return [_alert(r) for r in run_embedded(engine, events, batch_size=batch)]
 
 
-def _arrow_batches(events: list[Event], batch: int) -> list[tuple[Any, int]]:
+def arrow_batches(events: list[Event], batch: int) -> list[tuple[Any, int]]:
+    """Events as Arrow record batches of `batch` rows, each with its highest event time."""
     import pyarrow as pa
 
     out = []
@@ -87,7 +88,7 @@ def main() -> None:
     ruleset = load_rules(rules_path(RULES, args.domain))
     ds = dataset(args.domain, args.events, args.keys, 10)
     events = sorted(events_from_dicts(stream_of(ruleset), ds.events), key=lambda e: (e.ts, e.seq))
-    batches = _arrow_batches(events, args.batch)
+    batches = arrow_batches(events, args.batch)
     n = len(events)
 
     python = build_engine(ruleset, use_native=False)

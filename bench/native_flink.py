@@ -26,25 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.native import arrow_batches
 from bench.workloads import dataset, files_for, load_rules, rules_path, stream_of
 from cep.runtime.bind import build_embedded_engine, engine_kind
 from cep.runtime.engine import NEG_INF, MemoryKeyStore, events_from_dicts
 
 RULES = Path(__file__).resolve().parent / "rules"
-
-
-def arrow_batches(events: list[Any], batch: int) -> list[tuple[Any, int]]:
-    import pyarrow as pa
-
-    out = []
-    for i in range(0, len(events), batch):
-        chunk = events[i:i + batch]
-        cols: dict[str, list[Any]] = {"stream": [e.stream for e in chunk],
-                                      "seq": [e.seq for e in chunk]}
-        for name in chunk[0].data:
-            cols[name] = [e.data.get(name) for e in chunk]
-        out.append((pa.RecordBatch.from_pydict(cols), max(e.ts for e in chunk)))
-    return out
 
 
 def native_run(ruleset: Any, batches: list[tuple[Any, int]]) -> tuple[float, float, list[Any]]:
@@ -86,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
         native_alerts = {(r.kind, r.rule_id, str(r.key), r.first_ts, r.last_ts)
                          for r in results if r.kind == "match"}
     best_wall = min(w for w, _ in runs)
-    best_cpu = min(c for _, c in runs)
     print(f"native, Arrow batches of {a.batch:,}: {n:,} events, runs "
           + ", ".join(f"{n / w:,.0f} ev/s wall ({n / c:,.0f} CPU)" for w, c in runs)
           + f"; {len(native_alerts)} match alerts")

@@ -29,9 +29,12 @@ def varied_rules_text(text: str, copies: int) -> str:
     for i in range(copies):
         for block in rules:
             b = re.sub(r"^RULE (\w+)", lambda m, i=i: f"RULE {m.group(1)}_{i}", block, count=1)
-            b = re.sub(r"(?<![\w.{])(\d+\.\d+)", lambda m, i=i: f"{float(m.group(1)) + i / 100:.2f}", b)
-            b = re.sub(r"(>=|<=|<|>) (\d+)(?![\d.])", lambda m, i=i: f"{m.group(1)} {int(m.group(2)) + i}", b)
-            b = re.sub(r"WITHIN (\d+)(ms|s|m|h)", lambda m, i=i: f"WITHIN {int(m.group(1)) + i}{m.group(2)}", b)
+            b = re.sub(r"(?<![\w.{])(\d+\.\d+)",
+                       lambda m, i=i: f"{float(m.group(1)) + i / 100:.2f}", b)
+            b = re.sub(r"(>=|<=|<|>) (\d+)(?![\d.])",
+                       lambda m, i=i: f"{m.group(1)} {int(m.group(2)) + i}", b)
+            b = re.sub(r"WITHIN (\d+)(ms|s|m|h)",
+                       lambda m, i=i: f"WITHIN {int(m.group(1)) + i}{m.group(2)}", b)
             out.append(b)
     return "".join(out)
 
@@ -52,12 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     n = len(events)
     load = os.getloadavg()
     res = {}
-    for name, rs in (("3 rules", base), (f"{len(many.rules)} rules", many), ("3 rules again", base)):
+    runs = (("3 rules", base), (f"{len(many.rules)} rules", many), ("3 rules again", base))
+    for name, rs in runs:
         wall, cpu, results = native_run(rs, batches)
         res[name] = cpu
         print(f"{name}: {n / wall:,.0f} ev/s wall, {n / cpu:,.0f} ev/s CPU, {len(results)} results")
     three = min(res["3 rules"], res["3 rules again"])
-    print(f"ratio {len(many.rules)} rules / 3 rules (CPU): {three / res[f'{len(many.rules)} rules']:.3f}"
+    ratio = three / res[f"{len(many.rules)} rules"]
+    print(f"ratio {len(many.rules)} rules / 3 rules (CPU): {ratio:.3f}"
           f"; load {load[0]:.1f} → {os.getloadavg()[0]:.1f}")
     return 0
 
