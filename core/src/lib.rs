@@ -19,6 +19,11 @@ mod state;
 mod value;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+
+// Every allocation of the core (per event, per partial match, per encoded state) goes through
+// mimalloc: glibc's malloc/free were ~30% of the engine's samples (bench/results/native.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::sync::Arc;
 
 use pyo3::exceptions::PyException;
