@@ -30,7 +30,7 @@ core-check: setup ## the native core alone: clippy (warnings are errors), cargo 
 	$(PY) -m pytest -q tests/core
 
 test-fast: setup  ## the inner loop: no services, no Spark, nothing slow; few examples, both cores
-	HYPOTHESIS_PROFILE=dev $(PY) -m pytest -q -n 2 -m "not services and not spark and not slow and not bench"
+	HYPOTHESIS_PROFILE=dev $(PY) -m pytest -q -n 2 --dist worksteal -m "not services and not spark and not slow and not bench"
 
 chaos: setup-all  ## fault injection: kill -9, Kafka restart, Redis down 30 s, bad/late input
 	$(PY) -m pytest -q -s -m chaos tests/chaos \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -12,18 +13,25 @@ PACKAGES = ("cep", "percolator", "jobs")
 
 
 def _modules(pkg: str):
-    for path in sorted((ROOT / pkg).rglob("*.py")):
-        yield path, ast.parse(path.read_text(), str(path))
+    yield from _parsed(pkg)
 
 
-def _imports(tree: ast.AST) -> set[str]:
+@functools.cache
+def _parsed(pkg: str) -> tuple[tuple[Path, ast.Module], ...]:
+    # Parsed once per run: 14 tests walk the same trees (the trees are only read).
+    return tuple((path, ast.parse(path.read_text(), str(path)))
+                 for path in sorted((ROOT / pkg).rglob("*.py")))
+
+
+@functools.cache
+def _imports(tree: ast.AST) -> frozenset[str]:
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
-    return names
+    return frozenset(names)
 
 
 def _rel(path: Path) -> str:
@@ -44,7 +52,7 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
 def _ours(tree: ast.AST) -> set[str]:
     """The project's modules a module imports (absolute imports; `from cep import x` counts as
     `cep.x`)."""
-    names = _imports(tree)
+    names = set(_imports(tree))
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.update(f"{node.module}.{a.name}" for a in node.names)

@@ -27,6 +27,7 @@ from cep.runtime.bind import (
 from cep.runtime.embedded import alerts_for
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, events_from_dicts, run_embedded
 from cep.runtime.native import native_matcher
+from tests.hyp import profile
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 
@@ -46,7 +47,8 @@ def _results(engine, events, batch):  # type: ignore[no-untyped-def]
 def test_engine_native_equals_python_on_bundled_rules(domain: str) -> None:
     ruleset = load_rules_dir(RULES)
     assert all(kind == "native" for _, kind, _ in matcher_report(ruleset))
-    ds = GENERATORS[domain](n_events=3_000, n_keys=40, seed=3, inject=4)
+    ds = GENERATORS[domain](n_events=1_000 if profile() == "dev" else 3_000, n_keys=40, seed=3,
+                            inject=4)
     events = events_from_dicts(ds.stream, ds.events)
     native = build_engine(ruleset, use_native=True)
     python = build_engine(ruleset, use_native=False)
@@ -133,7 +135,10 @@ def _engine_results(engine, events, batch):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("domain", ["fraud", "machines", "trading"])
 def test_native_engine_equals_python_engine_on_bundled_rules(domain: str) -> None:
     ruleset = load_rules_dir(RULES)
-    ds = GENERATORS[domain](n_events=3_000, n_keys=40, seed=3, inject=4)
+    # The inner loop (`dev` profile) runs a third of the stream: the Python engine at batch
+    # size 1 on the trading rules is the slowest part of `make test-fast`.
+    n_events = 1_000 if profile() == "dev" else 3_000
+    ds = GENERATORS[domain](n_events=n_events, n_keys=40, seed=3, inject=4)
     events = events_from_dicts(ds.stream, ds.events)  # generator order: some events are late
     native = build_embedded_engine(ruleset)
     assert engine_kind(native) == "native"

@@ -204,6 +204,7 @@ def api_server(env) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.slow  # starts Chromium: ~7 s, the slowest case of `make test-fast`
 def test_docs_render_in_chromium_with_no_other_host_and_an_authorize_button(api_server) -> None:
     """Every request the page makes goes to the API server; any other is refused (as it would be
     offline) and recorded. The page renders the operations and its Authorize dialog takes an
