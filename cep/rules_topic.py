@@ -31,7 +31,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,31 +317,17 @@ class RulesTopic:
     def remove(self, rule: str, *, by: dict[str, str] | None = None) -> dict[str, Any]:
         """Take a rule out: a tombstone for its current record (jobs drop it; compaction
         deletes the record), its versions and actions kept, with a `remove` action."""
-        if not self.exists():
-            raise RulesTopicError(f"no rules topic {self.topic}: deploy rules first")
-        by = by or who()
-        producer = self._transaction()
-        try:
-            state = self.state()
-            cur = self._current(state, rule)
+        with self._action(rule) as (producer, state, cur):
             seq = state.next_event(rule)
             event = {"schema": SCHEMA, "rule": rule, "seq": seq, "action": "remove",
-                     "version": cur["version"], "enabled": False, "by": by,
+                     "version": cur["version"], "enabled": False, "by": by or who(),
                      "at": int(time.time() * 1000)}
             self._publish(producer, [(f"event/{rule}/{seq:06d}", event), (f"rule/{rule}", None)])
             return {"rule": rule, "version": cur["version"], "status": "remove"}
-        finally:
-            producer.flush(10)
 
     def _act(self, rule: str, action: str, *, version: int | None = None,
              enabled: bool | None = None, by: dict[str, str] | None = None) -> dict[str, Any]:
-        if not self.exists():
-            raise RulesTopicError(f"no rules topic {self.topic}: deploy rules first")
-        by = by or who()
-        producer = self._transaction()
-        try:
-            state = self.state()
-            cur = self._current(state, rule)
+        with self._action(rule) as (producer, state, cur):
             n = int(cur["version"]) if version is None else version
             target = state.versions.get(rule, {}).get(n)
             if target is None:
@@ -349,9 +336,20 @@ class RulesTopic:
             on = bool(cur.get("enabled", True)) if enabled is None else enabled
             if n == int(cur["version"]) and on == bool(cur.get("enabled", True)):
                 return {"rule": rule, "version": n, "enabled": on, "status": "unchanged"}
-            self._publish(producer, self._move(state, rule, target, on, action, by,
+            self._publish(producer, self._move(state, rule, target, on, action, by or who(),
                                                int(time.time() * 1000)))
             return {"rule": rule, "version": n, "enabled": on, "status": action}
+
+    @contextmanager
+    def _action(self, rule: str) -> Iterator[tuple[Any, TopicState, dict[str, Any]]]:
+        """An action on one existing rule: its transactional producer, the topic's state as
+        read inside the transaction, and the rule's current record."""
+        if not self.exists():
+            raise RulesTopicError(f"no rules topic {self.topic}: deploy rules first")
+        producer = self._transaction()
+        try:
+            state = self.state()
+            yield producer, state, self._current(state, rule)
         finally:
             producer.flush(10)
 
