@@ -7,6 +7,7 @@ A service that cannot start fails the tests that need it with the reason; nothin
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,3 +99,12 @@ def spark(settings: Settings) -> Iterator[SparkSession]:
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+@pytest.fixture
+def fraud_rules_dir(tmp_path: Path) -> Path:
+    """A rules directory of its own holding a copy of the bundled rules/fraud.cep."""
+    d = tmp_path / "rules"
+    d.mkdir()
+    shutil.copy(Path(__file__).resolve().parent.parent / "rules" / "fraud.cep", d / "fraud.cep")
+    return d

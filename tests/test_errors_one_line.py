@@ -6,7 +6,6 @@ printed ~200 librdkafka lines and a traceback). Real broker and Redis; dead port
 from __future__ import annotations
 
 import re
-import shutil
 import socket
 from pathlib import Path
 
@@ -30,52 +29,45 @@ def _errors(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.strip() and not LOG_LINE.match(line)]
 
 
-@pytest.fixture
-def rules(tmp_path):
-    d = tmp_path / "rules"
-    d.mkdir()
-    shutil.copy(ROOT / "rules" / "fraud.cep", d / "fraud.cep")
-    return d
-
-
 def _run(capfd, *args: str) -> tuple[int, list[str]]:
     code = main(["run", *args])
     return code, _errors(capfd.readouterr().err)
 
 
-def test_missing_input_topic(capfd, rules, tmp_path, kafka_bootstrap, redis_url, topic):
-    code, err = _run(capfd, "--rules", str(rules), "--checkpoint", str(tmp_path / "ck"),
+def test_missing_input_topic(capfd, fraud_rules_dir, tmp_path, kafka_bootstrap, redis_url, topic):
+    code, err = _run(capfd, "--rules", str(fraud_rules_dir), "--checkpoint", str(tmp_path / "ck"),
                      "--bootstrap", kafka_bootstrap, "--redis", redis_url,
                      "--topic", f"transactions={topic}-nowhere", "--once")
     assert code == 2 and len(err) == 1, err
     assert f"topic '{topic}-nowhere' (stream transactions) does not exist" in err[0]
 
 
-def test_unreachable_broker(capfd, rules, tmp_path, redis_url):
+def test_unreachable_broker(capfd, fraud_rules_dir, tmp_path, redis_url):
     port = _dead_port()
-    code, err = _run(capfd, "--rules", str(rules), "--checkpoint", str(tmp_path / "ck"),
+    code, err = _run(capfd, "--rules", str(fraud_rules_dir), "--checkpoint", str(tmp_path / "ck"),
                      "--bootstrap", f"127.0.0.1:{port}", "--redis", redis_url, "--once")
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"cannot reach Kafka at 127.0.0.1:{port}")
 
 
-def test_unreachable_redis(capfd, rules, tmp_path, kafka_bootstrap, topic):
+def test_unreachable_redis(capfd, fraud_rules_dir, tmp_path, kafka_bootstrap, topic):
     from cep.delivery.kafka_sink import ensure_topics
 
     ensure_topics(kafka_bootstrap, [f"{topic}-in"])
     port = _dead_port()
-    code, err = _run(capfd, "--rules", str(rules), "--checkpoint", str(tmp_path / "ck"),
+    code, err = _run(capfd, "--rules", str(fraud_rules_dir), "--checkpoint", str(tmp_path / "ck"),
                      "--bootstrap", kafka_bootstrap, "--redis", f"redis://127.0.0.1:{port}/0",
                      "--topic", f"transactions={topic}-in", "--once")
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"cannot reach Redis at redis://127.0.0.1:{port}/0")
 
 
-def test_wrong_checkpoint_and_verbose_trace(capfd, rules, tmp_path, kafka_bootstrap, redis_url):
+def test_wrong_checkpoint_and_verbose_trace(capfd, fraud_rules_dir, tmp_path, kafka_bootstrap,
+                                            redis_url):
     ck = tmp_path / "ck"
     (ck / "offsets").mkdir(parents=True)  # another Spark query's checkpoint
-    args = ["--rules", str(rules), "--checkpoint", str(ck), "--bootstrap", kafka_bootstrap,
-            "--redis", redis_url, "--once"]
+    args = ["--rules", str(fraud_rules_dir), "--checkpoint", str(ck),
+            "--bootstrap", kafka_bootstrap, "--redis", redis_url, "--once"]
     code, err = _run(capfd, *args)
     assert code == 2 and len(err) == 1, err
     assert f"checkpoint {ck} holds a Spark query checkpoint" in err[0]

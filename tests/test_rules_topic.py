@@ -6,7 +6,6 @@ does not compile never replaces the running version."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -34,17 +33,10 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-@pytest.fixture
-def rules(tmp_path):
-    d = tmp_path / "rules"
-    d.mkdir()
-    shutil.copy(ROOT / "rules" / "fraud.cep", d / "fraud.cep")
-    return d
-
-
-def test_deploy_ls_history_rollback_disable_round_trip(rules, kafka_bootstrap, topic, capsys):
+def test_deploy_ls_history_rollback_disable_round_trip(fraud_rules_dir, kafka_bootstrap, topic,
+                                                        capsys):
     k = ("--bootstrap", kafka_bootstrap, "--topic", topic)
-    code, out, _ = _cli(capsys, "rules", "deploy", str(rules), *k, "--json")
+    code, out, _ = _cli(capsys, "rules", "deploy", str(fraud_rules_dir), *k, "--json")
     assert code == 0
     published = json.loads(out)["published"]
     assert sorted((p["rule"], p["version"], p["status"]) for p in published) == [
@@ -59,12 +51,12 @@ def test_deploy_ls_history_rollback_disable_round_trip(rules, kafka_bootstrap, t
     assert conf["cleanup.policy"].value == "compact"
 
     # The same files again: nothing new.
-    code, out, _ = _cli(capsys, "rules", "deploy", str(rules), *k, "--json")
+    code, out, _ = _cli(capsys, "rules", "deploy", str(fraud_rules_dir), *k, "--json")
     assert code == 0 and {p["status"] for p in json.loads(out)["published"]} == {"unchanged"}
 
     # velocity changes: version 2 of velocity only.
-    _bump_velocity(rules / "fraud.cep", 2)
-    code, out, _ = _cli(capsys, "rules", "deploy", str(rules), *k)
+    _bump_velocity(fraud_rules_dir / "fraud.cep", 2)
+    code, out, _ = _cli(capsys, "rules", "deploy", str(fraud_rules_dir), *k)
     assert code == 0 and "changed   velocity v2" in out and "1 of 3 rules published" in out
 
     code, out, _ = _cli(capsys, "rules", "ls", *k, "--json")
@@ -116,34 +108,34 @@ def test_deploy_ls_history_rollback_disable_round_trip(rules, kafka_bootstrap, t
     assert code == 2 and "no rule 'nope'" in err
 
 
-def test_a_rejected_file_publishes_nothing(rules, kafka_bootstrap, topic, capsys):
+def test_a_rejected_file_publishes_nothing(fraud_rules_dir, kafka_bootstrap, topic, capsys):
     k = ("--bootstrap", kafka_bootstrap, "--topic", topic)
-    assert _cli(capsys, "rules", "deploy", str(rules), *k)[0] == 0
+    assert _cli(capsys, "rules", "deploy", str(fraud_rules_dir), *k)[0] == 0
     before = RulesTopic(kafka_bootstrap, topic).state()
     # A valid change beside a broken file: neither is published.
-    _bump_velocity(rules / "fraud.cep", 2)
-    (rules / "broken.cep").write_text("RULE oops FROM transactions PATTERN (a b\n")
-    code, _, err = _cli(capsys, "rules", "deploy", str(rules), *k)
+    _bump_velocity(fraud_rules_dir / "fraud.cep", 2)
+    (fraud_rules_dir / "broken.cep").write_text("RULE oops FROM transactions PATTERN (a b\n")
+    code, _, err = _cli(capsys, "rules", "deploy", str(fraud_rules_dir), *k)
     assert code == 1
-    assert f"{rules / 'broken.cep'}:2:1: syntax error" in err
+    assert f"{fraud_rules_dir / 'broken.cep'}:2:1: syntax error" in err
     assert f"nothing published to {topic}" in err
-    code, out, _ = _cli(capsys, "rules", "deploy", str(rules), *k, "--json")
+    code, out, _ = _cli(capsys, "rules", "deploy", str(fraud_rules_dir), *k, "--json")
     doc = json.loads(out)
     assert code == 1 and doc["published"] == []
     assert (doc["errors"][0]["file"], doc["errors"][0]["line"], doc["errors"][0]["col"]) == (
-        str(rules / "broken.cep"), 2, 1)
+        str(fraud_rules_dir / "broken.cep"), 2, 1)
     after = RulesTopic(kafka_bootstrap, topic).state()
     assert after.current == before.current and after.versions == before.versions
     assert after.events == before.events
 
 
-def test_the_job_watcher_follows_the_topic(rules, kafka_bootstrap, topic, tmp_path):
+def test_the_job_watcher_follows_the_topic(fraud_rules_dir, kafka_bootstrap, topic, tmp_path):
     """`cep run --rules kafka:TOPIC`'s watcher: one unit per enabled rule, the snapshot the
     workers load runs exactly those rules, a new version is the next poll's change, a record
     that does not compile (written past `cep rules deploy`) is rejected and the previous
     version keeps running, a disabled rule is removed."""
     deployer = RulesTopic(kafka_bootstrap, topic)
-    deployer.deploy([rules])
+    deployer.deploy([fraud_rules_dir])
     snapshot = tmp_path / "snapshot.json"
     source = TopicSource(kafka_bootstrap, topic)
     try:
@@ -156,8 +148,8 @@ def test_the_job_watcher_follows_the_topic(rules, kafka_bootstrap, topic, tmp_pa
         assert sorted(r.id for r in build.ruleset().rules) == list(FRAUD)  # type: ignore
         assert watcher.poll() is None  # nothing new
 
-        _bump_velocity(rules / "fraud.cep", 2)
-        deployer.deploy([rules])
+        _bump_velocity(fraud_rules_dir / "fraud.cep", 2)
+        deployer.deploy([fraud_rules_dir])
         change = watcher.poll()
         assert change is not None and change.accepted and change.changed == ["velocity"]
         assert change.provenance["velocity"]["version"] == 2
