@@ -24,6 +24,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+from bench.native import arrow_batches
 from bench.workloads import dataset, load_rules, rules_path, stream_of
 from cep.runtime.bind import build_embedded_engine, build_engine
 from cep.runtime.engine import NEG_INF, MemoryKeyStore, events_from_dicts
@@ -33,8 +34,6 @@ BATCH = 10_000
 
 
 def growth_point(n_keys: int, per_key: int = 10) -> dict[str, Any]:
-    import pyarrow as pa
-
     ruleset = load_rules(rules_path(RULES, "fraud"))
     ds = dataset("fraud", per_key * n_keys, n_keys, 1)
     half = len(ds.events) // 2
@@ -46,15 +45,11 @@ def growth_point(n_keys: int, per_key: int = 10) -> dict[str, Any]:
     python = build_engine(ruleset, use_native=False)
     pstore = MemoryKeyStore()
     max_ts = NEG_INF
-    for i in range(0, len(events), BATCH):
-        chunk = events[i:i + BATCH]
-        cols: dict[str, list[Any]] = {"stream": [e.stream for e in chunk],
-                                      "seq": [e.seq for e in chunk]}
-        for name in chunk[0].data:
-            cols[name] = [e.data.get(name) for e in chunk]
-        native.ingest_batch(nstore, pa.RecordBatch.from_pydict(cols), max_ts)
-        python.ingest(pstore, chunk, max_ts)
-        max_ts = max(max_ts, max(e.ts for e in chunk))
+    for i, (batch, top) in zip(range(0, len(events), BATCH), arrow_batches(events, BATCH),
+                               strict=True):
+        native.ingest_batch(nstore, batch, max_ts)
+        python.ingest(pstore, events[i:i + BATCH], max_ts)
+        max_ts = max(max_ts, top)
     st = native.state_of(nstore)
     native.core.export_blobs(st, True)
     keys = len(st)
