@@ -39,7 +39,7 @@ from typing import Any
 
 from cep.compile import check_paths, compile_file
 from cep.delivery.kafka_sink import ensure_topics
-from cep.delivery.preflight import quiet_kafka_conf
+from cep.delivery.preflight import ServiceError, kafka_topics, quiet_kafka_conf
 from cep.engines import select_rule
 from cep.errors import CepError, RuleSemanticError, SourceError, Span
 from cep.nfa import CompiledRule, RuleSet
@@ -176,18 +176,16 @@ class RulesTopic:
             raise RulesTopicError(f"Kafka at {self.bootstrap} is not reachable: {exc}") from exc
 
     def exists(self) -> bool:
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient(quiet_kafka_conf({"bootstrap.servers": self.bootstrap,
-                                              **self.client_conf}))
         try:
-            return self.topic in admin.list_topics(timeout=10).topics
-        except Exception as exc:  # KafkaException: the broker is not there
-            raise RulesTopicError(f"Kafka at {self.bootstrap} is not reachable: {exc}") from exc
+            return self.topic in kafka_topics(self.bootstrap, self.client_conf)
+        except ServiceError as exc:
+            raise RulesTopicError(str(exc)) from exc
 
-    def state(self) -> TopicState:
+    def state(self, *, known_to_exist: bool = False) -> TopicState:
+        """The topic read to its end (empty when there is no topic). `known_to_exist`: the
+        caller has just created or checked it, so the broker is not asked again."""
         state = TopicState()
-        if not self.exists():
+        if not known_to_exist and not self.exists():
             return state
         reader = TopicReader(self.bootstrap, self.topic, self.client_conf)
         try:
@@ -249,7 +247,7 @@ class RulesTopic:
         by = by or who()
         producer = self._transaction()
         try:
-            state = self.state()
+            state = self.state(known_to_exist=True)
             now = int(time.time() * 1000)
             records: list[tuple[str, dict[str, Any]]] = []
             report: list[dict[str, Any]] = []
@@ -348,7 +346,7 @@ class RulesTopic:
             raise RulesTopicError(f"no rules topic {self.topic}: deploy rules first")
         producer = self._transaction()
         try:
-            state = self.state()
+            state = self.state(known_to_exist=True)
             yield producer, state, self._current(state, rule)
         finally:
             producer.flush(10)
