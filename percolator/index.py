@@ -14,7 +14,7 @@ import sys
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from percolator.analysis import AnalysedEvent, canonical_number
 from percolator.batch import BatchTerms
@@ -291,7 +291,7 @@ class QueryIndex:
             elif kind == "e":
                 found = (None,) if ev.present(field) else ()
             elif kind == "c":
-                f1, f2 = field_pair(field)
+                f1, f2 = cast("tuple[str, str]", field)  # kind "c": a pair of fields
                 found = group.keys() & {(a, b) for a in ev.terms(f1) for b in ev.terms(f2)}
             elif kind == "g":
                 levels = self._geo_levels[field]
@@ -363,7 +363,7 @@ class QueryIndex:
                     elif kind == "e":
                         found = (None,) if ev.present(field) else ()
                     elif kind == "c":
-                        f1, f2 = field_pair(field)
+                        f1, f2 = cast("tuple[str, str]", field)  # kind "c": a pair of fields
                         found = group.keys() & {(a, b) for a in ev.terms(f1)
                                                 for b in ev.terms(f2)}
                     else:  # "g"
@@ -388,12 +388,6 @@ class QueryIndex:
                 for s in hit:
                     out[s] = get(s, 0) | bit
         return out
-
-
-def field_pair(field: Any) -> tuple[str, str]:
-    """The two fields of a pair key's posting group (kind "c": its field is (f1, f2))."""
-    pair: tuple[str, str] = field
-    return pair
 
 
 def _stab(rindex: Any, rkind: str, ev: AnalysedEvent, field: str, out: set[int]) -> None:
