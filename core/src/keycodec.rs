@@ -331,7 +331,7 @@ fn raw_caps(d: &mut Dec<'_>, start: i64) -> PyResult<RawCaps> {
     Ok(v)
 }
 
-fn val(d: &mut Dec<'_>, ts: i64, key: &str, strings: &mut Vec<Arc<str>>, py_at: &mut Vec<usize>) -> PyResult<Value> {
+fn val(d: &mut Dec<'_>, ts: i64, key: &Arc<str>, strings: &mut Vec<Arc<str>>, py_at: &mut Vec<usize>) -> PyResult<Value> {
     Ok(match d.u8()? {
         0 => Value::Null,
         1 => Value::Bool(false),
@@ -349,7 +349,7 @@ fn val(d: &mut Dec<'_>, ts: i64, key: &str, strings: &mut Vec<Arc<str>>, py_at: 
             Value::Null
         }
         7 => Value::Int(ts),
-        8 => Value::Str(Arc::from(key)),
+        8 => Value::Str(key.clone()),
         9 => Value::Float(d.iv()? as f64 / 100.0),
         10 => Value::Str(strings.get(d.uv()? as usize).ok_or_else(corrupt)?.clone()),
         _ => return Err(corrupt()),
@@ -358,6 +358,8 @@ fn val(d: &mut Dec<'_>, ts: i64, key: &str, strings: &mut Vec<Arc<str>>, py_at: 
 
 /// Read `KeyEnc`'s bytes (the caller checked the magic and the version).
 pub fn decode(py: Python<'_>, data: &[u8], key: &str) -> PyResult<Decoded> {
+    // One `Arc` for the key's text, shared by every column value equal to it (tag 8).
+    let key: Arc<str> = Arc::from(key);
     let mut d = Dec { data, at: 7, var: true };
     let nparts = d.uv()? as usize;
     let mut raw_parts = Vec::with_capacity(nparts.min(1 << 10));
@@ -414,7 +416,7 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str) -> PyResult<Decoded> {
                 let mut py_at = Vec::new();
                 for c in 0..ncols {
                     let mut at = Vec::new();
-                    vals.push(val(&mut d, ts, key, &mut strings, &mut at)?);
+                    vals.push(val(&mut d, ts, &key, &mut strings, &mut at)?);
                     py_at.extend(at.into_iter().map(|i| (c, i)));
                 }
                 slots.push(Slot::Row(ts, seq, t, vals, py_at));
