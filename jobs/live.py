@@ -164,7 +164,7 @@ class LiveJob:
             first = change.errors[0].render().splitlines()[0] if change and change.errors else ""
             raise LiveJobError(f"the rules do not compile ({first}); fix them (`cep check`) and "
                                "start again")
-        if change.ruleset is None or not len(change.ruleset):
+        if change.ruleset is None:
             raise LiveJobError(f"no rules in {self.opts.rules}: nothing to run")
         self.metrics.set_rule_files(change.files)
         self._preflight(change.ruleset)
@@ -208,6 +208,9 @@ class LiveJob:
         from cep.spark.pipeline import plan_for
 
         streams = [s.name for s in plan_for(ruleset, self.settings.shards).streams]
+        if not streams:  # no rules, or every rule disabled: a query would have no source
+            raise LiveJobError(f"no enabled rule in {self.opts.rules} reads a stream: "
+                               "nothing to run")
         wanted = {f"stream {s}": self.opts.topics.get(s, s) for s in streams}
         require_topics(self.settings.kafka_bootstrap, wanted, dict(self.settings.kafka_options))
         require_redis(self.settings.redis_url)

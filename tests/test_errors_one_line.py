@@ -90,3 +90,16 @@ def test_search_with_kafka_or_redis_down_is_one_line(capfd, monkeypatch, redis_u
     err = _errors(capfd.readouterr().err)
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"cannot reach Redis at redis://127.0.0.1:{port}/0")
+
+
+def test_every_rule_disabled_is_nothing_to_run(capfd, fraud_rules_dir, tmp_path):
+    """A rules directory whose rules are all disabled gives no stream to read: one line and
+    exit 2 (like the other start-up errors) before any service or Spark is asked, not a
+    query started with no source."""
+    for path in fraud_rules_dir.glob("*.cep"):
+        text = path.read_text()
+        path.write_text(text.replace("SEVERITY", "DISABLED SEVERITY"))
+    code, err = _run(capfd, "--rules", str(fraud_rules_dir), "--checkpoint", str(tmp_path / "ck"),
+                     "--bootstrap", "127.0.0.1:1", "--redis", "redis://127.0.0.1:1", "--once")
+    message = f"no enabled rule in {fraud_rules_dir} reads a stream: nothing to run"
+    assert (code, err) == (2, [message])
