@@ -107,7 +107,19 @@ class StrPredicate:
     span: Span = _span()
 
 
-Expr = Literal | Name | Star | Call | Unary | Binary | IsNull | InList | Between | StrPredicate
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """`table[key].column`: a column of the table row whose key is the event's field `key`
+    (a `Name`: `card` or `a.card`), as of the event's time (docs/tables.md)."""
+
+    table: str
+    key: Name
+    column: str
+    span: Span = _span()
+
+
+Expr = (Literal | Name | Star | Call | Unary | Binary | IsNull | InList | Between | StrPredicate
+        | Lookup)
 
 # ------------------------------------------------------------------------------------- patterns
 
@@ -199,6 +211,21 @@ class StreamDecl:
     lateness: Duration | None
     span: Span = _span()
     time_keys: tuple[str, ...] = ()  # `TIME BY a:b` (nested: reported as not supported)
+    time_span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class TableDecl:
+    """`TABLE name (columns) KEY column [TIME BY column] FROM KAFKA 'topic' | FILE 'path';`"""
+
+    name: str
+    fields: tuple[FieldDecl, ...]
+    key: str
+    time_field: str | None
+    source_kind: str  # KAFKA | FILE
+    source: str
+    span: Span = _span()
+    key_span: Span = _span()
     time_span: Span = _span()
 
 
@@ -335,3 +362,4 @@ class RuleFile:
     streams: tuple[StreamDecl, ...]
     rules: tuple[RuleDecl, ...]
     span: Span = _span()
+    tables: tuple[TableDecl, ...] = ()

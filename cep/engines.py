@@ -54,7 +54,9 @@ def select_rule(rules: RuleSet, rule_id: str) -> RuleSet:
     """The one rule `rule_id` of a compiled file, with the stream it reads."""
     chosen = tuple(r for r in rules.rules if r.id == rule_id)
     names = {r.stream.name for r in chosen}
-    return RuleSet(chosen, tuple(s for s in rules.streams if s.name in names))
+    used = {table for r in chosen for table, _ in r.lookups}
+    return RuleSet(chosen, tuple(s for s in rules.streams if s.name in names),
+                   tuple(t for t in rules.tables if t.name in used))
 
 
 def sources_ruleset(sources: dict[str, str], select: dict[str, str] | None = None) -> RuleSet:

@@ -154,6 +154,53 @@ class Path(Expr):
         return ":".join(_ident(p) for p in (self.name, *self.keys))
 
 
+class EventWithRows(dict):  # type: ignore[type-arg]
+    """An event as the engine feeds it to the matchers of rules that read tables: the event's
+    own fields (the dict), and `rows`, the table rows looked up for it as of its time, by
+    (table, event field); a missing row is None (docs/tables.md). Serialised, it is the event."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, data: Mapping[str, Any], rows: dict[tuple[str, str], Any]) -> None:
+        super().__init__(data)
+        self.rows = rows
+
+    def __reduce__(self) -> Any:
+        return (EventWithRows, (dict(self), self.rows))
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup(Expr):
+    """`table[field].column`: `column` of the row of `table` keyed by the event's `field`, as
+    the engine looked it up for this event (`EventWithRows`); NULL without a row."""
+
+    table: str
+    field: str
+    column: str
+
+    @property
+    def is_local(self) -> bool:
+        return False  # not a plain field of the event: no vectorised evaluation
+
+    def fields(self) -> frozenset[str]:
+        return frozenset()
+
+    def bind(self) -> Fn:
+        slot, column = (self.table, self.field), self.column
+
+        def get(e: Mapping[str, Any], c: Caps) -> Any:
+            rows = getattr(e, "rows", None)
+            if rows is None:
+                return None
+            row = rows.get(slot)
+            return None if row is None else row.get(column)
+
+        return get
+
+    def __str__(self) -> str:
+        return f"{_ident(self.table)}[{_ident(self.field)}].{_ident(self.column)}"
+
+
 def _row_fn(row: Expr) -> Callable[[Mapping[str, Any]], Any]:
     fn = row.bind()
     return lambda ev: fn(ev, ())

@@ -157,8 +157,19 @@ ref = pp.Located(
 ref.set_parse_action(
     lambda s, loc, t: ast.Name(tuple(t[1][0]), tuple(t[1][1]), _located_span(s, t))
 )
+# `table[key].column`: a table lookup (docs/tables.md); `key` is `field` or `VAR.field`.
+_key_ref = pp.Located(pp.Group(IDENT + pp.Optional(DOT + IDENT))).set_name("lookup key")
+_key_ref.set_parse_action(lambda s, loc, t: ast.Name(tuple(str(p) for p in t[1][0]), (), _located_span(s, t)))
+lookup = pp.Located(
+    IDENT + pp.Suppress("[") - _key_ref + pp.Suppress("]") + DOT + IDENT
+).set_name("table lookup (table[field].column)")
+lookup.set_parse_action(
+    lambda s, loc, t: ast.Lookup(str(t[1][0]), t[1][1], str(t[1][2]), _located_span(s, t))
+)
+_lookup_start = pp.FollowedBy(IDENT + pp.Literal("["))
 paren = LPAR + expr + RPAR
-primary = (number_lit | string_lit | const_lit | call | ref | paren).set_name("operand")
+primary = (number_lit | string_lit | const_lit | call | (_lookup_start + lookup) | ref
+           | paren).set_name("operand")
 
 unary = pp.Forward()
 unary.set_name("unary")
@@ -458,7 +469,32 @@ def _stream(s: str, loc: int, t: pp.ParseResults) -> ast.StreamDecl:
                           time_keys, time_span)
 
 
-statement = (stream_decl | rule_decl).set_name("statement (STREAM ... ; or RULE ... ;)")
+table_decl = (
+    pp.Suppress(K("TABLE"))
+    - located_name
+    + LPAR - pp.Group(pp.DelimitedList(field_decl)) + RPAR
+    + pp.Suppress(K("KEY")) - located_name
+    + pp.Optional(pp.Suppress(K("TIME BY")) - located_name)("time")
+    + pp.Suppress(K("FROM"))
+    - (K("KAFKA") | K("FILE")).set_name("KAFKA 'topic' or FILE 'path'")
+    + STRING
+    + SEMI
+).set_name("TABLE statement")
+
+
+@table_decl.set_parse_action
+def _table(s: str, loc: int, t: pp.ParseResults) -> ast.TableDecl:
+    name, sp = t[0]
+    fields = tuple(t[1])
+    key, key_span = t[2]
+    time = t[3] if "time" in t else None
+    kind, source = str(t[-2]).upper(), str(t[-1])
+    return ast.TableDecl(name, fields, key, time[0] if time else None, kind, source, sp,
+                         key_span, time[1] if time else sp)
+
+
+statement = (stream_decl | rule_decl | table_decl).set_name(
+    "statement (STREAM ... ; TABLE ... ; or RULE ... ;)")
 
 # Comments (`-- to end of line`, `/* ... */`) are blanked out before parsing rather than
 # declared with `ignore`: pyparsing tries every ignore expression before every element, which
@@ -488,7 +524,7 @@ def blank_comments(text: str) -> str:
 
 def parse_statement(
     text: str, *, path: str, base: int, starts: tuple[int, ...]
-) -> ast.StreamDecl | ast.RuleDecl:
+) -> ast.StreamDecl | ast.RuleDecl | ast.TableDecl:
     """Parse one statement (a slice of a file starting at offset `base`).
 
     Raises pyparsing exceptions; `cep.compile.parse` turns them into `RuleSyntaxError`s.
@@ -499,7 +535,7 @@ def parse_statement(
     finally:
         _WHERE.reset(token)
     node = result[0]
-    assert isinstance(node, ast.StreamDecl | ast.RuleDecl)
+    assert isinstance(node, ast.StreamDecl | ast.RuleDecl | ast.TableDecl)
     return node
 
 

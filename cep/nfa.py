@@ -233,6 +233,20 @@ class StreamSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class TableSpec:
+    """A declared reference table (docs/tables.md). `rows`: a static (FILE) table's rows,
+    read when the rules are compiled; a KAFKA table's rows arrive with the events."""
+
+    name: str
+    key: str  # the key column
+    time_field: str | None  # the version's valid-from time (KAFKA); None: static
+    fields: tuple[FieldSpec, ...]
+    source_kind: str  # KAFKA | FILE
+    source: str  # topic or path (as written)
+    rows: tuple[dict[str, Any], ...] = field(default=(), compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Destination:
     kind: str  # KAFKA | REDIS
     target: str
@@ -266,6 +280,9 @@ class CompiledRule:
     max_partial_matches: int | None
     allow_unbounded: bool
     source: str  # "path:line" of the RULE keyword
+    # Table lookups the rule's expressions make, as (table, event field): the engine captures
+    # these rows for each event it feeds (docs/tables.md).
+    lookups: tuple[tuple[str, str], ...] = ()
 
     @property
     def within_ms(self) -> int | None:
@@ -303,6 +320,7 @@ class CompiledRule:
 class RuleSet:
     rules: tuple[CompiledRule, ...]
     streams: tuple[StreamSpec, ...] = field(default=())
+    tables: tuple[TableSpec, ...] = field(default=())
 
     def __post_init__(self) -> None:
         seen: set[str] = set()

@@ -213,6 +213,10 @@ class _Exporter:
 
 def export_program(rule: CompiledRule) -> dict[str, Any]:
     """The rule as a plain program; raises `Unsupported` when the core cannot run it exactly."""
+    if rule.lookups:
+        tables = ", ".join(sorted({t for t, _ in rule.lookups}))
+        raise Unsupported(f"reads table {tables}: the native core has no table lookups "
+                          "(docs/tables.md)")
     nfa = rule.nfa
     _check_shape(nfa)
     _check_shape(rule.skip)

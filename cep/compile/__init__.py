@@ -14,9 +14,9 @@ from pathlib import Path
 from cep import ast
 from cep.compile.diagnostics import CompileErrors, Diagnostics
 from cep.compile.parse import parse_text
-from cep.compile.rules import compile_rule, compile_streams
+from cep.compile.rules import compile_rule, compile_streams, compile_tables
 from cep.errors import RuleSemanticError, SourceError, Span
-from cep.nfa import CompiledRule, RuleSet, StreamSpec
+from cep.nfa import CompiledRule, RuleSet, StreamSpec, TableSpec
 
 RULE_SUFFIXES = (".cep",)
 
@@ -41,6 +41,7 @@ def compile_file(text: str, path: str = "<string>") -> tuple[RuleSet | None, lis
     diag = Diagnostics(text)
     diag.errors.extend(errors)
     streams = compile_streams(tree.streams, diag)
+    tables, table_view = compile_tables(tree.tables, streams, diag, path)
     compiled: list[CompiledRule] = []
     first_span: dict[str, Span] = {}
     for rule in tree.rules:
@@ -52,13 +53,14 @@ def compile_file(text: str, path: str = "<string>") -> tuple[RuleSet | None, lis
             )
             continue
         first_span[rule.id] = rule.span
-        result = compile_rule(rule, streams, diag)
+        result = compile_rule(rule, streams, diag, table_view)
         if result is not None:
             compiled.append(result)
     errors = sorted(diag.errors, key=_order)
     if errors:
         return None, errors
-    return RuleSet(tuple(compiled), tuple(spec for spec, _ in streams.values())), []
+    return RuleSet(tuple(compiled), tuple(spec for spec, _ in streams.values()),
+                   tuple(tables.values())), []
 
 
 def _order(e: SourceError) -> tuple[int, int]:
@@ -136,11 +138,14 @@ def merge_rulesets(sets: Iterable[RuleSet]) -> RuleSet:
     files is the first file's declaration."""
     rules: list[CompiledRule] = []
     streams: dict[str, StreamSpec] = {}
+    tables: dict[str, TableSpec] = {}
     for rs in sets:
         rules.extend(rs.rules)
         for s in rs.streams:
             streams.setdefault(s.name, s)
-    return RuleSet(tuple(rules), tuple(streams.values()))
+        for t in rs.tables:
+            tables.setdefault(t.name, t)
+    return RuleSet(tuple(rules), tuple(streams.values()), tuple(tables.values()))
 
 
 def load_rules_dir(path: str | Path) -> RuleSet:

@@ -63,6 +63,10 @@ class Scope:
     schema: Schema | None  # None when undeclared
     current: str | None  # variable whose DEFINE this is (None in MEASURES)
     measure: bool = False
+    # Declared tables: name -> (key column, the table's columns' types); None: none declared.
+    tables: Mapping[str, tuple[str, dict[str, str]]] | None = None
+    # Filled in: the (table, event field) lookups the expression makes.
+    used: set[tuple[str, str]] | None = None
 
 
 def _type_name(typ: object) -> str:
@@ -172,6 +176,11 @@ class _Resolver:
                     self.var_index(n.parts[0], n)
                     seen.add(n.parts[0])
                 return self.field(n.parts[-1], n, n.path)
+            if isinstance(n, ast.Lookup):
+                if len(n.key.parts) == 2:
+                    self.var_index(n.key.parts[0], n.key)
+                    seen.add(n.key.parts[0])
+                return self.lookup(n, row_only=True)
             if isinstance(n, ast.Call) and (n.func in AGGREGATES or n.func in NAVIGATION):
                 raise self.fail(f"{n.func} cannot be nested inside {func}", n)
             return self.expr(n, walk)
@@ -182,6 +191,43 @@ class _Resolver:
                 f"{func} reads one variable; this reads {', '.join(sorted(seen))}", node
             )
         return (seen.pop() if seen else None), row, typ
+
+    def lookup(self, node: ast.Lookup, row_only: bool = False) -> tuple[X.Expr, str]:
+        """`table[field].column` / `table[v.field].column` (docs/tables.md)."""
+        tables = self.scope.tables or {}
+        if node.table not in tables:
+            raise self.fail(
+                f"unknown table {node.table!r}", node,
+                did_you_mean(node.table, tables, "tables")
+                or f"declare it: TABLE {node.table} (id STRING, ...) KEY id FROM FILE '...';",
+            )
+        key_column, columns = tables[node.table]
+        if node.column not in columns:
+            raise self.fail(
+                f"table {node.table!r} has no column {node.column!r}", node,
+                did_you_mean(node.column, columns, "columns")
+                or f"its columns are {', '.join(columns)}",
+            )
+        parts = node.key.parts
+        fname = parts[-1]
+        if len(parts) == 2:
+            self.var_index(parts[0], node.key)
+        _, ftype = self.field(fname, node.key)
+        ktype = columns[key_column]
+        if not compatible(ftype, ktype):
+            raise self.fail(
+                f"the key of table {node.table!r} ({key_column}) is {_type_name(ktype)}; "
+                f"{fname} is {_type_name(ftype)}", node.key,
+                "look the table up by a field of the key's type",
+            )
+        if self.scope.used is not None:
+            self.scope.used.add((node.table, fname))
+        row: X.Expr = X.Lookup(node.table, fname, node.column)
+        typ = columns[node.column]
+        if row_only or len(parts) == 1 or parts[0] == self.scope.current:
+            return row, typ
+        var = parts[0]
+        return X.VarRow(self.scope.vars[var], var, "LAST", row, False), typ
 
     # -- expressions ------------------------------------------------------------------------
 
@@ -201,6 +247,8 @@ class _Resolver:
             return X.Const(v), typ
         if isinstance(node, ast.Name):
             return self.name(node) if rec == self.expr else rec(node)
+        if isinstance(node, ast.Lookup):
+            return self.lookup(node) if rec == self.expr else rec(node)
         if isinstance(node, ast.Star):
             raise self.fail("'*' is only allowed in COUNT(*) or COUNT(A.*)", node)
         if isinstance(node, ast.Call):

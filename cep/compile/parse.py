@@ -45,6 +45,8 @@ CLAUSE_WORDS = (
     "MAX",
     "TIME",
     "LATENESS",
+    "TABLE",
+    "KEY",
 )
 
 
@@ -130,6 +132,7 @@ def parse_text(text: str, path: str) -> tuple[ast.RuleFile, list[SourceError]]:
     starts = grammar.line_starts(text)
     streams: list[ast.StreamDecl] = []
     rules: list[ast.RuleDecl] = []
+    tables: list[ast.TableDecl] = []
     for chunk in chunks:
         if not _has_code(chunk.text):
             continue
@@ -158,9 +161,11 @@ def parse_text(text: str, path: str) -> tuple[ast.RuleFile, list[SourceError]]:
             continue
         if isinstance(node, ast.StreamDecl):
             streams.append(node)
+        elif isinstance(node, ast.TableDecl):
+            tables.append(node)
         else:
             rules.append(node)
-    return ast.RuleFile(path, tuple(streams), tuple(rules)), errors
+    return ast.RuleFile(path, tuple(streams), tuple(rules), tables=tuple(tables)), errors
 
 
 def _lead(chunk: str) -> int:

@@ -20,6 +20,7 @@ from cep.compile.expressions import (
 from cep.compile.nfa_build import MAX_STATES, TooManyStates, build_nfa
 from cep.compile.patterns import PatternInfo, check_pattern
 from cep.errors import Span
+from cep.tables import load_file_rows
 from cep.expr import Expr
 
 
@@ -98,10 +99,78 @@ def compile_streams(
     return out
 
 
+Tables = Mapping[str, tuple[str, dict[str, str]]]  # name -> (key column, column types)
+
+
+def compile_tables(
+    tables: tuple[ast.TableDecl, ...],
+    streams: Mapping[str, object],
+    diag: Diagnostics,
+    path: str,
+) -> tuple[dict[str, N.TableSpec], dict[str, tuple[str, dict[str, str]]]]:
+    """TABLE declarations → `TableSpec`s (a FILE table's rows read and checked here) and the
+    resolver's view of them (docs/tables.md)."""
+    specs: dict[str, N.TableSpec] = {}
+    view: dict[str, tuple[str, dict[str, str]]] = {}
+    for t in tables:
+        if t.name in specs:
+            diag.error(f"table {t.name!r} is declared twice", t.span)
+            continue
+        if t.name in streams:
+            diag.error(f"{t.name!r} is both a stream and a table", t.span,
+                       "give the table another name")
+            continue
+        before = len(diag.errors)
+        schema, fields = _fields(t.fields, diag)
+        columns: dict[str, str] = {}
+        for name, typ in schema.items():
+            if isinstance(typ, dict):
+                diag.error(f"table {t.name!r}: column {name!r} is a STRUCT; table columns are "
+                           "STRING, INT, FLOAT or BOOL", t.span)
+            else:
+                columns[name] = typ
+        if t.key not in columns:
+            diag.error(f"key {t.key!r} is not a column of table {t.name!r}", t.key_span,
+                       did_you_mean(t.key, columns, "columns"))
+        elif columns[t.key] not in (NUM, STR):
+            diag.error(f"the key of table {t.name!r} must be STRING or INT", t.key_span)
+        if t.source_kind == "KAFKA" and t.time_field is None:
+            diag.error(f"table {t.name!r} reads a Kafka changelog: it needs TIME BY (the "
+                       "column holding when each version takes effect)", t.span,
+                       f"e.g. TABLE {t.name} (..., updated INT) KEY {t.key} TIME BY updated "
+                       f"FROM KAFKA '{t.source}'")
+        if t.source_kind == "FILE" and t.time_field is not None:
+            diag.error(f"table {t.name!r} is static (FROM FILE): it has no TIME BY", t.time_span,
+                       "a FILE table's rows hold from the beginning of time; a versioned "
+                       "table comes FROM KAFKA")
+        if t.time_field is not None:
+            if t.time_field not in columns:
+                diag.error(f"time column {t.time_field!r} is not a column of table {t.name!r}",
+                           t.time_span, did_you_mean(t.time_field, columns, "columns"))
+            elif columns[t.time_field] not in (NUM, STR):
+                diag.error(f"time column {t.time_field!r} must be INT (epoch milliseconds) or "
+                           "STRING (ISO-8601)", t.time_span)
+            else:
+                columns[t.time_field] = NUM
+        if len(diag.errors) > before:
+            continue
+        spec = N.TableSpec(t.name, t.key, t.time_field, fields, t.source_kind, t.source)
+        if t.source_kind == "FILE":
+            rows, problem = load_file_rows(spec, path)
+            if problem is not None:
+                diag.error(f"table {t.name!r}: {problem}", t.span)
+                continue
+            spec = N.TableSpec(t.name, t.key, None, fields, "FILE", t.source, rows)
+        specs[t.name] = spec
+        view[t.name] = (t.key, columns)
+    return specs, view
+
+
 def compile_rule(
     rule: ast.RuleDecl,
     streams: Mapping[str, tuple[N.StreamSpec, Schema | None]],
     diag: Diagnostics,
+    tables: Tables | None = None,
 ) -> N.CompiledRule | None:
     """One rule, in small passes over its typed clauses; every error goes to `diag` and the
     rule is None when there was any."""
@@ -123,8 +192,9 @@ def compile_rule(
             (*info.positive, *(v for v in info.negated if v not in info.positive))
         )
     }
-    conditions = _conditions(clauses.define, var_index, schema, diag)
-    measures = _measures(clauses.measures, var_index, schema, diag)
+    used: set[tuple[str, str]] = set()
+    conditions = _conditions(clauses.define, var_index, schema, diag, tables, used)
+    measures = _measures(clauses.measures, var_index, schema, diag, tables, used)
     skip = _skip(clauses.skip or ast.Skip("PAST LAST ROW"), info, var_index, diag)
     _check_limits(clauses, timed, diag)
     if len(diag.errors) > before or clauses.emit is None:
@@ -156,6 +226,7 @@ def compile_rule(
         max_partial_matches=clauses.max_partial_matches,
         allow_unbounded=clauses.allow_unbounded,
         source=str(rule.span),
+        lookups=tuple(sorted(used)),
     )
 
 
@@ -239,6 +310,8 @@ def _conditions(
     var_index: Mapping[str, int],
     schema: Schema | None,
     diag: Diagnostics,
+    tables: Tables | None = None,
+    used: set[tuple[str, str]] | None = None,
 ) -> list[Expr | None]:
     """Pass 4: DEFINE, one condition (or None: always true) per pattern variable."""
     by_var: dict[str, ast.Define] = {}
@@ -259,7 +332,8 @@ def _conditions(
         if found is None:
             conditions.append(None)
             continue
-        resolved = resolve(found.condition, Scope(var_index, schema, name), diag)
+        resolved = resolve(found.condition,
+                           Scope(var_index, schema, name, tables=tables, used=used), diag)
         if resolved is not None and resolved[1] not in (BOOL, ANY):
             diag.error(f"DEFINE {name} must be a condition, not a {resolved[1]}",
                        found.condition.span)
@@ -272,6 +346,8 @@ def _measures(
     var_index: Mapping[str, int],
     schema: Schema | None,
     diag: Diagnostics,
+    tables: Tables | None = None,
+    used: set[tuple[str, str]] | None = None,
 ) -> list[tuple[str, Expr]]:
     """Pass 5: MEASURES, resolved in the scope of the whole match."""
     measures: list[tuple[str, Expr]] = []
@@ -279,7 +355,8 @@ def _measures(
         if any(name == m.name for name, _ in measures):
             diag.error(f"measure {m.name!r} is defined twice", m.span)
             continue
-        resolved = resolve(m.expr, Scope(var_index, schema, None, measure=True), diag)
+        resolved = resolve(m.expr, Scope(var_index, schema, None, measure=True, tables=tables,
+                                         used=used), diag)
         if resolved is not None:
             measures.append((m.name, resolved[0]))
     return measures

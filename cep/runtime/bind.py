@@ -19,13 +19,15 @@ from typing import Any
 
 from cep.nfa import CompiledRule, RuleSet
 from cep.runtime import native
-from cep.runtime.engine import Engine, RuleRuntime
+from cep.runtime.engine import Engine, RuleRuntime, TableRuntime
 from cep.runtime.matcher import Matcher
 
 
 def rule_hash(rule: CompiledRule) -> str:
     """A short hash of what the rule compiles to (its NFA and skip strategy), not its text."""
     text = f"{rule.version}|{rule.stream}|{rule.key_field}|{rule.skip}|{rule.nfa}|{rule.measures}"
+    if rule.lookups:  # (kept out of the text otherwise: existing rules keep their hashes)
+        text += f"|{rule.lookups}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -55,10 +57,16 @@ def build_engine(ruleset: RuleSet, *, max_partial_matches: int | None = None,
                     if near_misses else
                     make_matcher(rule, max_partial_matches=max_partial_matches,
                                  use_native=use_native),
-                    meta=rule, content_hash=rule_hash(rule))
+                    meta=rule, content_hash=rule_hash(rule), lookups=rule.lookups)
         for rule in ruleset.rules if rule.enabled
     ]
-    return Engine(runtimes)
+    return Engine(runtimes, table_runtimes(ruleset))
+
+
+def table_runtimes(ruleset: RuleSet) -> list[TableRuntime]:
+    """The engine's view of the rule set's tables: a FILE table's rows, a KAFKA table's key."""
+    return [TableRuntime(t.name, t.key, t.rows if t.source_kind == "FILE" else None)
+            for t in ruleset.tables]
 
 
 def build_embedded_engine(ruleset: RuleSet, *, max_partial_matches: int | None = None,

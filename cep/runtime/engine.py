@@ -35,6 +35,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from cep.expr import EventWithRows
+from cep.tables import DELETED, STATIC_TS
+
 # The end of input: 9999-12-31T23:59:59Z in ms. Far beyond any real event, yet a valid Spark
 # timestamp, so the replay job can send it through Spark as an end-of-input marker.
 EOF_TS = 253_402_300_799_000
@@ -75,6 +78,45 @@ class RuleRuntime:
     meta: Any = None  # what output formatting needs (the compiled rule)
     # Identifies the compiled rule's content: state built by another version is discarded.
     content_hash: str = ""
+    # (table, event field) lookups its expressions make (docs/tables.md).
+    lookups: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TableRuntime:
+    """What the engine needs of a declared table (`cep.nfa.TableSpec`): its records arrive as
+    `Event`s of the stream named like the table; a static table's rows are given here."""
+
+    name: str
+    key: str
+    static_rows: tuple[Mapping[str, Any], ...] | None = None  # None: versioned (records)
+
+
+TABLE_PREFIX = "\x00table:"  # a table's state key is (TABLE_PREFIX + name, table key)
+Version = tuple[int, Any, Mapping[str, Any] | None]  # (time, seq, row; None: deleted)
+
+
+def as_of(versions: Sequence[Version], ts: int) -> Mapping[str, Any] | None:
+    """The row in force at `ts`: the last version whose time is <= ts (None if none/deleted)."""
+    i = bisect.bisect_right(versions, ts, key=_ts) - 1
+    return versions[i][2] if i >= 0 else None
+
+
+def insert_version(versions: list[Version], version: Version, keep_from: int) -> list[Version]:
+    """`versions` with `version` in its (time, seq) place (replacing an equal one: a record
+    delivered twice), without the versions no event after `keep_from` can read."""
+    order = (version[0], version[1])
+    i = bisect.bisect_left(versions, order, key=_order)
+    if i < len(versions) and _order(versions[i]) == order:
+        versions[i] = version
+    else:
+        versions.insert(i, version)
+    # Keep the last version at or before keep_from (it governs the events after it) and all
+    # later ones.
+    j = bisect.bisect_right(versions, keep_from, key=_ts) - 1
+    if j > 0:
+        del versions[:j]
+    return versions
 
 
 def content_seq(data: Mapping[str, Any]) -> int:
@@ -145,6 +187,7 @@ class RuleGroup:
     lateness_ms: int
     rules: tuple[RuleRuntime, ...]
     rule_ids: tuple[str, ...]
+    lookups: tuple[tuple[str, str], ...] = ()  # every lookup of its rules
 
 
 def group_rules(rules: Sequence[RuleRuntime]) -> list[RuleGroup]:
@@ -152,7 +195,8 @@ def group_rules(rules: Sequence[RuleRuntime]) -> list[RuleGroup]:
     for r in rules:
         members.setdefault((r.stream, r.key_field), []).append(r)
     return [RuleGroup(f"{stream}:{kf}", stream, kf, max(r.lateness_ms for r in rs), tuple(rs),
-                      tuple(r.rule_id for r in rs))
+                      tuple(r.rule_id for r in rs),
+                      tuple(sorted({lk for r in rs for lk in r.lookups})))
             for (stream, kf), rs in members.items()]
 
 
@@ -242,7 +286,7 @@ class MemoryKeyStore:
 
 
 class Engine:
-    def __init__(self, rules: Sequence[RuleRuntime]) -> None:
+    def __init__(self, rules: Sequence[RuleRuntime], tables: Sequence[TableRuntime] = ()) -> None:
         self._eof = False
         self.track_partials = False
         self.rules = {r.rule_id: r for r in rules}
@@ -250,6 +294,18 @@ class Engine:
         self.by_stream: dict[str, list[RuleGroup]] = {}
         for g in self.groups.values():
             self.by_stream.setdefault(g.stream, []).append(g)
+        # Versioned tables (their records come as events of the stream named like the table)
+        # and static ones (rows by key, held here). docs/tables.md.
+        self.tables = {t.name: t for t in tables if t.static_rows is None}
+        self.static: dict[str, dict[str, Mapping[str, Any]]] = {
+            t.name: {_key(r.get(t.key)): r for r in t.static_rows}
+            for t in tables if t.static_rows is not None}
+        self.table_groups: dict[str, list[str]] = {}
+        for g in self.groups.values():
+            for table, _ in g.lookups:
+                if g.gid not in self.table_groups.setdefault(table, []):
+                    self.table_groups[table].append(g.gid)
+        self.table_records = 0  # table records applied (for tests and metrics)
 
     # -- the two entry points -------------------------------------------------------------
     def ingest(self, store: KeyStore, events: Iterable[Event], max_ts: int,
@@ -274,6 +330,12 @@ class Engine:
             max_ts = end_of_input
         self._eof = eof
         events = events if isinstance(events, list) else list(events)
+        if self.tables and events:
+            records = [ev for ev in events if ev.stream in self.tables]
+            if records:
+                events = [ev for ev in events if ev.stream not in self.tables]
+        else:
+            records = []
         # Lateness is judged against the watermark from before this call (as Spark judges it).
         # Release goes up to the watermark *including* this call's events: Spark's own will be
         # at least that high at the next batch, so nothing released could still be preceded by
@@ -287,6 +349,8 @@ class Engine:
         safe = {gid: (max_ts if eof else max_ts - g.lateness_ms - 1)
                 for gid, g in self.groups.items()}
         out = Output()
+        if records:
+            self._apply_records(store, records, safe)
         wake = store.load_wake()
         pending: dict[StateKey, list[Buffered]] = {}
         by_stream = self.by_stream
@@ -330,6 +394,54 @@ class Engine:
         store.save_wake(wake)
         return out
 
+    def _apply_records(self, store: KeyStore, records: list[Event],
+                       safe: Mapping[str, int]) -> None:
+        """Table records into their key's versions (never into the watermark: only events
+        move it). A record behind the safe time is still put in its place: it governs the
+        events not yet released (docs/tables.md, "Temporal semantics")."""
+        for ev in records:
+            table = self.tables[ev.stream]
+            key = ev.data.get(table.key)
+            if key is None:
+                continue
+            gids = self.table_groups.get(table.name)
+            keep_from = min((safe[g] for g in gids), default=NEG_INF) if gids else NEG_INF
+            row = None if ev.data.get(DELETED) is True else ev.data
+            sk = (TABLE_PREFIX + table.name, _key(key))
+            versions: Any = store.get(sk)
+            versions = insert_version(list(versions) if versions else [], (ev.ts, ev.seq, row),
+                                      keep_from)
+            if len(versions) == 1 and versions[0][2] is None and versions[0][0] <= keep_from:
+                store.delete(sk)  # deleted, and nothing left to read an older version
+            else:
+                store.put(sk, versions)
+            self.table_records += 1
+
+    def _with_rows(self, store: KeyStore, group: RuleGroup,
+                   items: list[Buffered]) -> list[Buffered]:
+        """Each event with the table rows its group's rules read, as of the event's time."""
+        out: list[Buffered] = []
+        cache: dict[StateKey, Any] = {}
+        static = self.static
+        for ts, seq, data in items:
+            rows: dict[tuple[str, str], Any] = {}
+            for table, fname in group.lookups:
+                value = data.get(fname)
+                if value is None:
+                    rows[(table, fname)] = None
+                    continue
+                if table in static:
+                    rows[(table, fname)] = static[table].get(_key(value))
+                    continue
+                sk = (TABLE_PREFIX + table, _key(value))
+                if sk in cache:
+                    versions = cache[sk]
+                else:
+                    versions = cache[sk] = store.get(sk)
+                rows[(table, fname)] = as_of(versions, ts) if versions else None
+            out.append((ts, seq, EventWithRows(data, rows)))
+        return out
+
     def advance(self, store: KeyStore, max_ts: int,
                 *, end_of_input: int | None = None) -> Output:
         """Time passed with no new events (a timer fired, or the end of input)."""
@@ -361,6 +473,8 @@ class Engine:
             n = bisect.bisect_right(buffer, safe, key=_ts)
         released = buffer[:n]
         del buffer[:n]
+        if released and group.lookups:
+            released = self._with_rows(store, group, released)
         eof = self._eof
         track = self.track_partials
         kept: dict[str, tuple[str, Any]] = {}
@@ -431,12 +545,16 @@ def _feed_each(matcher: RuleMatcher, mstate: Any, items: list[Buffered], key: st
     return mstate
 
 
-def _order(item: Buffered) -> tuple[int, Any]:
+def _order(item: Buffered | Version | tuple[int, Any]) -> tuple[int, Any]:
     return item[0], item[1]
 
 
-def _ts(item: Buffered | int) -> int:
+def _ts(item: Buffered | Version | int) -> int:
     return item if isinstance(item, int) else item[0]
+
+
+def _key(value: Any) -> str:
+    return value if isinstance(value, str) else str(value)
 
 
 def run_embedded(engine: Engine, events: Iterable[Event], *, batch_size: int = 1,
@@ -458,9 +576,12 @@ def run_embedded(engine: Engine, events: Iterable[Event], *, batch_size: int = 1
         out = engine.ingest(store, chunk, max_ts)
         if late is not None:
             late.extend(out.late)
-        max_ts = max(max_ts, max(ev.ts for ev in chunk))
+        # Table records do not move event time (docs/tables.md).
+        max_ts = max(max_ts, max((ev.ts for ev in chunk if ev.stream not in tables),
+                                 default=max_ts))
         yield from out.matches
 
+    tables = getattr(engine, "tables", None) or {}
     for ev in events:
         chunk.append(ev)
         if len(chunk) >= batch_size:
@@ -474,5 +595,5 @@ def run_embedded(engine: Engine, events: Iterable[Event], *, batch_size: int = 1
 
 __all__ = [
     "AT_END", "EOF_TS", "Engine", "Event", "KeyStore", "LateEvent", "MemoryKeyStore", "Output",
-    "RuleGroup", "RuleRuntime", "group_rules", "content_seq", "events_from_dicts", "run_embedded",
+    "RuleGroup", "RuleRuntime", "TableRuntime", "as_of", "group_rules", "insert_version", "content_seq", "events_from_dicts", "run_embedded",
 ]
