@@ -14,7 +14,7 @@ from cep.testing import run_suite
 ROOT = Path(__file__).resolve().parent.parent
 FRAUD = (ROOT / "rules" / "fraud.cep").as_posix()
 BUNDLED = {"card_testing", "velocity", "impossible_travel", "rise_then_drop", "spread_spike",
-           "rising_temperature", "missing_heartbeat", "hot_and_silent"}
+           "rising_temperature", "missing_heartbeat", "hot_and_silent", "far_above_usual_abroad"}
 
 
 def write(tmp_path: Path, body: str, name: str = "case.yaml") -> Path:

@@ -26,7 +26,7 @@ from cep.runtime.engine import EOF_TS
 from cep.spark import operator as op
 from cep.spark.pipeline import DEAD_STREAM, EOF_STREAM
 
-RULES = "rules"
+RULES = "rules/fraud.cep"  # the fraud rules the events are for (all run on the native core)
 SHARDS = 16
 DELAY = 5_000  # the bundled fraud rules' LATENESS (the watermark delay)
 

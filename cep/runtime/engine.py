@@ -349,9 +349,12 @@ class Engine:
         safe = {gid: (max_ts if eof else max_ts - g.lateness_ms - 1)
                 for gid, g in self.groups.items()}
         out = Output()
-        if records:
-            self._apply_records(store, records, safe)
         wake = store.load_wake()
+        # Table versions are pruned to what the events not yet released can read: every
+        # on-time event, of this call too, is at or after the watermark from before it.
+        keep = {g: NEG_INF if eof else wm - 1 for g, wm in late_wms.items()}
+        if records:
+            self._apply_records(store, wake, records, keep)
         pending: dict[StateKey, list[Buffered]] = {}
         by_stream = self.by_stream
         for ev in events:
@@ -385,6 +388,9 @@ class Engine:
         due = set(pending)
         due.update(wake.pop_all() if eof else wake.pop_due(max_ts))
         for sk in sorted(due):
+            if sk[0].startswith(TABLE_PREFIX):
+                self._compact(store, wake, sk, keep)
+                continue
             group = self.groups.get(sk[0])
             if group is None:  # its rules were removed while the job ran: drop the state
                 store.delete(sk)
@@ -394,28 +400,66 @@ class Engine:
         store.save_wake(wake)
         return out
 
-    def _apply_records(self, store: KeyStore, records: list[Event],
-                       safe: Mapping[str, int]) -> None:
+    def _apply_records(self, store: KeyStore, wake: Wake, records: list[Event],
+                       keep: Mapping[str, int]) -> None:
         """Table records into their key's versions (never into the watermark: only events
         move it). A record behind the safe time is still put in its place: it governs the
-        events not yet released (docs/tables.md, "Temporal semantics")."""
+        events not yet released (docs/tables.md, "Temporal semantics"). A table no rule of
+        this engine reads keeps nothing."""
         for ev in records:
             table = self.tables[ev.stream]
             key = ev.data.get(table.key)
-            if key is None:
-                continue
             gids = self.table_groups.get(table.name)
-            keep_from = min((safe[g] for g in gids), default=NEG_INF) if gids else NEG_INF
+            if key is None or not gids:
+                continue
             row = None if ev.data.get(DELETED) is True else ev.data
             sk = (TABLE_PREFIX + table.name, _key(key))
             versions: Any = store.get(sk)
             versions = insert_version(list(versions) if versions else [], (ev.ts, ev.seq, row),
-                                      keep_from)
-            if len(versions) == 1 and versions[0][2] is None and versions[0][0] <= keep_from:
-                store.delete(sk)  # deleted, and nothing left to read an older version
-            else:
-                store.put(sk, versions)
+                                      self._keep_from(table.name, keep))
+            self._store_versions(store, wake, sk, versions, keep)
             self.table_records += 1
+
+    def _keep_from(self, table: str, keep: Mapping[str, int]) -> int:
+        gids = self.table_groups.get(table) or ()
+        return min((keep[g] for g in gids if g in keep), default=NEG_INF)
+
+    def _store_versions(self, store: KeyStore, wake: Wake, sk: StateKey,
+                        versions: list[Version], keep: Mapping[str, int]) -> None:
+        """Put a key's versions back, or delete the key when only a delete behind the
+        watermark is left; wake the key when its oldest version (or its delete) can go."""
+        table = sk[0][len(TABLE_PREFIX):]
+        if len(versions) == 1 and versions[0][2] is None \
+                and versions[0][0] <= self._keep_from(table, keep):
+            store.delete(sk)  # deleted, and nothing left to read an older version
+            wake.discard(sk)
+            return
+        store.put(sk, versions)
+        lateness = max((self.groups[g].lateness_ms for g in self.table_groups.get(table, ())),
+                       default=0)
+        if len(versions) > 1:
+            wake.set(sk, versions[1][0] + lateness + 1)
+        elif versions[0][2] is None:
+            wake.set(sk, versions[0][0] + lateness + 1)
+        else:
+            wake.discard(sk)
+
+    def _compact(self, store: KeyStore, wake: Wake, sk: StateKey,
+                 keep: Mapping[str, int]) -> None:
+        """A table key's wake: drop the versions no event can read any more."""
+        versions: Any = store.get(sk)
+        if not versions:
+            return
+        table = sk[0][len(TABLE_PREFIX):]
+        if table not in self.tables:  # the table left the rules: its versions go
+            store.delete(sk)
+            return
+        keep_from = self._keep_from(table, keep)
+        versions = list(versions)
+        j = bisect.bisect_right(versions, keep_from, key=_ts) - 1
+        if j > 0:
+            del versions[:j]
+        self._store_versions(store, wake, sk, versions, keep)
 
     def _with_rows(self, store: KeyStore, group: RuleGroup,
                    items: list[Buffered]) -> list[Buffered]:

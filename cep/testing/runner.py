@@ -74,7 +74,10 @@ def run_case(test: TestFile, case: Case) -> CaseResult:
         if ev.reason is None:  # a dead letter never reaches the engine, as in replay and live
             streams.setdefault(ev.stream, []).append(ev.data)
     time_fields = {s.name: s.time_field for s in test.ruleset.streams}
-    records = alerts_for(engine, streams, time_fields=time_fields)
+    for row in case.tables:
+        streams.setdefault(row.stream, []).append(row.data)
+    table_times = {t.name: t.time_field for t in test.ruleset.tables if t.time_field}
+    records = alerts_for(engine, streams, time_fields={**time_fields, **table_times})
     index = _event_index(case, time_fields)
     got = sorted((_got(r, index) for r in records),
                  key=lambda g: (g.first_ts, g.last_ts, g.rule, g.key, g.events))

@@ -29,13 +29,14 @@ from typing import Any
 from cep.compile import check_paths, merge_rulesets
 from cep.errors import SourceError, Span
 from cep.events import EventSchema, conform, validate
-from cep.nfa import CompiledRule, RuleSet, StreamSpec
+from cep.nfa import CompiledRule, RuleSet, StreamSpec, TableSpec
+from cep.tables import conform_row
 from cep.testing.source import TestFileError, YList, YMap, line_of, load_yaml
 from cep.testing.times import DEFAULT_BASE_MS, parse_time
 
-FILE_KEYS = {"rules", "rule", "stream", "base", "defaults", "cases", "description"}
+FILE_KEYS = {"rules", "rule", "stream", "base", "defaults", "cases", "description", "tables"}
 CASE_KEYS = {"name", "description", "rule", "stream", "base", "defaults", "events", "expect",
-             "expect_none", "no_other_alerts", "events_file", "dead_letters"}
+             "expect_none", "no_other_alerts", "events_file", "dead_letters", "tables"}
 EXPECT_KEYS = {"rule", "key", "kind", "alert", "first", "last", "events", "measures"}
 STREAM_KEY = "_stream"  # an event's own stream, when a case reads several
 
@@ -74,6 +75,9 @@ class Case:
     forbidden: tuple[str, ...]  # expect_none: rules that must raise no alert
     exact: bool  # no_other_alerts
     dead_letters: tuple[int, ...] = ()  # indexes of the events the case expects rejected
+    # Table records (docs/tables.md): the file's `tables:`, then the case's; `stream` is the
+    # table's name. Not events: they take no index.
+    tables: tuple[CaseEvent, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +147,8 @@ class _Parser:
         ruleset = self.load_rules(rules_path)
         self.rules = {r.id: r for r in ruleset.rules if r.enabled}
         self.streams = {s.name: s for s in ruleset.streams}
+        self.tables = {t.name: t for t in ruleset.tables}
+        self.file_tables = self.table_rows(doc, DEFAULT_BASE_MS)
         file_scope = self.rule_list(doc, "rule", tuple(self.rules))
         file_stream = self.stream_name(doc, None)
         file_base = self.base(doc, DEFAULT_BASE_MS)
@@ -208,8 +214,60 @@ class _Parser:
                 for i in dead):
             raise self.error(f"`dead_letters:` is a list of event indexes (0 to "
                              f"{len(events) - 1})", line_of(raw, "dead_letters"))
+        tables = self.file_tables + self.table_rows(raw, base)
         return Case(name.strip(), raw.line, base, scope, events, tuple(expect), forbidden, exact,
-                    tuple(sorted(set(dead))))
+                    tuple(sorted(set(dead))), tables)
+
+    def table_rows(self, raw: YMap, base: int) -> tuple[CaseEvent, ...]:
+        """`tables: {customers: [{id: c1, updated: +0s, home_country: FR}, ...]}`: versions of
+        KAFKA tables, checked by the one table-record validator (`cep.tables`)."""
+        given = raw.get("tables")
+        if given is None:
+            return ()
+        line = line_of(raw, "tables")
+        if not isinstance(given, dict):
+            raise self.error("`tables:` maps a table name to a list of rows", line)
+        out: list[CaseEvent] = []
+        for name, rows in given.items():
+            where = line_of(given, name, line) if isinstance(given, YMap) else line
+            spec = self.tables.get(name)
+            if spec is None:
+                raise self.error(f"unknown table {name!r}", where,
+                                 hint=f"the rules declare {', '.join(self.tables) or 'no table'}")
+            if spec.time_field is None:
+                raise self.error(f"table {name!r} is static (FROM FILE {spec.source!r}): its "
+                                 "rows come from the file", where)
+            if not isinstance(rows, list):
+                raise self.error(f"`{name}:` is a list of rows", where)
+            for i, item in enumerate(rows):
+                at = line_of(rows, i, where) if isinstance(rows, YList) else where
+                out.append(self.table_row(spec, item, i, at, base))
+        return tuple(out)
+
+    def table_row(self, spec: TableSpec, item: Any, i: int, line: int, base: int) -> CaseEvent:
+        if not isinstance(item, dict):
+            raise self.error(f"row {i} of table {spec.name!r} is not a mapping", line)
+        data = dict(item)
+        tf = spec.time_field
+        assert tf is not None
+        if tf not in data:
+            raise self.error(f"row {i} of table {spec.name!r} has no `{tf}` (when the version "
+                             "takes effect)", line)
+        try:
+            data[tf] = parse_time(data[tf], base)
+        except ValueError as exc:
+            raise self.error(f"row {i} of table {spec.name!r}: {exc}", line) from None
+        columns = {f.name for f in spec.fields} | {"_deleted"}
+        for name in data:
+            if name not in columns:
+                raise self.error(f"row {i}: table {spec.name!r} has no column {name!r}", line,
+                                 hint=f"its columns are {', '.join(sorted(columns))}")
+        _, _, row, reason = conform_row(data, spec)
+        if reason is not None:
+            raise self.error(f"row {i} of table {spec.name!r}: {reason}", line)
+        if row is None:
+            row = data  # a delete: the engine reads its `_deleted`
+        return CaseEvent(spec.name, row, line)
 
     def events(self, raw: YMap, stream: str | None, base: int,
                defaults: dict[str, Any]) -> tuple[CaseEvent, ...]:
