@@ -132,8 +132,11 @@ def compile_tables(
         if t.key not in columns:
             diag.error(f"key {t.key!r} is not a column of table {t.name!r}", t.key_span,
                        did_you_mean(t.key, columns, "columns"))
-        elif columns[t.key] not in (NUM, STR):
-            diag.error(f"the key of table {t.name!r} must be STRING or INT", t.key_span)
+        elif columns[t.key] not in (NUM, STR) or next(
+                f.type for f in t.fields if f.name == t.key) in ("FLOAT", "DOUBLE", "DECIMAL",
+                                                                 "NUMBER"):
+            diag.error(f"the key of table {t.name!r} must be STRING or INT", t.key_span,
+                       "a key is compared as text: 5 and 5.0 would be different keys")
         if t.source_kind == "KAFKA" and t.time_field is None:
             diag.error(f"table {t.name!r} reads a Kafka changelog: it needs TIME BY (the "
                        "column holding when each version takes effect)", t.span,
