@@ -40,7 +40,7 @@ from cep.events import MAX_BYTES, dead_letter
 from cep.runtime.alerts import OUTPUT_SCHEMA, output_rows
 from cep.runtime.bind import build_embedded_engine, engine_kind
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, content_seq
-from cep.spark.pipeline import Plan, Validate
+from cep.spark.pipeline import BROADCAST, Plan, Validate
 
 RAW_COLUMNS = ("stream", "value", "seq", "src", "part", "off", "form")
 PREPARED_SCHEMA = ("shard int, kind string, stream string, ts bigint, seq bigint, data string, "
@@ -87,6 +87,9 @@ class Prepare:
         # One stream (the usual case): its key fields, for the vectorised fan-out.
         self.only = plan.streams[0].key_fields if len(plan.streams) == 1 else None
         self.shards = plan.shards
+        # Table changelogs (docs/tables.md): routed like events, but not events: they count
+        # in neither the events nor the input's last event time.
+        self.tables = _strings([s.name for s in plan.streams if s.is_table])
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -107,10 +110,15 @@ class Prepare:
             good = pc.and_(pc.is_null(checked.column("reason")),
                            pc.is_in(checked.column("stream"), self.streams).fill_null(False))
             n_good = pc.sum(good.cast(pa.int64())).as_py() or 0
+            if n_good and len(self.tables):  # a table's good records are not events read
+                read -= pc.sum(pc.and_(good, pc.is_in(checked.column("stream"), self.tables))
+                               .cast(pa.int64())).as_py() or 0
             if n_good:
                 events = self._fan_out(checked, good, n_good)
-                hi = pc.max(events.column("ts")).as_py()
-                last = hi if last is None or hi > last else last
+                hi = pc.max(events.filter(events.column("primary")).column("ts")).as_py() \
+                    if len(self.tables) else pc.max(events.column("ts")).as_py()
+                if hi is not None:
+                    last = hi if last is None or hi > last else last
                 yield events
             if n_good < checked.num_rows:
                 letters = []
@@ -211,11 +219,15 @@ class Prepare:
             within = pa.array(pos, pa.int32())
             key_field = pa.array(fields, pa.string())
         n = len(flat)
+        primary = pc.equal(within, 0)
+        if len(self.tables):
+            stream = rows.column("stream").take(parent)
+            primary = pc.and_(primary, pc.invert(pc.is_in(stream, self.tables)))
         return pa.RecordBatch.from_arrays(
             [pa.nulls(n, pa.int32()), pa.array([EVENT] * n, pa.string()),
              rows.column("stream").take(parent), rows.column("ts").take(parent),
              seq.take(parent), rows.column("data").take(parent), key_field, flat,
-             pc.equal(within, 0)], names=_PREPARED_NAMES)
+             primary], names=_PREPARED_NAMES)
 
 
 _PREPARED_NAMES = ["shard", "kind", "stream", "ts", "seq", "data", "key_field", "key",
@@ -268,6 +280,7 @@ class RunEngine:
 
         engine = embedded_engine(self.factory)
         arrow = engine_kind(engine) == "native"
+        tables = _strings(list(getattr(engine, "tables", None) or ()))
         store = MemoryKeyStore()
         max_ts = NEG_INF
         end: int | None = None
@@ -292,7 +305,13 @@ class RunEngine:
                 n_events += pc.sum(batch.column("primary").cast("int64")).as_py() or 0
                 n_rows += batch.num_rows
                 events = batch.select(["stream", "ts", "seq", "data", "key_field"])
-                top = pc.max(events.column("ts")).as_py()
+                # Table records do not move event time (docs/tables.md); every event row
+                # has a primary row or a sibling (another key field's row) with its ts.
+                top = pc.max(batch.column("ts")).as_py() if not tables else \
+                    pc.max(events.filter(pc.invert(pc.is_in(events.column("stream"),
+                                                            tables))).column("ts")).as_py()
+                if top is None:
+                    top = max_ts
                 if arrow:
                     out = engine.ingest_batch(store, events.rename_columns(
                         ["stream", "ts", "seq", "data", "route"]), max_ts)
@@ -349,7 +368,12 @@ def match_bounded(raw: DataFrame, plan: Plan, factory: RulesEngineFactory,
     # An event's shard as `pipeline.fan_out` computes it; markers and dead letters have theirs.
     shard = F.when(F.col("kind") == EVENT, F.pmod(F.xxhash64("key_field", "key"),
                                                   F.lit(plan.shards)).cast("int"))
-    rows = prepared.select(shard.otherwise(F.col("shard")).alias("shard"), "kind", "stream",
+    shard = shard.otherwise(F.col("shard"))
+    if any(BROADCAST in s.key_fields for s in plan.streams):  # a table record to every shard
+        shard = F.explode(F.when((F.col("kind") == EVENT) & (F.col("key_field") == BROADCAST),
+                                 F.sequence(F.lit(0), F.lit(plan.shards - 1)))
+                          .otherwise(F.array(shard)))
+    rows = prepared.select(shard.alias("shard"), "kind", "stream",
                            "ts", "seq", "data", "key_field", "primary")
     return (rows.repartition(partitions, "shard").sortWithinPartitions("ts")
             .mapInArrow(RunEngine(factory), OUTPUT_SCHEMA))

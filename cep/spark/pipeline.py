@@ -40,6 +40,14 @@ class StreamPlan:
     key_fields: tuple[str, ...]
     # Declared (field, STRING|INT|FLOAT|BOOL), or (field, a STRUCT's own fields): cep.events
     schema: tuple[tuple[str, Any], ...] | None = None
+    # A table's changelog (docs/tables.md): its records are routed like events, each key field
+    # reading the table's key column; the key field BROADCAST sends a record to every shard.
+    table_key: str | None = None
+    topic: str | None = None  # a table's Kafka topic (streams: the stream's name)
+
+    @property
+    def is_table(self) -> bool:
+        return self.table_key is not None
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,32 @@ def plan_for(ruleset: RuleSet, shards: int) -> Plan:
         )
         for name, spec in sorted(specs.items())
     )
-    return Plan(streams, shards)
+    return Plan(streams + table_plans(ruleset), shards)
+
+
+BROADCAST = "*"  # the key field of a table record sent to every shard
+
+
+def table_plans(ruleset: RuleSet) -> tuple[StreamPlan, ...]:
+    """The versioned tables the enabled rules read, as inputs routed to where their lookups
+    run: to the shard of (the rule's key field, the record's key) when the lookup is by the
+    rule's PARTITION BY field (co-partitioned), else to every shard (broadcast). A static
+    (FILE) table is in the rules themselves: nothing to route."""
+    routes: dict[str, list[str]] = {}
+    for rule in ruleset.rules:
+        if not rule.enabled:
+            continue
+        for table, fname in rule.lookups:
+            route = fname if fname == (rule.key_field or "") else BROADCAST
+            if route not in routes.setdefault(table, []):
+                routes[table].append(route)
+    out = []
+    for t in ruleset.tables:
+        if t.name not in routes or t.time_field is None:
+            continue
+        out.append(StreamPlan(t.name, t.time_field, 0, tuple(routes[t.name]),
+                              schema_fields(t.fields), table_key=t.key, topic=t.source))
+    return tuple(out)
 
 
 class Validate:
@@ -88,9 +121,12 @@ class Validate:
 
     def __init__(self, plan: Plan, passthrough: tuple[str, ...], max_bytes: int) -> None:
         self.schemas = {s.name: EventSchema(s.name, s.time_field,
+                                            (s.table_key,) if s.table_key else
                                             tuple(k for k in s.key_fields if k), s.schema)
                         for s in plan.streams}
-        self.key_order = {s.name: s.key_fields for s in plan.streams}
+        # Where each key field's value is read: the field itself, or a table's key column.
+        self.key_order = {s.name: tuple(s.table_key or k for k in s.key_fields)
+                          for s in plan.streams}
         self.passthrough = passthrough
         self.max_bytes = max_bytes
 
@@ -188,12 +224,20 @@ def fan_out(events: DataFrame, plan: Plan) -> DataFrame:
     out = events.select("*", F.posexplode(per_stream).alias("kf_pos", "key_field"))
     key = F.element_at(F.col("keys"), F.col("kf_pos") + 1)
     shard = F.pmod(F.xxhash64(F.col("key_field"), key), F.lit(plan.shards)).cast("int")
+    tables = [s.name for s in plan.streams if s.is_table]
+    not_event = F.col("stream").isin(EOF_STREAM, DEAD_STREAM, *tables)
+    if any(BROADCAST in s.key_fields for s in plan.streams):
+        shard = F.explode(F.when(F.col("key_field") == BROADCAST,
+                                 F.sequence(F.lit(0), F.lit(plan.shards - 1)))
+                          .otherwise(F.array(shard)))
+    # A table record never moves the watermark (docs/tables.md): its watermark time is 0.
+    event_time = F.when(F.col("stream").isin(*tables), F.lit(0).cast("bigint")) \
+        .otherwise(F.col("ts")) if tables else F.col("ts")
     # `primary`: the event's first fan-out row, so that counts see each event once.
-    return (out.withColumn("shard", shard)
-            .withColumn("event_time", F.timestamp_millis(F.col("ts")))
+    return (out.select("*", shard.alias("shard"))
+            .withColumn("event_time", F.timestamp_millis(event_time))
             .select("shard", "stream", "ts", "seq", "data", "key_field",
-                    ((F.col("kf_pos") == 0) & ~F.col("stream").isin(EOF_STREAM, DEAD_STREAM))
-                    .alias("primary"),
+                    ((F.col("kf_pos") == 0) & ~not_event).alias("primary"),
                     "event_time"))
 
 
