@@ -207,11 +207,12 @@ class LiveJob:
         """Kafka, the input topics and Redis are there — else one line naming what is not."""
         from cep.spark.pipeline import plan_for
 
-        streams = [s.name for s in plan_for(ruleset, self.settings.shards).streams]
-        if not streams:  # no rules, or every rule disabled: a query would have no source
+        plans = plan_for(ruleset, self.settings.shards).streams
+        if not plans:  # no rules, or every rule disabled: a query would have no source
             raise LiveJobError(f"no enabled rule in {self.opts.rules} reads a stream: "
                                "nothing to run")
-        wanted = {f"stream {s}": self.opts.topics.get(s, s) for s in streams}
+        wanted = {f"{'table' if s.is_table else 'stream'} {s.name}": self._topic(s)
+                  for s in plans}
         require_topics(self.settings.kafka_bootstrap, wanted, dict(self.settings.kafka_options))
         require_redis(self.settings.redis_url)
 
@@ -277,13 +278,18 @@ class LiveJob:
             d.close()
 
     # -- the query --------------------------------------------------------------------
+    def _topic(self, plan: Any) -> str:
+        """A stream's topic (its name, or `--topic STREAM=TOPIC`); a table's, as declared."""
+        return str(self.opts.topics.get(plan.name, plan.topic or plan.name))
+
     def _source(self) -> Any:
         from pyspark.sql import functions as F
 
         from cep.spark.kafka import kafka_reader
 
-        streams = [s.name for s in self.plan.streams]
-        topic_of = {s: self.opts.topics.get(s, s) for s in streams}
+        # A table's changelog is read from its topic (TABLE ... FROM KAFKA 'topic') in the same
+        # query as the events, and joins them in the same operator (docs/tables.md).
+        topic_of = {s.name: self._topic(s) for s in self.plan.streams}
         reader = kafka_reader(self.spark.readStream, self.settings, topic_of.values(),
                               starting=self.opts.starting_offsets, fail_on_data_loss=True,
                               max_offsets_per_trigger=self.opts.max_offsets_per_trigger)

@@ -1,0 +1,90 @@
+"""`cep run` with a table (docs/tables.md), real Kafka (the test fixtures' broker): kcat
+produces the table's changelog and the events; the table is updated while the job runs; the
+alerts before and after the update carry the row versions of their events' times; nothing is
+lost or duplicated."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from cep.delivery.kafka_sink import ensure_topics
+from tests.test_live import _wait_for, cep_run, kcat_produce, kcat_read
+
+pytestmark = [pytest.mark.services, pytest.mark.spark]
+ROOT = Path(__file__).resolve().parents[2]
+T = 1767225600000  # 2026-01-01T00:00:00Z
+MIN = 60_000
+
+
+def _tx(ts: int, card: str, country: str, amount: float = 300.0) -> str:
+    ev = {"ts": ts, "card": card, "amount": amount, "merchant": "shop", "country": country}
+    return f"{card}\t{json.dumps(ev)}\n"
+
+
+def _profile(card: str, at: int, home: str, usual: float = 40.0) -> str:
+    row = {"card": card, "updated": at, "home_country": home, "avg_amount": usual}
+    return f"{card}\t{json.dumps(row)}\n"
+
+
+def test_table_updated_while_cep_run_runs(kafka_bootstrap, redis_url, tmp_path, topic):
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    text = (ROOT / "rules" / "customers.cep").read_text()
+    text = re.sub(r"TO KAFKA '[^']*'", f"TO KAFKA '{topic}.alerts'", text)
+    text = text.replace("FROM KAFKA 'customers'", f"FROM KAFKA '{topic}-customers'")
+    (rules / "customers.cep").write_text(text)
+    env = {"CEP_KAFKA_BOOTSTRAP": kafka_bootstrap, "CEP_REDIS_URL": redis_url,
+           "CEP_SHARDS": "8", "CEP_SHUFFLE_PARTITIONS": "2",
+           "CEP_DEAD_LETTER_TOPIC": f"{topic}-dlq", "CEP_LATE_TOPIC": f"{topic}-late"}
+    log = tmp_path / "run.log"
+    ensure_topics(kafka_bootstrap, [f"{topic}-in", f"{topic}-customers"], partitions=2)
+    cards = [f"c{i}" for i in range(1, 6)]
+    kcat_produce(kafka_bootstrap, f"{topic}-customers",
+                 [_profile(c, T - 86_400_000, "NL") for c in cards])
+    # Part 1: every card abroad (FR) far above its usual 40 -> an alert each; at home, none.
+    part1 = [_tx(T + i * 1000, c, "FR") for i, c in enumerate(cards)]
+    part1 += [_tx(T + 10_000 + i * 1000, c, "NL") for i, c in enumerate(cards)]
+    part1 += [_tx(T + 30 * MIN, "nobody", "FR")]  # moves the watermark past part 1
+    kcat_produce(kafka_bootstrap, f"{topic}-in", part1)
+    proc = cep_run(env, ["--rules", str(rules), "--checkpoint", str(tmp_path / "ck"),
+                         "--topic", f"transactions={topic}-in", "--trigger", "0.5"], log)
+    try:
+        _wait_for(lambda: len(kcat_read(kafka_bootstrap, f"{topic}.alerts")) >= len(cards),
+                  "part 1's alerts", log)
+        # While the job runs: c1 moves to France, c2's usual spend becomes 1000 (both from
+        # +1h), and a bad record (no key) goes to the dead letters.
+        kcat_produce(kafka_bootstrap, f"{topic}-customers",
+                     [_profile("c1", T + 60 * MIN, "FR"),
+                      _profile("c2", T + 60 * MIN, "NL", 1000.0),
+                      'c9\t{"updated": 1767225600000, "home_country": "NL"}\n'])
+        part2 = [_tx(T + 120 * MIN, "c1", "FR"),             # home now: no alert
+                 _tx(T + 120 * MIN + 1000, "c1", "NL"),      # abroad now: alert, home FR
+                 _tx(T + 120 * MIN + 2000, "c2", "FR"),      # 300 < 5 x 1000: no alert
+                 _tx(T + 120 * MIN + 3000, "c3", "FR"),      # unchanged: alert, home NL
+                 _tx(T + 125 * MIN, "c4", "FR")]             # see c4's update below
+        kcat_produce(kafka_bootstrap, f"{topic}-in", part2)
+        # c4's move, read after its event (at +125m) but effective before it (+124m), and
+        # within the watermark: the event is not matched until a later event time passes.
+        kcat_produce(kafka_bootstrap, f"{topic}-customers", [_profile("c4", T + 124 * MIN,
+                                                                      "FR")])
+        kcat_produce(kafka_bootstrap, f"{topic}-in", [_tx(T + 180 * MIN, "nobody", "FR")])
+        _wait_for(lambda: len(kcat_read(kafka_bootstrap, f"{topic}.alerts")) >= len(cards) + 2
+                  and kcat_read(kafka_bootstrap, f"{topic}-dlq"), "part 2's alerts", log)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    alerts = kcat_read(kafka_bootstrap, f"{topic}.alerts")
+    got = sorted((a["key"], a["first_ts"], a["measures"]["home"]) for a in alerts)
+    want = sorted([(c, T + i * 1000, "NL") for i, c in enumerate(cards)]
+                  + [("c1", T + 120 * MIN + 1000, "FR"), ("c3", T + 120 * MIN + 3000, "NL")])
+    assert got == want
+    ids = [a["alert_id"] for a in alerts]
+    assert len(ids) == len(set(ids))
+    dead = kcat_read(kafka_bootstrap, f"{topic}-dlq")
+    assert len(dead) == 1 and "card" in dead[0]["reason"] and dead[0]["stream"] == "customers"
