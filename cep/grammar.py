@@ -159,7 +159,9 @@ ref.set_parse_action(
 )
 # `table[key].column`: a table lookup (docs/tables.md); `key` is `field` or `VAR.field`.
 _key_ref = pp.Located(pp.Group(IDENT + pp.Optional(DOT + IDENT))).set_name("lookup key")
-_key_ref.set_parse_action(lambda s, loc, t: ast.Name(tuple(str(p) for p in t[1][0]), (), _located_span(s, t)))
+_key_ref.set_parse_action(
+    lambda s, loc, t: ast.Name(tuple(str(p) for p in t[1][0]), (), _located_span(s, t))
+)
 lookup = pp.Located(
     IDENT + pp.Suppress("[") - _key_ref + pp.Suppress("]") + DOT + IDENT
 ).set_name("table lookup (table[field].column)")

@@ -83,7 +83,7 @@ def load_file_rows(spec: Any, rules_path: str) -> tuple[tuple[dict[str, Any], ..
             return (), f"{spec.source!r} has more than {MAX_FILE_ROWS} rows"
         try:
             obj = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             return (), f"{spec.source}:{n}: not JSON ({exc.msg})"
         key, _, row, reason = conform_row(obj, spec, schema)
         if reason is not None:

@@ -20,8 +20,8 @@ from cep.compile.expressions import (
 from cep.compile.nfa_build import MAX_STATES, TooManyStates, build_nfa
 from cep.compile.patterns import PatternInfo, check_pattern
 from cep.errors import Span
-from cep.tables import load_file_rows
 from cep.expr import Expr
+from cep.tables import load_file_rows
 
 
 def _fields(

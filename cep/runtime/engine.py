@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cep.expr import EventWithRows
-from cep.tables import DELETED, STATIC_TS
+from cep.tables import DELETED
 
 # The end of input: 9999-12-31T23:59:59Z in ms. Far beyond any real event, yet a valid Spark
 # timestamp, so the replay job can send it through Spark as an end-of-input marker.
@@ -434,7 +434,7 @@ class Engine:
             store.delete(sk)  # deleted, and nothing left to read an older version
             wake.discard(sk)
             return
-        store.put(sk, versions)
+        store.put(sk, versions)  # type: ignore[arg-type]  # a table key's state: its versions
         lateness = max((self.groups[g].lateness_ms for g in self.table_groups.get(table, ())),
                        default=0)
         if len(versions) > 1:
@@ -639,5 +639,6 @@ def run_embedded(engine: Engine, events: Iterable[Event], *, batch_size: int = 1
 
 __all__ = [
     "AT_END", "EOF_TS", "Engine", "Event", "KeyStore", "LateEvent", "MemoryKeyStore", "Output",
-    "RuleGroup", "RuleRuntime", "TableRuntime", "as_of", "group_rules", "insert_version", "content_seq", "events_from_dicts", "run_embedded",
+    "RuleGroup", "RuleRuntime", "TableRuntime", "as_of", "group_rules", "insert_version",
+    "content_seq", "events_from_dicts", "run_embedded",
 ]

@@ -16,6 +16,7 @@ import pytest
 from cep import _core
 from cep.compile import compile_rules, load_rules_dir
 from cep.datagen import GENERATORS
+from cep.nfa import RuleSet
 from cep.runtime.alerts import alert_record
 from cep.runtime.bind import (
     build_embedded_engine,
@@ -24,7 +25,6 @@ from cep.runtime.bind import (
     matcher_kind,
     matcher_report,
 )
-from cep.nfa import RuleSet
 from cep.runtime.embedded import alerts_for
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, events_from_dicts, run_embedded
 from cep.runtime.native import native_matcher

@@ -29,7 +29,7 @@ from cep.runtime.engine import (
 from cep.runtime.matcher import Match
 
 LATENESS_MS = 3000
-RULES = f"""
+RULES = """
 STREAM tx (ts INT, card STRING, amount FLOAT, country STRING) TIME BY ts LATENESS 3s;
 TABLE customers (card STRING, home STRING, lim FLOAT, t INT) KEY card TIME BY t
   FROM KAFKA 'customers';
