@@ -286,6 +286,7 @@ class LiveJob:
         from pyspark.sql import functions as F
 
         from cep.spark.kafka import kafka_reader
+        from cep.spark.pipeline import tombstones_as_deletes
 
         # A table's changelog is read from its topic (TABLE ... FROM KAFKA 'topic') in the same
         # query as the events, and joins them in the same operator (docs/tables.md).
@@ -296,9 +297,11 @@ class LiveJob:
         stream_col = F.lit(None).cast("string")
         for stream, topic in topic_of.items():
             stream_col = F.when(F.col("topic") == topic, F.lit(stream)).otherwise(stream_col)
-        # The value's bytes as read: only `cep.events` interprets them (cep/spark/pipeline.py).
+        # The value's bytes as read: only `cep.events` interprets them (cep/spark/pipeline.py);
+        # a table's tombstone (null value) is its delete record.
+        value = tombstones_as_deletes(F.col("value"), stream_col, self.plan)
         return reader.load().select(
-            stream_col.alias("stream"), "value",
+            stream_col.alias("stream"), value.alias("value"),
             (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset")).alias("seq"),
             "topic", "partition", "offset")
 

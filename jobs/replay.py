@@ -115,7 +115,7 @@ def _files(spec: InputSpec) -> list[Path]:
 
 
 def _raw(spark: Any, spec: InputSpec, settings: Settings, start: str | None, end: str | None,
-         names: dict[str, str]) -> Any:
+         names: dict[str, str], plan: Any = None) -> Any:
     """The input's raw rows (`cep.spark.batch.RAW_COLUMNS`); `names` learns each file's
     resolved path → the path as given (dead letters name files as the user did)."""
     from cep.spark.batch import kafka_rows, read_files
@@ -126,7 +126,7 @@ def _raw(spark: Any, spec: InputSpec, settings: Settings, start: str | None, end
         topic = spec.path.removeprefix("kafka:")
         reader = kafka_reader(spark.read, settings, [topic], starting=start or "earliest",
                               ending=end or "latest")
-        return kafka_rows(reader.load(), spec.stream)
+        return kafka_rows(reader.load(), spec.stream, plan)
     files = _files(spec)
     names.update((str(p.resolve()), str(p)) for p in files)
     return read_files(spark, spec.stream, files)
@@ -197,7 +197,7 @@ def run_replay(
     spark = get_spark(settings, "cep-replay",
                       kafka=any(s.path.startswith("kafka:") for s in inputs))
     names: dict[str, str] = {}
-    raws = [_raw(spark, spec, settings, kafka_from, kafka_to, names) for spec in inputs]
+    raws = [_raw(spark, spec, settings, kafka_from, kafka_to, names, plan) for spec in inputs]
     raw = raws[0]
     for other in raws[1:]:
         raw = raw.unionByName(other)

@@ -175,6 +175,26 @@ class Validate:
         return validate_text(raw, schema, self.max_bytes)
 
 
+def tombstones_as_deletes(value: Any, stream: Any, plan: Plan) -> Any:
+    """A Kafka read's `value`, where a table's tombstone (a null value) becomes the delete
+    record `{"<key>": <the Kafka key>, "<time>": <the Kafka timestamp, ms>, "_deleted": true}`
+    (docs/tables.md); other records as they are. Needs the read's `key` and `timestamp`."""
+    out = value
+    for s in plan.streams:
+        if not s.is_table:
+            continue
+        types = dict(s.schema or ())
+        key = F.col("key").cast("string")
+        if types.get(s.table_key) == "INT":
+            key = key.cast("long")
+        delete = F.to_json(F.struct(key.alias(str(s.table_key)),
+                                    F.unix_millis(F.col("timestamp")).alias(s.time_field),
+                                    F.lit(True).alias("_deleted"))).cast("binary")
+        out = F.when((stream == s.name) & value.isNull() & F.col("key").isNotNull(),
+                     delete).otherwise(out)
+    return out
+
+
 def _key(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 

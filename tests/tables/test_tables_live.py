@@ -1,7 +1,7 @@
 """`cep run` with a table (docs/tables.md), real Kafka (the test fixtures' broker): kcat
 produces the table's changelog and the events; the table is updated while the job runs; the
 alerts before and after the update carry the row versions of their events' times; nothing is
-lost or duplicated."""
+lost or duplicated; a Kafka tombstone deletes a row from its record's timestamp."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 
 from cep.delivery.kafka_sink import ensure_topics
 from tests.test_live import _wait_for, cep_run, kcat_produce, kcat_read
@@ -68,6 +69,11 @@ def test_table_updated_while_cep_run_runs(kafka_bootstrap, redis_url, tmp_path, 
                  _tx(T + 120 * MIN + 2000, "c2", "FR"),      # 300 < 5 x 1000: no alert
                  _tx(T + 120 * MIN + 3000, "c3", "FR"),      # unchanged: alert, home NL
                  _tx(T + 125 * MIN, "c4", "FR")]             # see c4's update below
+        # c5's profile is deleted by a Kafka tombstone (null value) with event time +100m.
+        producer = Producer({"bootstrap.servers": kafka_bootstrap})
+        producer.produce(f"{topic}-customers", key=b"c5", value=None, timestamp=T + 100 * MIN)
+        assert producer.flush(30) == 0
+        part2.append(_tx(T + 126 * MIN, "c5", "FR"))  # no profile any more: NULL, no alert
         kcat_produce(kafka_bootstrap, f"{topic}-in", part2)
         # c4's move, read after its event (at +125m) but effective before it (+124m), and
         # within the watermark: the event is not matched until a later event time passes.
