@@ -159,3 +159,51 @@ def test_a_malformed_table_record_is_a_dead_letter(spark, settings, tmp_path,
     assert any("updated" in d["reason"] for d in dead)
     assert any("card" in d["reason"] for d in dead)
     assert summary.events_read == 50 + 3 and summary.balanced
+
+
+@pytest.mark.services
+def test_replay_from_kafka_topics_in_either_order(spark, settings, tmp_path, rules_file,
+                                                  kafka_bootstrap, topic) -> None:
+    """The same history in Kafka: the table's topic named before or after the events' topic
+    gives the embedded engine's alerts; a tombstone (null value) deletes c3's profile from its
+    record's timestamp."""
+    from dataclasses import replace
+
+    from confluent_kafka import Producer
+
+    from cep.delivery.kafka_sink import ensure_topics
+
+    del spark
+    tx, customers, merchants = history()
+    customers = [c for c in customers if not c.get("_deleted")]
+    ensure_topics(kafka_bootstrap, [f"{topic}-tx", f"{topic}-customers", f"{topic}-merchants"],
+                  partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for name, rows, key in ((f"{topic}-tx", tx, "card"), (f"{topic}-customers", customers,
+                                                          "card"),
+                            (f"{topic}-merchants", merchants, "name")):
+        for r in rows:
+            producer.produce(name, key=str(r[key]).encode(), value=json.dumps(r).encode())
+    producer.produce(f"{topic}-customers", key=b"c3", value=None, timestamp=T + 40 * MIN)
+    assert producer.flush(30) == 0
+    deleted = customers + [{"card": "c3", "updated": T + 40 * MIN, "_deleted": True}]
+    want_records = alerts_for(build_engine(compile_rules(rules_file.read_text(),
+                                                         str(rules_file))),
+                              {"transactions": tx, "customers": deleted,
+                               "merchants": merchants},
+                              time_fields={"transactions": "ts", "customers": "updated",
+                                           "merchants": "since"})
+    want = sorted((a["rule_id"], a["key"], tuple(e["ts"] for e in a["events"]),
+                   json.dumps(a["measures"], sort_keys=True)) for a in want_records)
+    assert not [w for w in want if w[0] == "far_above_usual_abroad" and w[1] == "c3"
+                and w[2][0] >= T + 40 * MIN]
+    kafka_settings = replace(settings, kafka_bootstrap=kafka_bootstrap)
+    tables = [InputSpec("customers", f"kafka:{topic}-customers"),
+              InputSpec("merchants", f"kafka:{topic}-merchants")]
+    events = [InputSpec("transactions", f"kafka:{topic}-tx")]
+    for name, inputs in (("before", tables + events), ("after", events + tables)):
+        out = tmp_path / name / "alerts.jsonl"
+        summary = run_replay(kafka_settings, str(rules_file), inputs, str(out),
+                             show_progress=False)
+        assert _alerts(out) == want, name
+        assert summary.events_read == len(tx) and summary.dead_letters == 0, name
