@@ -53,10 +53,21 @@ class Star:
 
 
 @dataclass(frozen=True, slots=True)
+class Over:
+    """`OVER 30d [EXCLUDE CURRENT ROW]` after an aggregate: a sliding window over the key's
+    history (docs/windows.md)."""
+
+    width: Duration
+    exclude_current: bool = False
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
 class Call:
     func: str  # upper-cased
     args: tuple[Expr, ...]
     span: Span = _span()
+    over: Over | None = None  # `AGG(x) OVER 30d`: a sliding window aggregate
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +276,16 @@ class Emit:
 
 
 @dataclass(frozen=True, slots=True)
+class Window:
+    """`WINDOW TUMBLING (SIZE 5m)`, `HOPPING (SIZE 10m, ADVANCE BY 5m)`, `SESSION (30m)`."""
+
+    kind: str  # TUMBLING | HOPPING | SESSION
+    size: Duration  # the size, or a session's gap
+    advance: Duration | None = None  # HOPPING only
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
 class Clause:
     """One clause of a rule, as written. `value` depends on `name`; order is the source order.
 
@@ -307,6 +328,9 @@ CLAUSE_FIELDS: dict[str, str] = {
     "ON TIMEOUT EMIT": "on_timeout",
     "ALLOW UNBOUNDED": "allow_unbounded",
     "MAX PARTIAL MATCHES": "max_partial_matches",
+    "WINDOW": "window",
+    "WHERE": "where",
+    "HAVING": "having",
 }
 
 
@@ -333,6 +357,9 @@ class RuleClauses:
     on_timeout: Emit | None = None
     allow_unbounded: bool = False
     max_partial_matches: int | None = None
+    window: Window | None = None
+    where: Expr | None = None
+    having: Expr | None = None
     spans: tuple[tuple[str, Span], ...] = field(default=(), compare=False, repr=False)
 
     @staticmethod

@@ -338,6 +338,48 @@ class Agg(Expr):
         return f"{self.func}({self.var_name}.{inner})" if self.var_name else f"{self.func}({inner})"
 
 
+class Windowed(dict):  # type: ignore[type-arg]
+    """An event with the window values computed for it (`win`, by `WindowAgg` slot): a plain
+    dict of the user's fields everywhere else (JSON, `dict(e)`, equality)."""
+
+    __slots__ = ("win",)
+
+    def __init__(self, data: Mapping[str, Any], win: tuple[Any, ...]) -> None:
+        super().__init__(data)
+        self.win = win
+
+
+@dataclass(frozen=True, slots=True)
+class WindowAgg(Expr):
+    """A window aggregate's value, computed by the runtime (`cep.runtime.windows`) and carried
+    by the event (`Windowed.win[slot]`): a sliding `AGG(x) OVER d` in a pattern rule, or an
+    aggregate of the window in a window rule's HAVING and MEASURES."""
+
+    slot: int
+    text: str
+
+    @property
+    def is_local(self) -> bool:
+        # The value rides on the event being tested: the same for every partial match, so the
+        # matcher may compute a condition reading it once per event (it reads no other event).
+        return True
+
+    def fields(self) -> frozenset[str]:
+        return frozenset()
+
+    def bind(self) -> Fn:
+        slot = self.slot
+
+        def value(e: Mapping[str, Any], c: Caps) -> Any:
+            win = getattr(e, "win", None)
+            return None if win is None else win[slot]
+
+        return value
+
+    def __str__(self) -> str:
+        return self.text
+
+
 @dataclass(frozen=True, slots=True)
 class Neg(Expr):
     operand: Expr

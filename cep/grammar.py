@@ -145,9 +145,17 @@ star = (pp.Optional(IDENT + DOT) + pp.Suppress("*")).set_parse_action(
     lambda s, loc, t: ast.Star(t[0] if t else None, span_at(loc))
 )
 func_name = pp.Regex(r"[A-Za-z_][A-Za-z0-9_]*(?=\s*\()").set_name("function name")
-call = func_name("func") + LPAR + pp.Optional(pp.DelimitedList(star | expr))("args") + RPAR
+# `AGG(x) OVER 30d [EXCLUDE CURRENT ROW]`: a sliding window over the key's history.
+over = (pp.Suppress(K("OVER")) - DURATION + pp.Optional(K("EXCLUDE CURRENT ROW"))).set_name(
+    "OVER duration [EXCLUDE CURRENT ROW]"
+).set_parse_action(lambda s, loc, t: ast.Over(t[0], len(t) > 1, span_at(loc, 4)))
+call = (func_name("func") + LPAR + pp.Optional(pp.DelimitedList(star | expr))("args") + RPAR
+        + pp.Optional(over)("over"))
 call.set_name("function call").set_parse_action(
-    lambda s, loc, t: ast.Call(t.func.upper(), tuple(t.args), span_at(loc, len(t.func)))
+    lambda s, loc, t: ast.Call(
+        t.func.upper(), tuple(a for a in t.args), span_at(loc, len(t.func)),
+        next((o for o in t if isinstance(o, ast.Over)), None),
+    )
 )
 # `field`, `VAR.field`, then the keys of a nested JSON field: `payload:amount`,
 # `b.device:geo:country` (the colon cannot be read as a variable reference).
@@ -396,6 +404,17 @@ def _emit(t: pp.ParseResults) -> ast.Emit:
     return ast.Emit(t[0], dests)
 
 
+window_spec = (
+    (K("TUMBLING") + LPAR - pp.Suppress(K("SIZE")) - DURATION + RPAR)
+    | (K("HOPPING") + LPAR - pp.Suppress(K("SIZE")) - DURATION + COMMA
+       - pp.Suppress(K("ADVANCE BY")) - DURATION + RPAR)
+    | (K("SESSION") + LPAR - DURATION + RPAR)
+).set_name("window (TUMBLING (SIZE 5m), HOPPING (SIZE 10m, ADVANCE BY 5m), SESSION (30m))")
+window_spec.set_parse_action(
+    lambda s, loc, t: ast.Window(str(t[0]).upper(), t[1], t[2] if len(t) > 2 else None,
+                                 span_at(loc, len(t[0])))
+)
+
 severity = pp.MatchFirst([K(w) for w in ("INFO", "LOW", "MEDIUM", "HIGH", "CRITICAL")])
 severity.set_name("severity (INFO, LOW, MEDIUM, HIGH, CRITICAL)")
 
@@ -420,6 +439,9 @@ rule_clause = pp.MatchFirst(
         clause("ON TIMEOUT EMIT", emit_body, _emit),
         clause("ALLOW UNBOUNDED", pp.Empty(), lambda t: True),
         clause("MAX PARTIAL MATCHES", INTEGER),
+        clause("WINDOW", window_spec),
+        clause("WHERE", expr),
+        clause("HAVING", expr),
     ]
 ).set_name("rule clause")
 

@@ -261,6 +261,76 @@ class EmitSpec:
     destinations: tuple[Destination, ...]
 
 
+# Sub-bucket sizes of a sliding window, largest first (docs/windows.md).
+BUCKET_SIZES = (86_400_000, 3_600_000, 600_000, 60_000, 10_000, 1000, 100, 10, 1)
+MIN_BUCKETS = 20
+
+
+def bucket_ms(width_ms: int) -> int:
+    """The largest of BUCKET_SIZES that cuts `width_ms` into at least MIN_BUCKETS buckets."""
+    for r in BUCKET_SIZES:
+        if width_ms % r == 0 and width_ms // r >= MIN_BUCKETS:
+            return r
+    return 1
+
+
+@dataclass(frozen=True, slots=True)
+class AggSpec:
+    """One aggregate of a window: COUNT(*) (row None), COUNT(x), SUM, AVG, MIN, MAX of `row`
+    (an expression over one event's fields)."""
+
+    func: str
+    row: Expr | None
+
+    def __str__(self) -> str:
+        return f"{self.func}({'*' if self.row is None else self.row})"
+
+
+@dataclass(frozen=True, slots=True)
+class OverSpec:
+    """A sliding aggregate `AGG(x) OVER width [EXCLUDE CURRENT ROW]` over the key's history,
+    kept in buckets of `bucket_ms` (docs/windows.md)."""
+
+    agg: AggSpec
+    width_ms: int
+    exclude_current: bool = False
+
+    @property
+    def bucket_ms(self) -> int:
+        return bucket_ms(self.width_ms)
+
+    def __str__(self) -> str:
+        return (f"{self.agg} OVER {_ms(self.width_ms)}"
+                + (" EXCLUDE CURRENT ROW" if self.exclude_current else ""))
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSpec:
+    """A window rule's WINDOW, WHERE, HAVING and the aggregates its HAVING and MEASURES read
+    (`cep.expr.WindowAgg` slots index `aggs`)."""
+
+    kind: str  # TUMBLING | HOPPING | SESSION
+    size_ms: int  # SESSION: the gap
+    advance_ms: int  # TUMBLING: = size; SESSION: = size (unused)
+    where: Expr | None
+    having: Expr | None
+    aggs: tuple[AggSpec, ...]
+
+    def __str__(self) -> str:
+        if self.kind == "SESSION":
+            head = f"WINDOW SESSION ({_ms(self.size_ms)})"
+        elif self.kind == "HOPPING":
+            head = f"WINDOW HOPPING (SIZE {_ms(self.size_ms)}, ADVANCE BY {_ms(self.advance_ms)})"
+        else:
+            head = f"WINDOW TUMBLING (SIZE {_ms(self.size_ms)})"
+        return "\n".join([
+            head,
+            f"where: {self.where if self.where is not None else 'TRUE (every event)'}",
+            f"having: {self.having if self.having is not None else 'TRUE (every window)'}",
+            "aggregates: " + ", ".join(f"#{i} {a}" for i, a in enumerate(self.aggs)),
+        ])
+
+
 @dataclass(frozen=True, slots=True)
 class CompiledRule:
     id: str
@@ -283,6 +353,11 @@ class CompiledRule:
     # Table lookups the rule's expressions make, as (table, event field): the engine captures
     # these rows for each event it feeds (docs/tables.md).
     lookups: tuple[tuple[str, str], ...] = ()
+    # Sliding aggregates (`AVG(amount) OVER 30d`) its conditions and measures read, by the
+    # slot of their `cep.expr.WindowAgg` (docs/windows.md).
+    over: tuple[OverSpec, ...] = ()
+    # A window rule (WINDOW ... HAVING ...): `nfa` is then a one-state stand-in for its WHERE.
+    window: WindowSpec | None = None
 
     @property
     def within_ms(self) -> int | None:
@@ -311,7 +386,9 @@ class CompiledRule:
                 f"max partial matches {self.max_partial_matches or 'default'}"
                 + ("; unbounded allowed" if self.allow_unbounded else "")
             )
-        body = str(self.nfa)
+        body = str(self.window) if self.window is not None else str(self.nfa)
+        if self.over:
+            body += "\nover:\n" + "\n".join(f"  #{i} {o}" for i, o in enumerate(self.over))
         measures = [f"  {name}: {expr}" for name, expr in self.measures]
         return "\n".join(head + [body] + (["measures:", *measures] if measures else []))
 

@@ -217,6 +217,11 @@ def export_program(rule: CompiledRule) -> dict[str, Any]:
         tables = ", ".join(sorted({t for t, _ in rule.lookups}))
         raise Unsupported(f"reads table {tables}: the native core has no table lookups "
                           "(docs/tables.md)")
+    if rule.window is not None:
+        raise Unsupported("window rules (WINDOW ...) run on the Python engine "
+                          "(docs/windows.md)")
+    if rule.over:
+        raise Unsupported("OVER window aggregates run on the Python engine (docs/windows.md)")
     nfa = rule.nfa
     _check_shape(nfa)
     _check_shape(rule.skip)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import re2
 
 from cep import ast
 from cep import expr as X
+from cep import nfa as N
 from cep.compile.diagnostics import Diagnostics, did_you_mean
 
 NUM, STR, BOOL, NULL, ANY = "number", "string", "boolean", "null", "any"
@@ -57,6 +58,9 @@ class _Bad(Exception):
 Schema: TypeAlias = "dict[str, str | Schema]"
 
 
+MAX_OVER_MS = 366 * 86_400_000  # the longest sliding window (a year and a day)
+
+
 @dataclass(frozen=True, slots=True)
 class Scope:
     vars: Mapping[str, int]  # every pattern variable (positive and negated)
@@ -67,6 +71,13 @@ class Scope:
     tables: Mapping[str, tuple[str, dict[str, str]]] | None = None
     # Filled in: the (table, event field) lookups the expression makes.
     used: set[tuple[str, str]] | None = None
+    # Sliding aggregates (`AVG(x) OVER 30d`) found so far in the rule, by slot (a list shared
+    # by the rule's DEFINE and MEASURES); None: OVER is not allowed here.
+    over: list[N.OverSpec] | None = None
+    # A window rule's HAVING/MEASURES: its aggregates, by slot; bare fields are errors.
+    window_aggs: list[N.AggSpec] | None = None
+    # Set in a window rule's WHERE: aggregates are not allowed (this says where they go).
+    no_aggs: str | None = None
 
 
 def _type_name(typ: object) -> str:
@@ -145,6 +156,13 @@ class _Resolver:
         return self.scope.vars[name]
 
     def name(self, node: ast.Name) -> tuple[X.Expr, str]:
+        if self.scope.window_aggs is not None:
+            text = ":".join((*node.parts, *node.path))
+            raise self.fail(
+                f"a window rule reads aggregates of its window: {text} alone has no single value",
+                node,
+                f"e.g. COUNT(*), SUM({text}), MAX({text}), COUNT({text})",
+            )
         if len(node.parts) == 1:
             return self.field(node.parts[0], node, node.path)
         var, fname = node.parts
@@ -322,9 +340,90 @@ class _Resolver:
             return X.StrOp(node.op, operand, arg, node.negated, regex), BOOL
         raise self.fail(f"unsupported expression {type(node).__name__}", node)
 
+    def event_row(self, node: ast.Expr, func: str) -> tuple[X.Expr, str]:
+        """The argument of a window aggregate: an expression over one event's own fields."""
+
+        def walk(n: ast.Expr) -> tuple[X.Expr, str]:
+            if isinstance(n, ast.Name):
+                if len(n.parts) == 2:
+                    raise self.fail(
+                        f"{func} over a window reads the key's events, not a pattern variable's",
+                        n,
+                        f"write {func}({':'.join((n.parts[1], *n.path))}); "
+                        f"{func}({n.parts[0]}.{n.parts[1]}) without OVER is over the match",
+                    )
+                return self.field(n.parts[0], n, n.path)
+            if isinstance(n, ast.Call) and (
+                n.func in AGGREGATES or n.func in NAVIGATION or n.over is not None
+            ):
+                raise self.fail(f"{n.func} cannot be nested inside {func}", n)
+            return self.expr(n, walk)
+
+        return walk(node)
+
+    def window_agg(self, node: ast.Call) -> tuple[N.AggSpec, str]:
+        """`COUNT(*)`, `COUNT(x)`, `SUM/AVG/MIN/MAX(x)` over a window: its spec and type."""
+        func, args = node.func, node.args
+        if func not in AGGREGATES:
+            raise self.fail(
+                f"{func} is not an aggregate: a window has COUNT, SUM, AVG, MIN and MAX", node
+            )
+        if len(args) != 1:
+            raise self.fail(f"{func} takes one argument", node)
+        (arg,) = args
+        if isinstance(arg, ast.Star):
+            if func != "COUNT" or arg.var is not None:
+                raise self.fail("'*' is only allowed in COUNT(*)", arg)
+            return N.AggSpec("COUNT", None), NUM
+        row, typ = self.event_row(arg, func)
+        if func != "COUNT" and not compatible(typ, NUM):
+            raise self.fail(
+                f"{func} over a window needs a number, got a {typ}", arg,
+                "window SUM, AVG, MIN and MAX read numbers; COUNT(x) counts any value",
+            )
+        return N.AggSpec(func, row), NUM
+
+    @staticmethod
+    def _slot(found: list[Any], spec: Any) -> int:
+        if spec in found:
+            return found.index(spec)
+        found.append(spec)
+        return len(found) - 1
+
+    def over_call(self, node: ast.Call) -> tuple[X.Expr, str]:
+        over = node.over
+        assert over is not None
+        if self.scope.window_aggs is not None:
+            raise self.fail(
+                "OVER is for pattern rules: a window rule aggregates its own window", node,
+                f"write {node.func}(...) without OVER",
+            )
+        if self.scope.over is None:
+            raise self.fail(f"{node.func}(...) OVER is not allowed here", node,
+                            self.scope.no_aggs)
+        width = over.width.ms
+        if not 0 < width <= MAX_OVER_MS:
+            self.diag.error("an OVER window must be longer than 0 and at most 366d",
+                            over.width.span)
+            raise _Bad()
+        agg, typ = self.window_agg(node)
+        spec = N.OverSpec(agg, width, over.exclude_current)
+        slot = self._slot(self.scope.over, spec)
+        return X.WindowAgg(slot, str(spec)), typ
+
     def call(self, node: ast.Call, rec: object) -> tuple[X.Expr, str]:  # noqa: C901
         func, args = node.func, node.args
         in_define = not self.scope.measure
+        if node.over is not None:
+            return self.over_call(node)
+        if self.scope.no_aggs is not None and (func in AGGREGATES or func in NAVIGATION):
+            raise self.fail(f"{func} is not allowed in WHERE", node, self.scope.no_aggs)
+        if self.scope.window_aggs is not None and func in AGGREGATES:
+            spec, typ = self.window_agg(node)
+            return X.WindowAgg(self._slot(self.scope.window_aggs, spec), str(spec)), typ
+        if self.scope.window_aggs is not None and func in NAVIGATION:
+            raise self.fail(f"{func} reads a match's events: a window rule has none", node,
+                            "use MIN, MAX, COUNT, SUM or AVG over the window")
         if func == "COUNT":
             if len(args) != 1:
                 raise self.fail("COUNT takes one argument: *, A, A.* or A.field", node)

@@ -179,15 +179,26 @@ def compile_rule(
     rule is None when there was any."""
     before = len(diag.errors)
     clauses = _clauses(rule, diag)
-    if clauses.stream is None or clauses.pattern is None:
+    if clauses.stream is None or (clauses.pattern is None and clauses.window is None):
         return None
     source = _source(clauses.stream, clauses.partition_by, streams, diag)
     if source is None:
         return None
     stream, schema, key_field = source
+    if clauses.window is not None:
+        return _window_rule(rule, clauses, stream, schema, key_field, before, diag)
+    for name in ("where", "having"):
+        if getattr(clauses, name) is not None:
+            diag.error(
+                f"{name.upper()} belongs to window rules (WINDOW ...)",
+                clauses.span(name),
+                "a pattern rule's conditions go in DEFINE"
+                if name == "where" else "a pattern rule's thresholds go in DEFINE",
+            )
+    pattern = clauses.pattern
+    assert pattern is not None
     within_ms, step_ms = _time_limits(clauses, diag)
     timed = within_ms is not None or step_ms is not None
-    pattern = clauses.pattern
     info = check_pattern(pattern, timed=timed, allow_unbounded=clauses.allow_unbounded, diag=diag)
     var_index = {
         name: i
@@ -196,8 +207,9 @@ def compile_rule(
         )
     }
     used: set[tuple[str, str]] = set()
-    conditions = _conditions(clauses.define, var_index, schema, diag, tables, used)
-    measures = _measures(clauses.measures, var_index, schema, diag, tables, used)
+    over: list[N.OverSpec] = []
+    conditions = _conditions(clauses.define, var_index, schema, diag, over, tables, used)
+    measures = _measures(clauses.measures, var_index, schema, diag, over, tables, used)
     skip = _skip(clauses.skip or ast.Skip("PAST LAST ROW"), info, var_index, diag)
     _check_limits(clauses, timed, diag)
     if len(diag.errors) > before or clauses.emit is None:
@@ -230,12 +242,112 @@ def compile_rule(
         allow_unbounded=clauses.allow_unbounded,
         source=str(rule.span),
         lookups=tuple(sorted(used)),
+        over=tuple(over),
+    )
+
+
+# Clauses of pattern rules, by field: a window rule giving one is an error (docs/windows.md).
+_PATTERN_ONLY = {
+    "pattern": "PATTERN", "define": "DEFINE", "within": "WITHIN", "step_within": "STEP WITHIN",
+    "skip": "AFTER MATCH SKIP", "on_timeout": "ON TIMEOUT EMIT",
+    "allow_unbounded": "ALLOW UNBOUNDED", "max_partial_matches": "MAX PARTIAL MATCHES",
+}
+MAX_HOPS = 100  # windows an event of a HOPPING rule belongs to
+WINDOW_MEASURES = ("window_start", "window_end")
+
+
+def _window_rule(
+    rule: ast.RuleDecl,
+    clauses: ast.RuleClauses,
+    stream: N.StreamSpec,
+    schema: Schema | None,
+    key_field: str | None,
+    before: int,
+    diag: Diagnostics,
+) -> N.CompiledRule | None:
+    """A window rule (WINDOW, WHERE, HAVING, MEASURES over aggregates; docs/windows.md)."""
+    window = clauses.window
+    assert window is not None
+    given = dict(clauses.spans)
+    for name, keyword in _PATTERN_ONLY.items():
+        if name in given:
+            diag.error(
+                f"{keyword} belongs to pattern rules; this rule has a WINDOW",
+                given[name],
+                "a window rule filters with WHERE and alerts with HAVING"
+                if name in ("pattern", "define") else "remove it",
+            )
+    size = window.size.ms
+    advance = window.advance.ms if window.advance is not None else size
+    if size <= 0:
+        diag.error("a window size must be positive", window.size.span)
+    if window.advance is not None:
+        if advance <= 0:
+            diag.error("ADVANCE BY must be positive", window.advance.span)
+        elif advance > size:
+            diag.error("ADVANCE BY is longer than SIZE: some events would be in no window",
+                       window.advance.span, "advance by at most the size (equal: TUMBLING)")
+        elif size > 0 and -(-size // advance) > MAX_HOPS:
+            diag.error(f"each event would be in more than {MAX_HOPS} windows",
+                       window.advance.span, "use a larger ADVANCE BY")
+    where = None
+    if clauses.where is not None:
+        hint = "WHERE filters single events; thresholds over the window go in HAVING"
+        resolved = resolve(clauses.where, Scope({}, schema, None, no_aggs=hint), diag)
+        if resolved is not None and resolved[1] not in (BOOL, ANY):
+            diag.error(f"WHERE must be a condition, not a {resolved[1]}", clauses.where.span)
+        where = resolved[0] if resolved else None
+    aggs: list[N.AggSpec] = []
+    having = None
+    if clauses.having is not None:
+        resolved = resolve(clauses.having, Scope({}, schema, None, measure=True,
+                                                 window_aggs=aggs), diag)
+        if resolved is not None and resolved[1] not in (BOOL, ANY):
+            diag.error(f"HAVING must be a condition, not a {resolved[1]}", clauses.having.span)
+        having = resolved[0] if resolved else None
+    measures: list[tuple[str, Expr]] = []
+    for m in clauses.measures:
+        if m.name in WINDOW_MEASURES or any(name == m.name for name, _ in measures):
+            diag.error(f"measure {m.name!r} is defined twice", m.span,
+                       "window_start and window_end are in every window alert"
+                       if m.name in WINDOW_MEASURES else None)
+            continue
+        resolved = resolve(m.expr, Scope({}, schema, None, measure=True, window_aggs=aggs), diag)
+        if resolved is not None:
+            measures.append((m.name, resolved[0]))
+    if len(diag.errors) > before or clauses.emit is None:
+        return None
+    spec = N.WindowSpec(window.kind, size, advance, where, having, tuple(aggs))
+    # A one-state automaton stands in for the pattern (tools that show a rule's NFA): it tests
+    # WHERE; the runtime runs `spec` (cep.runtime.windows), never this.
+    stand_in = N.Nfa(("row",), (where,), (N.State(0, N.StateKind.STEP, 0, N.Conn.STRICT,
+                                                   (N.ACCEPT,)),), (0,),
+                     pattern=str(spec).splitlines()[0])
+    return N.CompiledRule(
+        id=rule.id,
+        version=1 if clauses.version is None else clauses.version,
+        title=rule.title,
+        description=clauses.description or "",
+        tags=clauses.tags,
+        severity=clauses.severity or "MEDIUM",
+        enabled=True if clauses.enabled is None else clauses.enabled,
+        stream=stream,
+        key_field=key_field,
+        nfa=stand_in,
+        skip=N.SkipStrategy(N.Skip.PAST_LAST_ROW),
+        measures=tuple(measures),
+        emit=_output(clauses.emit),
+        on_timeout=None,
+        max_partial_matches=None,
+        allow_unbounded=False,
+        source=str(rule.span),
+        window=spec,
     )
 
 
 _REQUIRED = {
     "stream": ("FROM", "FROM transactions"),
-    "pattern": ("PATTERN", "PATTERN (a b)"),
+    "pattern": ("PATTERN", "PATTERN (a b), or WINDOW TUMBLING (SIZE 5m) for a window rule"),
     "emit": ("EMIT", "EMIT 'alert-name' TO KAFKA 'alerts'"),
 }
 
@@ -251,6 +363,8 @@ def _clauses(rule: ast.RuleDecl, diag: Diagnostics) -> ast.RuleClauses:
             f"the first one is at line {first.span.line}",
         )
     for name, (keyword, example) in _REQUIRED.items():
+        if name == "pattern" and clauses.window is not None:
+            continue
         if getattr(clauses, name) is None:
             diag.error(f"rule {rule.id!r} has no {keyword} clause", rule.span, f"add {example}")
     return clauses
@@ -313,6 +427,7 @@ def _conditions(
     var_index: Mapping[str, int],
     schema: Schema | None,
     diag: Diagnostics,
+    over: list[N.OverSpec],
     tables: Tables | None = None,
     used: set[tuple[str, str]] | None = None,
 ) -> list[Expr | None]:
@@ -336,7 +451,8 @@ def _conditions(
             conditions.append(None)
             continue
         resolved = resolve(found.condition,
-                           Scope(var_index, schema, name, tables=tables, used=used), diag)
+                           Scope(var_index, schema, name, tables=tables, used=used,
+                                 over=over), diag)
         if resolved is not None and resolved[1] not in (BOOL, ANY):
             diag.error(f"DEFINE {name} must be a condition, not a {resolved[1]}",
                        found.condition.span)
@@ -349,6 +465,7 @@ def _measures(
     var_index: Mapping[str, int],
     schema: Schema | None,
     diag: Diagnostics,
+    over: list[N.OverSpec],
     tables: Tables | None = None,
     used: set[tuple[str, str]] | None = None,
 ) -> list[tuple[str, Expr]]:
@@ -359,7 +476,7 @@ def _measures(
             diag.error(f"measure {m.name!r} is defined twice", m.span)
             continue
         resolved = resolve(m.expr, Scope(var_index, schema, None, measure=True, tables=tables,
-                                         used=used), diag)
+                                         used=used, over=over), diag)
         if resolved is not None:
             measures.append((m.name, resolved[0]))
     return measures

@@ -29,7 +29,10 @@ def alert_record(engine: Engine, result: Match | Timeout) -> dict[str, Any]:
     rule = engine.rules[result.rule_id].meta
     kind = result.kind
     key = "" if result.key is None else str(result.key)
-    positions = [(e.ts, e.seq) for e in result.events]
+    positions: list[Any] = [(e.ts, e.seq) for e in result.events]
+    if getattr(rule, "window", None) is not None:
+        # A window alert has no events: its window identifies it (docs/windows.md).
+        positions = [("window", result.measures["window_start"], result.measures["window_end"])]
     record: dict[str, Any] = {
         "alert_id": alert_id(result.rule_id, result.version, key, kind, positions),
         "kind": kind,
@@ -56,6 +59,8 @@ def detected_at(engine: Engine, result: Match | Timeout) -> int:
     An absence without a deadline completes at the end of input: `last_ts` too."""
     if isinstance(result, Timeout):
         return result.deadline_ts
+    if getattr(engine.rules[result.rule_id].meta, "window", None) is not None:
+        return int(result.measures["window_end"])
     nfa = engine.rules[result.rule_id].meta.nfa
     if not nfa.has_absence:
         return result.last_ts

@@ -21,6 +21,7 @@ from cep.nfa import CompiledRule, RuleSet
 from cep.runtime import native
 from cep.runtime.engine import Engine, RuleRuntime, TableRuntime
 from cep.runtime.matcher import Matcher
+from cep.runtime.windows import OverMatcher, WindowRuleMatcher, python_matcher
 
 
 def rule_hash(rule: CompiledRule) -> str:
@@ -28,6 +29,10 @@ def rule_hash(rule: CompiledRule) -> str:
     text = f"{rule.version}|{rule.stream}|{rule.key_field}|{rule.skip}|{rule.nfa}|{rule.measures}"
     if rule.lookups:  # (kept out of the text otherwise: existing rules keep their hashes)
         text += f"|{rule.lookups}"
+    if rule.over:
+        text += f"|{rule.over}"
+    if rule.window is not None:
+        text += f"|{rule.window!r}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -40,11 +45,11 @@ def make_matcher(rule: CompiledRule, *, max_partial_matches: int | None = None,
         m = native.native_matcher(rule, max_partial_matches=max_partial_matches)
         if m is not None:
             return m
-    return Matcher(rule, max_partial_matches=max_partial_matches)
+    return python_matcher(rule, max_partial_matches=max_partial_matches)
 
 
 def matcher_kind(matcher: Any) -> str:
-    return "python" if isinstance(matcher, Matcher) else "native"
+    return "python" if isinstance(matcher, Matcher | OverMatcher | WindowRuleMatcher) else "native"
 
 
 def build_engine(ruleset: RuleSet, *, max_partial_matches: int | None = None,
@@ -53,7 +58,8 @@ def build_engine(ruleset: RuleSet, *, max_partial_matches: int | None = None,
     the Python matcher does that, so those rules run on it."""
     runtimes = [
         RuleRuntime(rule.id, rule.stream.name, rule.key_field or "", rule.stream.lateness_ms,
-                    Matcher(rule, max_partial_matches=max_partial_matches, near_misses=True)
+                    python_matcher(rule, max_partial_matches=max_partial_matches,
+                                   near_misses=True)
                     if near_misses else
                     make_matcher(rule, max_partial_matches=max_partial_matches,
                                  use_native=use_native),
