@@ -14,7 +14,9 @@ from cep.testing import run_suite
 ROOT = Path(__file__).resolve().parent.parent
 FRAUD = (ROOT / "rules" / "fraud.cep").as_posix()
 BUNDLED = {"card_testing", "velocity", "impossible_travel", "rise_then_drop", "spread_spike",
-           "rising_temperature", "missing_heartbeat", "hot_and_silent", "far_above_usual_abroad"}
+           "rising_temperature", "missing_heartbeat", "hot_and_silent", "far_above_usual_abroad",
+           "spend_far_above_usual", "failed_login_burst", "failed_login_spray",
+           "cnp_session_spree"}
 
 
 def write(tmp_path: Path, body: str, name: str = "case.yaml") -> Path:

@@ -307,10 +307,12 @@ def _window_rule(
         having = resolved[0] if resolved else None
     measures: list[tuple[str, Expr]] = []
     for m in clauses.measures:
-        if m.name in WINDOW_MEASURES or any(name == m.name for name, _ in measures):
-            diag.error(f"measure {m.name!r} is defined twice", m.span,
-                       "window_start and window_end are in every window alert"
-                       if m.name in WINDOW_MEASURES else None)
+        if m.name in WINDOW_MEASURES:
+            diag.error(f"measure {m.name!r} is already in every window alert", m.span,
+                       "window_start and window_end are the window's bounds; use another name")
+            continue
+        if any(name == m.name for name, _ in measures):
+            diag.error(f"measure {m.name!r} is defined twice", m.span)
             continue
         resolved = resolve(m.expr, Scope({}, schema, None, measure=True, window_aggs=aggs), diag)
         if resolved is not None:

@@ -379,6 +379,8 @@ class _Parser:
         measures = {m: self.measure_value(v, base) for m, v in self.mapping(item,
                                                                             "measures").items()}
         names = [m for m, _ in rule.measures]
+        if rule.window is not None:  # every window alert has its bounds (docs/windows.md)
+            names = ["window_start", "window_end", *names]
         for m in measures:
             if m not in names:
                 raise self.error(f"rule {rule_id!r} has no measure {m!r}",

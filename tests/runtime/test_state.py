@@ -32,8 +32,14 @@ def test_fraud_state_returns_to_empty_once_time_passes_every_deadline():
     ds, engine, store, last, peak_keys, peak_bytes = _run_without_end("fraud", 20_000, 200)
     assert peak_keys > 0
     # Event time moves on (e.g. other keys' events arrive) past the longest WITHIN (1 h) plus
-    # lateness: no partial match can complete any more, so nothing may be left.
+    # lateness: no partial match can complete any more, so no partial match may be left. What
+    # is left is the cards' 30-day windows of rules/history.cep's spend_far_above_usual
+    # (docs/windows.md: state bounded by the window), until the window has passed too.
     engine.advance(store, last + 2 * 3_600_000)
+    assert store.states and all(set(parts) == {"spend_far_above_usual"} and state[0] is None
+                                for buffer, parts in store.states.values()
+                                for _, state in parts.values())
+    engine.advance(store, last + 31 * 86_400_000)
     assert store.states == {} and len(store.wake) == 0
 
 
