@@ -339,14 +339,25 @@ class Agg(Expr):
 
 
 class Windowed(dict):  # type: ignore[type-arg]
-    """An event with the window values computed for it (`win`, by `WindowAgg` slot): a plain
-    dict of the user's fields everywhere else (JSON, `dict(e)`, equality)."""
+    """An event with the window values computed for it (`win`, by `WindowAgg` slot), and the
+    table rows looked up for it when it came as an `EventWithRows` (`rows`, read by `Lookup`):
+    a plain dict of the user's fields everywhere else (JSON, `dict(e)`, equality)."""
 
-    __slots__ = ("win",)
+    __slots__ = ("rows", "win")
 
     def __init__(self, data: Mapping[str, Any], win: tuple[Any, ...]) -> None:
         super().__init__(data)
         self.win = win
+        self.rows = getattr(data, "rows", None)
+
+    def __reduce__(self) -> Any:
+        return (_windowed, (dict(self), self.win, self.rows))
+
+
+def _windowed(data: dict[str, Any], win: tuple[Any, ...], rows: Any) -> Windowed:
+    event = Windowed(data, win)
+    event.rows = rows
+    return event
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,3 +170,37 @@ def test_over_state_is_bounded_by_the_window_and_released_when_it_expires():
     engine.ingest(store, [Event("s", late_ts, 0, {"ts": late_ts, "k": "b", "i": 0})], late_ts)
     engine.advance(store, late_ts + 1000)
     assert ("s:k", "a") not in store.states
+
+
+def test_over_and_a_table_lookup_in_one_rule(tmp_path):
+    """A rule reading a window and a table (docs/tables.md): the event carries both its window
+    values and its table rows, also after its state is pickled (the Spark store)."""
+    (tmp_path / "customers.jsonl").write_text('{"id": "c1", "home": "NL"}\n')
+    text = (
+        "STREAM tx (ts INT, card STRING, amount INT, country STRING) TIME BY ts;\n"
+        "TABLE customers (id STRING, home STRING) KEY id FROM FILE 'customers.jsonl';\n"
+        "RULE r FROM tx PARTITION BY card PATTERN (a b) "
+        "DEFINE b AS amount > 2 * AVG(amount) OVER 1h EXCLUDE CURRENT ROW "
+        "AND country <> customers[card].home "
+        "MEASURES customers[card].home AS home, AVG(amount) OVER 1h AS avg_incl, "
+        "SUM(amount) OVER 1h EXCLUDE CURRENT ROW AS before EMIT 'x';\n")
+    path = tmp_path / "r.cep"
+    path.write_text(text)
+    rules = compile_rules(text, str(path))
+    t0 = 1_767_225_600_000
+    rows = [(10, "NL"), (10, "NL"), (50, "NL"), (10, "NL"), (50, "FR"), (10, "FR")]
+    events = [{"ts": t0 + i * 60_000, "card": "c1", "amount": a, "country": c}
+              for i, (a, c) in enumerate(rows)]
+    got = []
+    for batch in (1, 4):
+        class Pickling(MemoryKeyStore):
+            def put(self, sk, state):  # type: ignore[no-untyped-def]
+                super().put(sk, pickle.loads(pickle.dumps(state)))
+        engine = build_embedded_engine(rules)
+        got.append([(m.first_ts, m.last_ts, m.measures) for m in run_embedded(
+            engine, [Event("tx", e["ts"], i, e) for i, e in enumerate(events)],
+            batch_size=batch, store=Pickling()) if isinstance(m, Match)])
+    # event 2 (50 > 2 x 10) is at home; event 4 (50 > 2 x 20 = the average of 10, 10, 50, 10)
+    # is abroad: one match (3, 4), as of event 4: avg with it (10+10+50+10+50)/5, sum before 80
+    assert got[0] == got[1] == [(t0 + 3 * 60_000, t0 + 4 * 60_000,
+                                 {"home": "NL", "avg_incl": 26.0, "before": 80})]
