@@ -31,14 +31,13 @@ SHARDS = 16
 DELAY = 5_000  # the bundled fraud rules' LATENESS (the watermark delay)
 
 
-def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0,
-                 rules: str = RULES) -> list[Any]:
+def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0) -> list[Any]:
     """The events (in time order) through the operator as a replay runs it: micro-batches of
     `batch` rows grouped by shard, the watermark trailing each batch's max event time by the
     delay, expired timers after the input, then the end-of-input marker. `dead`: bad rows mixed
     in (their dead-letter data must come out as `dead` rows)."""
     state = ShardState()
-    proc = op.CepProcessor(RulesEngineFactory.from_path(rules), output_rows, DELAY,
+    proc = op.CepProcessor(RulesEngineFactory.from_path(RULES), output_rows, DELAY,
                            end_of_input=max(e["ts"] for e in events))
     proc.init(Handle(state))  # type: ignore[arg-type]
     wm, top, rows = 0, None, []
@@ -95,12 +94,9 @@ def test_operator_alerts_equal_embedded_whatever_the_batching(engine_loop: str, 
 
     ds = GENERATORS["fraud"](n_events=600, n_keys=20, seed=11, inject=3)
     events = sorted(ds.events, key=lambda e: e["ts"])
-    # The native loop runs when every rule is native: rules/history.cep's windows are not
-    # (docs/windows.md), so it takes fraud.cep alone; the Python loop takes every bundled rule.
-    rules = RULES if engine_loop == "python" else f"{RULES}/fraud.cep"
-    want = sorted(a["alert_id"] for a in alerts_for(build_engine(load_rules_dir(rules)),
+    want = sorted(a["alert_id"] for a in alerts_for(build_engine(load_rules_dir(RULES)),
                                                     {"transactions": events}))
-    got = run_operator(events, batch, dead=3, rules=rules)
+    got = run_operator(events, batch, dead=3)
     assert want
     assert sorted(r.id for r in got if isinstance(r, AlertRow)) == want
     assert sum(r.info["events"] for r in got if isinstance(r, StatsRow)) == len(events)
