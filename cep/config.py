@@ -19,6 +19,10 @@ from cep.errors import ConfigError
 
 ENV_PREFIX = "CEP_"
 
+# The JVM's quick JIT only (C1): a job of a minute or two spends most of its time starting up and
+# planning its first batch, which the full JIT slows down. `cep demo` and the tests use it.
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -38,6 +42,10 @@ class Settings:
     # seconds, 1 s unless given), "processingTime:500ms", or "realTime:5s" (Spark's real-time
     # mode; Spark rejects it for this job's stateful Python operator: docs/spark-runtime.md).
     trigger: str = "default"
+    # Options for Spark's JVMs (driver and executors), e.g. "-XX:TieredStopAtLevel=1": the
+    # quick JIT only, which roughly halves the start-up and first micro-batch of a short job
+    # (tests, `cep demo`, a small replay) and costs a long-running job its peak speed.
+    java_options: str = ""
 
     def with_overrides(self, values: Mapping[str, Any]) -> Settings:
         """A copy with the given fields replaced; unknown keys and bad types are errors."""

@@ -88,6 +88,9 @@ def get_spark(
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.driver.memory", os.environ.get("CEP_DRIVER_MEMORY", "2g"))
     )
+    if settings.java_options:
+        builder = (builder.config("spark.driver.extraJavaOptions", settings.java_options)
+                   .config("spark.executor.extraJavaOptions", settings.java_options))
     if kafka:
         builder = builder.config("spark.jars", ",".join(kafka_jars()))
     if settings.spark_master.startswith("local"):

@@ -22,7 +22,14 @@ from tests.services import Kafka, Redis, free_port
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-from cep.config import Settings
+from cep.config import QUICK_JIT, Settings
+
+# Spark's JVMs in tests (ours and every `cep run` a test starts, which inherit the environment)
+# use the quick JIT only: a test's job lives a minute, and start-up plus the first micro-batch
+# are most of it (tests/test_live.py's exactly-once case, three runs each on a loaded machine:
+# 141-179 s -> 88-98 s).
+# `make bench` does not set it: long runs measure the JVM's default JIT.
+JAVA_OPTIONS = os.environ.setdefault("CEP_JAVA_OPTIONS", QUICK_JIT)
 
 # Profiles (tests/hyp.py scales each test's example count by the same name): `dev` for the inner
 # loop, `ci` for `make test`, `deep` for long runs. No example database in CI: a clean clone.
@@ -82,6 +89,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         spark_master="local[2]",
         shuffle_partitions=2,
         shards=8,
+        java_options=JAVA_OPTIONS,
         checkpoint_dir=str(tmp_path_factory.mktemp("checkpoints")),
     )
 

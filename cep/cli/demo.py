@@ -11,9 +11,10 @@ prints them (jobs/tail.py), so it lives with the commands, the one layer that us
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
-from cep.config import Settings
+from cep.config import QUICK_JIT, Settings
 from jobs.replay import InputSpec, run_replay
 from jobs.session import ROOT
 from jobs.tail import format_alert
@@ -23,6 +24,8 @@ STREAMS = ("transactions", "ticks", "machine_events")
 
 
 def run_demo(settings: Settings, out: str) -> int:
+    if not settings.java_options:  # a short job: the quick JIT halves it (docs/spark-runtime.md)
+        settings = replace(settings, java_options=QUICK_JIT)
     # One replay per stream: the samples cover different spans of time, and one replay shares
     # one watermark across its streams (see `cep replay --help`).
     alerts: list[dict] = []
