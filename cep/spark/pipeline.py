@@ -185,7 +185,7 @@ def tombstones_as_deletes(value: Any, stream: Any, plan: Plan) -> Any:
             continue
         types = dict(s.schema or ())
         key = F.col("key").cast("string")
-        if types.get(s.table_key) == "INT":
+        if types.get(s.table_key or "") == "INT":
             key = key.cast("long")
         delete = F.to_json(F.struct(key.alias(str(s.table_key)),
                                     F.unix_millis(F.col("timestamp")).alias(s.time_field),
