@@ -16,6 +16,7 @@ import argparse
 import json
 import platform
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "events_per_s": round(a.events / best[name])} for name in variants}
     result = {
         "bench": "windows",
-        "command": "python -m bench.windows " + " ".join(argv or []),
+        "command": "PYTHONPATH=. python -m bench.windows "
+                   + " ".join(sys.argv[1:] if argv is None else argv),
         "events": a.events, "keys": a.keys, "days": a.days, "repeat": a.repeat,
         "python": platform.python_version(), "machine": platform.machine(),
         "rows": rows,

@@ -171,9 +171,8 @@ class OverMatcher:
             return None, [[[], 0, 0, 0] for _ in self.overs]
         return state  # type: ignore[no-any-return]
 
-    def on_event(self, state: Any, event: Mapping[str, Any], ts: int, seq: Any = 0,
-                 key: Any = None) -> tuple[Any, list[Result]]:
-        inner, wins = self._unpack(state)
+    def _windowed(self, wins: list[Any], event: Mapping[str, Any], ts: int) -> Windowed:
+        """Add the event to each window; the event with the values as of it."""
         values = []
         for over, st in zip(self.overs, wins, strict=True):
             over.evict(st, ts)
@@ -183,8 +182,24 @@ class OverMatcher:
             else:
                 over.add(st, event, ts)
                 values.append(over.value(st))
-        inner, out = self.inner.on_event(inner, Windowed(event, tuple(values)), ts, seq, key)
+        return Windowed(event, tuple(values))
+
+    def on_event(self, state: Any, event: Mapping[str, Any], ts: int, seq: Any = 0,
+                 key: Any = None) -> tuple[Any, list[Result]]:
+        inner, wins = self._unpack(state)
+        inner, out = self.inner.on_event(inner, self._windowed(wins, event, ts), ts, seq, key)
         return self._pack(inner, wins), out
+
+    def on_events(self, state: Any, items: Sequence[tuple[int, Any, Mapping[str, Any]]],
+                  key: Any, out: list[Result]) -> Any:
+        """The engine's hot path: the window values of every event first (they do not depend
+        on the matcher), then the events through the matcher's own `on_events`, which fires
+        its deadlines before each event as `on_event` callers do."""
+        inner, wins = self._unpack(state)
+        windowed = self._windowed
+        fed = [(ts, seq, windowed(wins, data, ts)) for ts, seq, data in items]
+        inner = self.inner.on_events(inner, fed, key, out)
+        return self._pack(inner, wins)
 
     def on_time(self, state: Any, now: int, key: Any = None) -> tuple[Any, list[Result]]:
         if state is None:
