@@ -31,13 +31,14 @@ SHARDS = 16
 DELAY = 5_000  # the bundled fraud rules' LATENESS (the watermark delay)
 
 
-def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0) -> list[Any]:
+def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules: str = RULES,
+                 stream: str = "transactions", key_field: str = "card") -> list[Any]:
     """The events (in time order) through the operator as a replay runs it: micro-batches of
     `batch` rows grouped by shard, the watermark trailing each batch's max event time by the
     delay, expired timers after the input, then the end-of-input marker. `dead`: bad rows mixed
     in (their dead-letter data must come out as `dead` rows)."""
     state = ShardState()
-    proc = op.CepProcessor(RulesEngineFactory.from_path(RULES), output_rows, DELAY,
+    proc = op.CepProcessor(RulesEngineFactory.from_path(rules), output_rows, DELAY,
                            end_of_input=max(e["ts"] for e in events))
     proc.init(Handle(state))  # type: ignore[arg-type]
     wm, top, rows = 0, None, []
@@ -57,18 +58,18 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0) -> lis
                 call(shard, None)
 
     # Files have no source position: seq is left to the operator (a content hash, as embedded).
-    rows_in = [("transactions", e["ts"], None, json.dumps(e), e["card"]) for e in events]
+    rows_in = [(stream, e["ts"], None, json.dumps(e), e[key_field]) for e in events]
     for i in range(dead):  # bad input travelling with the events
         at = (i * 7919) % len(rows_in)
         rows_in.insert(at, (DEAD_STREAM, 0, None, json.dumps({"reason": f"bad {i}"}), ""))
     rows_in.append((EOF_STREAM, EOF_TS, None, "{}", ""))
     for i in range(0, len(rows_in), batch):
         by_shard: dict[int, list[tuple[Any, ...]]] = {}
-        for stream, ts, seq, data, key in rows_in[i:i + batch]:
+        for name, ts, seq, data, key in rows_in[i:i + batch]:
             shard = zlib.crc32(key.encode()) % SHARDS
             by_shard.setdefault(shard, []).append(
-                (shard, stream, ts, seq, data, "card", stream == "transactions"))
-            if stream != DEAD_STREAM:
+                (shard, name, ts, seq, data, key_field, name == stream))
+            if name != DEAD_STREAM:
                 top = ts if top is None else max(top, ts)
         for shard, items in sorted(by_shard.items()):
             call(shard, pd.DataFrame(items, columns=["shard", "stream", "ts", "seq", "data",
@@ -104,3 +105,20 @@ def test_operator_alerts_equal_embedded_whatever_the_batching(engine_loop: str, 
         "bad 0", "bad 1", "bad 2"]
     if engine_loop == "native":
         assert op._HELD  # the native loop held its shards' state between calls
+
+
+@pytest.mark.parametrize("batch", [50, 5_000])
+def test_window_rules_through_the_operator_equal_embedded(batch: int) -> None:
+    """rules/history.cep's tumbling and hopping window rules (docs/windows.md) through the
+    operator: windows close on Spark's timers as the watermark passes their ends, and the end
+    of input drops the windows it did not close, as in the embedded engine."""
+    from cep.runtime.alerts import AlertRow
+    from tests.windows_data import history
+
+    rules = "rules/history.cep"
+    events = sorted(history()["logins"], key=lambda e: e["ts"])
+    want = sorted(a["alert_id"] for a in alerts_for(build_engine(load_rules_dir(rules)),
+                                                    {"logins": events}))
+    got = run_operator(events, batch, rules=rules, stream="logins", key_field="ip")
+    assert len(want) > 10
+    assert sorted(r.id for r in got if isinstance(r, AlertRow)) == want
