@@ -19,10 +19,10 @@ setup-all:        ## + redis-server, kcat, graphviz (apt) and the Kafka/Spark ja
 demo: setup       ## replay the bundled sample streams through the bundled rules on Spark local mode
 	$(VENV)/bin/cep demo
 
-test: setup-all   ## the whole suite, with a real Kafka broker, Redis server and Spark
+test: setup-all   ## the whole suite, with a real Kafka broker, Redis server and Spark, on both cores
 	cd core && $(CORE_ENV) cargo clippy --locked --all-targets -- -D warnings
 	cd core && $(CORE_ENV) cargo test --locked
-	$(PY) -m pytest -q -m "not bench"
+	$(PY) -m pytest -q -m "not bench" -n 2 --dist worksteal
 
 core-check: setup ## the native core alone: clippy (warnings are errors), cargo test, differential test
 	cd core && $(CORE_ENV) cargo clippy --locked --all-targets -- -D warnings

@@ -116,3 +116,12 @@ def fraud_rules_dir(tmp_path: Path) -> Path:
     d.mkdir()
     shutil.copy(Path(__file__).resolve().parent.parent / "rules" / "fraud.cep", d / "fraud.cep")
     return d
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that start Spark or services first. `make test` runs on both cores (pytest-xdist,
+    `--dist worksteal`): a worker that runs out of tests takes half of the other's queue, so the
+    run ends early only if no minutes-long case starts last. Order does not change a result."""
+    def heavy(item: pytest.Item) -> bool:
+        return any(item.get_closest_marker(m) for m in ("services", "spark", "chaos"))
+    items.sort(key=lambda item: not heavy(item))
