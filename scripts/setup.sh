@@ -28,6 +28,12 @@ if (( all )); then
 fi
 
 need_java
+# The Maven jars download while pip and cargo work (network and CPU overlap); waited for below.
+jars_pid=""
+if (( all )); then
+  bash scripts/fetch-jars.sh &
+  jars_pid=$!
+fi
 command -v cargo >/dev/null || {
   echo "setup: cargo (Rust) is required to build the native core (core/): https://rustup.rs" >&2; exit 1; }
 stamp=.venv/.installed
@@ -48,6 +54,7 @@ if [[ -z $(compgen -G 'cep/_core*.so') || -n $(find core/src core/Cargo.toml cor
   .venv/bin/pip install -q --no-deps -e . >&2
   touch "$stamp"
 fi
-if (( all )); then
-  bash scripts/fetch-jars.sh
+if [[ -n $jars_pid ]] && ! wait "$jars_pid"; then
+  echo "setup: fetching the Maven jars failed (see above)" >&2
+  exit 1
 fi
