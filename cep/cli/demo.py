@@ -11,6 +11,7 @@ prints them (jobs/tail.py), so it lives with the commands, the one layer that us
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,9 +49,19 @@ def run_demo(settings: Settings, out: str) -> int:
     expected = sorted(
         (e["rule"], e["key"], e["first_ts"], e["last_ts"])
         for s in STREAMS for e in json.loads((EXAMPLES / f"{s}.expected.json").read_text()))
-    got = sorted((a["rule_id"], a["key"], a["first_ts"], a["last_ts"]) for a in alerts)
+    # The samples were made for some of the bundled rules (those in the .expected.json files):
+    # theirs must be exactly the injected patterns. Other bundled rules (a 30-day spend
+    # history, a table of customers) may also fire on them; they are listed, not judged here
+    # (their own cases are in rules/tests/).
+    injected = {e[0] for e in expected}
+    got = sorted((a["rule_id"], a["key"], a["first_ts"], a["last_ts"]) for a in alerts
+                 if a["rule_id"] in injected)
+    others = Counter(a["rule_id"] for a in alerts if a["rule_id"] not in injected)
     print()
     print(f"demo: {len(alerts)} alerts written to {out}/; the samples' injected "
           f"patterns were {len(expected)}: "
           + ("found exactly." if got == expected else "MISMATCH (see the alerts file)."))
+    if others:
+        print("demo: the samples were not made for " + ", ".join(
+            f"{rule} ({n} alert{'s' if n > 1 else ''})" for rule, n in sorted(others.items())))
     return 0 if got == expected else 1
