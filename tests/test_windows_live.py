@@ -1,0 +1,76 @@
+"""Window rules in `cep run` with real Kafka (docs/windows.md): rules/history.cep (a 30-day OVER
+rule and tumbling, hopping and session window rules) over three topics gives the alerts of the
+embedded engine, each exactly once; a window is emitted once the watermark passes its end."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from cep.compile import compile_rules
+from cep.delivery.kafka_sink import ensure_topics
+from cep.runtime.bind import build_engine
+from cep.runtime.embedded import alerts_for
+from tests.test_live import cep_run, kcat_produce, kcat_read, wait
+from tests.windows_data import history
+
+pytestmark = [pytest.mark.services, pytest.mark.spark]
+RULES = Path(__file__).resolve().parent.parent / "rules" / "history.cep"
+DAY = 86_400_000
+KEY_FIELD = {"transactions": "card", "logins": "ip", "payments": "card"}
+
+
+def _movers(streams: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """One harmless event a day after each stream's last, on a key of its own, so that the
+    watermark passes every window of the history (a live job has no end of input)."""
+    end = max(e["ts"] for events in streams.values() for e in events) + DAY
+    mover = {"transactions": {"ts": end, "card": "mover", "amount": 1.0, "merchant": "m",
+                              "country": "NL"},
+             "logins": {"ts": end, "ip": "mover", "user": "u", "outcome": "success"},
+             "payments": {"ts": end, "card": "mover", "amount": 1.0, "channel": "pos"}}
+    return {s: [*events, mover[s]] for s, events in streams.items()}
+
+
+def _view(a: dict) -> tuple:
+    return (a["rule_id"], a["key"], a["first_ts"], a["last_ts"],
+            json.dumps(a["measures"], sort_keys=True))
+
+
+def test_window_rules_in_cep_run_equal_the_embedded_engine(kafka_bootstrap, redis_url,
+                                                             tmp_path, topic):
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "history.cep").write_text(
+        re.sub(r"TO KAFKA '[^']*'", f"TO KAFKA '{topic}.alerts'", RULES.read_text()))
+    streams = _movers(history())
+    expected = sorted(_view(a) for a in alerts_for(
+        build_engine(compile_rules(RULES.read_text(), str(RULES))), streams, batch_size=500))
+    assert {e[0] for e in expected} == {"spend_far_above_usual", "failed_login_burst",
+                                        "failed_login_spray", "cnp_session_spree"}
+    args = ["--rules", str(rules), "--checkpoint", str(tmp_path / "ck"), "--once"]
+    for stream, events in streams.items():
+        # One partition per topic, everything in one batch: Spark keeps one watermark for all
+        # the job's partitions (docs/spark-runtime.md), and the streams interleave in time.
+        ensure_topics(kafka_bootstrap, [f"{topic}-{stream}"], partitions=1)
+        kcat_produce(kafka_bootstrap, f"{topic}-{stream}",
+                     [f"{e[KEY_FIELD[stream]]}\t{json.dumps(e)}\n" for e in events])
+        args += ["--topic", f"{stream}={topic}-{stream}"]
+    env = {"CEP_KAFKA_BOOTSTRAP": kafka_bootstrap, "CEP_REDIS_URL": redis_url,
+           "CEP_SHARDS": "8", "CEP_SHUFFLE_PARTITIONS": "2",
+           "CEP_DEAD_LETTER_TOPIC": f"{topic}-dlq", "CEP_LATE_TOPIC": f"{topic}-late"}
+    log = tmp_path / "run.log"
+    wait(cep_run(env, args, log), log)
+
+    alerts = kcat_read(kafka_bootstrap, f"{topic}.alerts")
+    assert sorted(_view(a) for a in alerts) == expected
+    ids = [a["alert_id"] for a in alerts]
+    assert len(ids) == len(set(ids))
+    burst = [a for a in alerts if a["rule_id"] == "failed_login_burst"]
+    for a in burst:  # a window rule's alert carries its bounds: a 5-minute tumbling window
+        m = a["measures"]
+        assert m["window_end"] - m["window_start"] == 5 * 60_000
+        assert m["failures"] > 100
+    assert kcat_read(kafka_bootstrap, f"{topic}-dlq") == []
