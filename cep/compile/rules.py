@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from cep import ast
 from cep import nfa as N
@@ -223,6 +224,24 @@ def compile_rule(
             "use smaller {n,m} bounds, or {n,} with a time limit",
         )
         return None
+    return _compiled(
+        rule, clauses, stream, key_field,
+        nfa=automaton,
+        skip=skip,
+        measures=tuple(measures),
+        on_timeout=_output(clauses.on_timeout) if clauses.on_timeout is not None else None,
+        max_partial_matches=clauses.max_partial_matches,
+        allow_unbounded=clauses.allow_unbounded,
+        lookups=tuple(sorted(used)),
+        over=tuple(over),
+    )
+
+
+def _compiled(rule: ast.RuleDecl, clauses: ast.RuleClauses, stream: N.StreamSpec,
+              key_field: str | None, **kind: Any) -> N.CompiledRule:
+    """A compiled rule: what every rule has (metadata, source, key, EMIT) and `kind`, what its
+    kind of rule adds (a pattern's automaton and skip; a window's spec)."""
+    assert clauses.emit is not None
     return N.CompiledRule(
         id=rule.id,
         version=1 if clauses.version is None else clauses.version,
@@ -233,16 +252,9 @@ def compile_rule(
         enabled=True if clauses.enabled is None else clauses.enabled,
         stream=stream,
         key_field=key_field,
-        nfa=automaton,
-        skip=skip,
-        measures=tuple(measures),
         emit=_output(clauses.emit),
-        on_timeout=_output(clauses.on_timeout) if clauses.on_timeout is not None else None,
-        max_partial_matches=clauses.max_partial_matches,
-        allow_unbounded=clauses.allow_unbounded,
         source=str(rule.span),
-        lookups=tuple(sorted(used)),
-        over=tuple(over),
+        **kind,
     )
 
 
@@ -325,24 +337,14 @@ def _window_rule(
     stand_in = N.Nfa(("row",), (where,), (N.State(0, N.StateKind.STEP, 0, N.Conn.STRICT,
                                                    (N.ACCEPT,)),), (0,),
                      pattern=str(spec).splitlines()[0])
-    return N.CompiledRule(
-        id=rule.id,
-        version=1 if clauses.version is None else clauses.version,
-        title=rule.title,
-        description=clauses.description or "",
-        tags=clauses.tags,
-        severity=clauses.severity or "MEDIUM",
-        enabled=True if clauses.enabled is None else clauses.enabled,
-        stream=stream,
-        key_field=key_field,
+    return _compiled(
+        rule, clauses, stream, key_field,
         nfa=stand_in,
         skip=N.SkipStrategy(N.Skip.PAST_LAST_ROW),
         measures=tuple(measures),
-        emit=_output(clauses.emit),
         on_timeout=None,
         max_partial_matches=None,
         allow_unbounded=False,
-        source=str(rule.span),
         window=spec,
     )
 
