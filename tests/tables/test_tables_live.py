@@ -33,7 +33,8 @@ def _profile(card: str, at: int, home: str, usual: float = 40.0) -> str:
     return f"{card}\t{json.dumps(row)}\n"
 
 
-def test_table_updated_while_cep_run_runs(kafka_bootstrap, redis_url, tmp_path, topic):
+def _job(kafka_bootstrap: str, redis_url: str, tmp_path: Path, topic: str):
+    """rules/customers.cep reading this test's topics, `cep run`'s environment, its log."""
     rules = tmp_path / "rules"
     rules.mkdir()
     text = (ROOT / "rules" / "customers.cep").read_text()
@@ -43,8 +44,12 @@ def test_table_updated_while_cep_run_runs(kafka_bootstrap, redis_url, tmp_path, 
     env = {"CEP_KAFKA_BOOTSTRAP": kafka_bootstrap, "CEP_REDIS_URL": redis_url,
            "CEP_SHARDS": "8", "CEP_SHUFFLE_PARTITIONS": "2",
            "CEP_DEAD_LETTER_TOPIC": f"{topic}-dlq", "CEP_LATE_TOPIC": f"{topic}-late"}
-    log = tmp_path / "run.log"
     ensure_topics(kafka_bootstrap, [f"{topic}-in", f"{topic}-customers"], partitions=2)
+    return rules, env, tmp_path / "run.log"
+
+
+def test_table_updated_while_cep_run_runs(kafka_bootstrap, redis_url, tmp_path, topic):
+    rules, env, log = _job(kafka_bootstrap, redis_url, tmp_path, topic)
     cards = [f"c{i}" for i in range(1, 6)]
     kcat_produce(kafka_bootstrap, f"{topic}-customers",
                  [_profile(c, T - 86_400_000, "NL") for c in cards])
@@ -103,17 +108,7 @@ def test_table_versions_survive_kill_9_and_restart(kafka_bootstrap, redis_url, t
     checkpointed state; or read again if the crash came before their batch committed) still
     govern the events, and an update read after the restart takes effect at its time; no alert
     is lost or duplicated."""
-    rules = tmp_path / "rules"
-    rules.mkdir()
-    text = (ROOT / "rules" / "customers.cep").read_text()
-    text = re.sub(r"TO KAFKA '[^']*'", f"TO KAFKA '{topic}.alerts'", text)
-    text = text.replace("FROM KAFKA 'customers'", f"FROM KAFKA '{topic}-customers'")
-    (rules / "customers.cep").write_text(text)
-    env = {"CEP_KAFKA_BOOTSTRAP": kafka_bootstrap, "CEP_REDIS_URL": redis_url,
-           "CEP_SHARDS": "8", "CEP_SHUFFLE_PARTITIONS": "2",
-           "CEP_DEAD_LETTER_TOPIC": f"{topic}-dlq", "CEP_LATE_TOPIC": f"{topic}-late"}
-    log = tmp_path / "run.log"
-    ensure_topics(kafka_bootstrap, [f"{topic}-in", f"{topic}-customers"], partitions=2)
+    rules, env, log = _job(kafka_bootstrap, redis_url, tmp_path, topic)
     cards = [f"c{i}" for i in range(1, 4)]
     kcat_produce(kafka_bootstrap, f"{topic}-customers",
                  [_profile(c, T - 86_400_000, "NL") for c in cards])
