@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import operator
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -635,7 +635,9 @@ class StrOp(Expr):
     operand: Expr
     arg: Expr
     negated: bool
-    regex: Any = None  # compiled re2 pattern for MATCHES with a literal pattern
+    # The compiled re2 pattern for MATCHES with a literal pattern: out of repr and equality
+    # (its repr holds an address; a rule's hash, cep.runtime.bind.rule_hash, is made of reprs).
+    regex: Any = field(default=None, repr=False, compare=False)
 
     def children(self) -> tuple[Expr, ...]:
         return (self.operand, self.arg)

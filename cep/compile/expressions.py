@@ -357,6 +357,11 @@ class _Resolver:
                 n.func in AGGREGATES or n.func in NAVIGATION or n.over is not None
             ):
                 raise self.fail(f"{n.func} cannot be nested inside {func}", n)
+            if isinstance(n, ast.Lookup):
+                raise self.fail(
+                    f"a table lookup cannot be inside {func} over a window", n,
+                    f"compare outside it, e.g. {func}(amount) OVER 30d > "
+                    f"{n.table}[{'.'.join(n.key.parts)}].{n.column}")
             return self.expr(n, walk)
 
         return walk(node)

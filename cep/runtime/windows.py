@@ -18,6 +18,7 @@ The Rust core runs neither: `cep.program.export_program` refuses such rules, so 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -136,7 +137,11 @@ class _Over:
             if not vals:
                 return None
             return min(vals) if func == "MIN" else max(vals)
-        return _value(func, self.star, (st[1], st[2], st[3]))
+        # The sum from the buckets' own sums (at most the window's bucket count), exactly
+        # rounded: a running total that subtracts evicted buckets keeps their rounding error
+        # (1e17 in, then out, wipes the small values beside it) for as long as the key is busy.
+        total = math.fsum(b[3] for b in st[0]) if func in ("SUM", "AVG") else st[3]
+        return _value(func, self.star, (st[1], st[2], total))
 
     def expiry(self, st: list[Any]) -> int | None:
         """When the newest bucket leaves the window (the state is empty from then on)."""
