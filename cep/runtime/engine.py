@@ -598,7 +598,12 @@ def _ts(item: Buffered | Version | int) -> int:
 
 
 def _key(value: Any) -> str:
-    return value if isinstance(value, str) else str(value)
+    """A table key as text; a whole float is its integer (5.0 looks up the row of key 5)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def run_embedded(engine: Engine, events: Iterable[Event], *, batch_size: int = 1,

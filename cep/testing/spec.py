@@ -148,10 +148,10 @@ class _Parser:
         self.rules = {r.id: r for r in ruleset.rules if r.enabled}
         self.streams = {s.name: s for s in ruleset.streams}
         self.tables = {t.name: t for t in ruleset.tables}
-        self.file_tables = self.table_rows(doc, DEFAULT_BASE_MS)
+        file_base = self.base(doc, DEFAULT_BASE_MS)
+        self.file_tables = self.table_rows(doc, file_base)  # times relative to the file's base
         file_scope = self.rule_list(doc, "rule", tuple(self.rules))
         file_stream = self.stream_name(doc, None)
-        file_base = self.base(doc, DEFAULT_BASE_MS)
         file_defaults = self.mapping(doc, "defaults")
         cases = doc.get("cases")
         if not isinstance(cases, YList) or not cases:

@@ -63,3 +63,42 @@ RULE r VERSION 1 FROM s PARTITION BY k PATTERN (x) DEFINE x AS {agg}
         compile_rules(text, "r.cep")
     message = str(info.value)
     assert "a table lookup cannot be inside" in message and "r.cep:" in message
+
+
+def test_file_level_table_rows_are_relative_to_the_files_base(tmp_path: Path) -> None:
+    (tmp_path / "r.cep").write_text(HEAD + """
+RULE far VERSION 1 FROM s PARTITION BY k PATTERN (x) DEFINE x AS amount > t[k].x
+  EMIT 'far' TO KAFKA 'a';
+""")
+    (tmp_path / "r.yaml").write_text("""rules: r.cep
+base: 2020-01-01T00:00:00Z
+tables:
+  t:
+    - {k: a, x: 10, at: -1d}
+cases:
+  - name: the row of a day before the base governs an event at +5m
+    events:
+      - {ts: +5m, k: a, amount: 50, outcome: ok}
+    expect:
+      - {rule: far, key: a, events: [0]}
+""")
+    proc = subprocess.run([sys.executable, "-m", "cep.cli", "test", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_whole_float_looks_up_an_int_key() -> None:
+    rules = compile_rules("""
+STREAM s (ts INT, acct FLOAT, amount FLOAT) TIME BY ts LATENESS 0s;
+TABLE t (id INT, x FLOAT, at INT) KEY id TIME BY at FROM KAFKA 't';
+RULE r VERSION 1 FROM s PARTITION BY acct PATTERN (x) DEFINE x AS amount > t[acct].x
+  EMIT 'r' TO KAFKA 'a';
+""", "r.cep")
+    from cep.runtime.engine import Event, MemoryKeyStore
+
+    engine = build_engine(rules)
+    store = MemoryKeyStore()
+    events = [Event("t", 1, 0, {"id": 5, "x": 10.0, "at": 1}, None),
+              Event("s", 2, 1, {"ts": 2, "acct": 5.0, "amount": 50.0}, None)]
+    out = engine.ingest(store, events, 2, end_of_input=2)
+    assert len(out.matches) == 1
