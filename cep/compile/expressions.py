@@ -212,6 +212,9 @@ class _Resolver:
 
     def lookup(self, node: ast.Lookup, row_only: bool = False) -> tuple[X.Expr, str]:
         """`table[field].column` / `table[v.field].column` (docs/tables.md)."""
+        if self.scope.window_aggs is not None or self.scope.no_aggs is not None:
+            raise self.fail("a window rule cannot read a table (not supported yet)", node,
+                            "read it in a pattern rule (PATTERN ... DEFINE), docs/windows.md")
         tables = self.scope.tables or {}
         if node.table not in tables:
             raise self.fail(

@@ -102,3 +102,14 @@ RULE r VERSION 1 FROM s PARTITION BY acct PATTERN (x) DEFINE x AS amount > t[acc
               Event("s", 2, 1, {"ts": 2, "acct": 5.0, "amount": 50.0}, None)]
     out = engine.ingest(store, events, 2, end_of_input=2)
     assert len(out.matches) == 1
+
+
+def test_a_window_rule_reading_a_table_says_it_is_not_supported() -> None:
+    text = HEAD + """
+RULE w VERSION 1 FROM s PARTITION BY k WINDOW TUMBLING (SIZE 5m)
+  WHERE amount > t[k].x HAVING COUNT(*) > 1 EMIT 'w' TO KAFKA 'a';
+"""
+    with pytest.raises(CompileErrors) as info:
+        compile_rules(text, "r.cep")
+    assert "a window rule cannot read a table" in str(info.value)
+    assert "unknown table" not in str(info.value)
