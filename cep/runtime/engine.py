@@ -451,7 +451,9 @@ class Engine:
         if not versions:
             return
         table = sk[0][len(TABLE_PREFIX):]
-        if table not in self.tables:  # the table left the rules: its versions go
+        if table not in self.tables or not self.table_groups.get(table):
+            # The table left the rules, or no enabled rule reads it: its versions go (else the
+            # key would stay, woken again at every call, with nothing to prune them).
             store.delete(sk)
             return
         keep_from = self._keep_from(table, keep)

@@ -113,3 +113,24 @@ RULE w VERSION 1 FROM s PARTITION BY k WINDOW TUMBLING (SIZE 5m)
         compile_rules(text, "r.cep")
     assert "a window rule cannot read a table" in str(info.value)
     assert "unknown table" not in str(info.value)
+
+
+def test_a_tables_versions_go_once_no_enabled_rule_reads_it() -> None:
+    from cep.runtime.engine import Event, MemoryKeyStore
+
+    rule = """
+RULE far VERSION 1 {state} FROM s PARTITION BY k PATTERN (x) DEFINE x AS amount > t[k].x
+  EMIT 'far' TO KAFKA 'a';
+"""
+    enabled = build_engine(compile_rules(HEAD + rule.format(state=""), "r.cep"))
+    disabled = build_engine(compile_rules(HEAD + rule.format(state="DISABLED"), "r.cep"))
+    store = MemoryKeyStore()
+    records = [Event("t", 10 * v + i, 3 * v + i, {"k": f"k{i}", "x": 1.0, "at": 10 * v + i}, None)
+               for v in range(3) for i in range(3)]
+    enabled.ingest(store, records, 0)
+    assert len(store.states) == 3
+    for t in range(100, 2000, 100):
+        disabled.ingest(store, [Event("s", t, 100 + t, {"ts": t, "k": "z", "amount": 1.0,
+                                                         "outcome": "ok"}, None)], t)
+    assert store.states == {}
+    assert len(store.wake) == 0
