@@ -22,9 +22,13 @@ _T = "\x00t"  # the time a static row is validated with (never kept)
 MAX_FILE_ROWS = 5_000_000
 
 
+def table_fields(spec: Any) -> tuple[tuple[str, Any], ...]:
+    """A table's columns as `EventSchema.fields`, with the delete marker (a BOOL)."""
+    return (*schema_fields(spec.fields), (DELETED, "BOOL"))
+
+
 def table_schema(spec: Any) -> EventSchema:
-    fields = schema_fields(spec.fields)
-    return EventSchema(spec.name, spec.time_field or _T, (spec.key,), fields)
+    return EventSchema(spec.name, spec.time_field or _T, (spec.key,), table_fields(spec))
 
 
 def conform_row(data: Any, spec: Any, schema: EventSchema | None = None,
@@ -34,9 +38,7 @@ def conform_row(data: Any, spec: Any, schema: EventSchema | None = None,
     if not isinstance(data, dict):
         return None, None, None, "a table record is a JSON object"
     schema = schema or table_schema(spec)
-    deleted = data.get(DELETED, False)
-    if not isinstance(deleted, bool):
-        return None, None, None, f"'{DELETED}' must be true or false"
+    deleted = data.get(DELETED) is True  # anything but true/false/null is rejected below
     if spec.time_field is None:
         data = {**data, _T: 0}
     row, ts, reason = conform(data, schema)

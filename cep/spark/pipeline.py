@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from cep.events import MAX_BYTES, EventSchema, schema_fields, validate_text
 from cep.nfa import RuleSet, StreamSpec
 from cep.runtime.engine import EOF_TS
+from cep.tables import table_fields
 
 EOF_STREAM = "__end_of_input__"
 # A bad event travelling with the good ones (the live job's one query): the operator passes it
@@ -107,7 +108,7 @@ def table_plans(ruleset: RuleSet) -> tuple[StreamPlan, ...]:
         if t.name not in routes or t.time_field is None:
             continue
         out.append(StreamPlan(t.name, t.time_field, 0, tuple(routes[t.name]),
-                              schema_fields(t.fields), table_key=t.key, topic=t.source))
+                              table_fields(t), table_key=t.key, topic=t.source))
     return tuple(out)
 
 

@@ -3,6 +3,7 @@ that showed it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,25 @@ RULE far VERSION 1 {state} FROM s PARTITION BY k PATTERN (x) DEFINE x AS amount 
                                                          "outcome": "ok"}, None)], t)
     assert store.states == {}
     assert len(store.wake) == 0
+
+
+def test_a_table_records_delete_marker_is_checked_the_same_on_spark() -> None:
+    """Spark's plan validates table records with the table's schema, `_deleted` (BOOL)
+    included, as the embedded engine does: `"_deleted": "yes"` is a dead letter on both."""
+    from cep.events import EventSchema, validate_text
+    from cep.spark.pipeline import table_plans
+    from cep.tables import conform_row
+
+    rules = compile_rules(HEAD + """
+RULE far VERSION 1 FROM s PARTITION BY k PATTERN (x) DEFINE x AS amount > t[k].x
+  EMIT 'far' TO KAFKA 'a';
+""", "r.cep")
+    (plan,) = table_plans(rules)
+    schema = EventSchema(plan.name, plan.time_field, (plan.table_key,), plan.schema)
+    bad = {"k": "a", "x": 1.0, "at": 5, "_deleted": "yes"}
+    spark_reason = validate_text(json.dumps(bad), schema)[3]
+    embedded_reason = conform_row(bad, rules.tables[0])[3]
+    assert spark_reason is not None and spark_reason == embedded_reason
+    good = {"k": "a", "at": 5, "_deleted": True}
+    assert validate_text(json.dumps(good), schema)[3] is None
+    assert conform_row(good, rules.tables[0])[2] is None  # a delete
