@@ -7,8 +7,9 @@ Both give the same results (tests/core/test_native_differential.py).
 
 `build_embedded_engine` goes one step further for the embedded mode (`run_embedded`,
 `alerts_for`, `cep test`): when every enabled rule runs on the native matcher, the engine loop
-runs in the core too (`cep.runtime.native_engine.NativeEngine`, stage 2 of issue 13); else it is
-`build_engine`'s. `build_engine` stays the Python loop: the Spark operator stores its key states
+runs in the core too (`cep.runtime.native_engine.NativeEngine`, stage 2 of issue 13); when only
+some do, those run on the core's loop and the others on the Python loop, side by side
+(`cep.runtime.mixed.MixedEngine`); else it is `build_engine`'s. `build_engine` stays the Python loop: the Spark operator stores its key states
 through a `KeyStore`, which the native engine does not use yet.
 """
 
@@ -76,34 +77,50 @@ def table_runtimes(ruleset: RuleSet) -> list[TableRuntime]:
 
 
 def build_embedded_engine(ruleset: RuleSet, *, max_partial_matches: int | None = None,
-                          use_native: bool | None = None) -> Any:
+                          use_native: bool | None = None, mixed: bool = True) -> Any:
     """The native engine (`NativeEngine`) when the core is built, wanted (`CEP_ENGINE` is not
-    `python`) and runs every enabled rule; else `build_engine(...)`. Both have `ingest`,
-    `advance`, `next_wake` and `rules`, and work with `run_embedded` and a `MemoryKeyStore`."""
+    `python`) and runs every enabled rule; when it runs some of them (and `mixed`), a
+    `cep.runtime.mixed.MixedEngine` (those rules on the native loop, the others on the Python
+    one); else `build_engine(...)`. All have `ingest`, `advance`, `next_wake` and `rules`, and
+    work with `run_embedded` and a `MemoryKeyStore`."""
     if use_native is None:
         use_native = native.wanted()
     if use_native and native.available():
         rules = [rule for rule in ruleset.rules if rule.enabled]
         programs = [native.native_program(rule) for rule in rules]
-        if all(p is not None for p in programs):
-            from cep.runtime.native_engine import NativeEngine
-
+        if rules and any(p is not None for p in programs):
             runtimes = [
                 RuleRuntime(rule.id, rule.stream.name, rule.key_field or "",
                             rule.stream.lateness_ms,
                             make_matcher(rule, max_partial_matches=max_partial_matches,
                                          use_native=True),
-                            meta=rule, content_hash=rule_hash(rule))
+                            meta=rule, content_hash=rule_hash(rule), lookups=rule.lookups)
                 for rule in rules
             ]
-            return NativeEngine(runtimes, programs,  # type: ignore[arg-type]
-                                max_partial_matches=max_partial_matches)
+            if all(p is not None for p in programs):
+                from cep.runtime.native_engine import NativeEngine
+
+                return NativeEngine(runtimes, programs,  # type: ignore[arg-type]
+                                    max_partial_matches=max_partial_matches)
+            if mixed:
+                from cep.runtime.mixed import MixedEngine
+
+                return MixedEngine(runtimes,
+                                   {r.rule_id: p for r, p in zip(runtimes, programs, strict=True)
+                                    if p is not None},
+                                   table_runtimes(ruleset),
+                                   max_partial_matches=max_partial_matches)
     return build_engine(ruleset, max_partial_matches=max_partial_matches, use_native=use_native)
 
 
 def engine_kind(engine: Any) -> str:
-    """"native" for the engine loop in the core, "python" for `cep.runtime.engine.Engine`."""
-    return "python" if isinstance(engine, Engine) else "native"
+    """"native" for the engine loop in the core, "python" for `cep.runtime.engine.Engine`,
+    "mixed" for `cep.runtime.mixed.MixedEngine` (both loops, each with its rules)."""
+    if isinstance(engine, Engine):
+        return "python"
+    from cep.runtime.mixed import MixedEngine
+
+    return "mixed" if isinstance(engine, MixedEngine) else "native"
 
 
 def matcher_report(ruleset: RuleSet) -> list[tuple[str, str, str | None]]:

@@ -51,6 +51,11 @@ class CepProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.engine = _cached_engine(self.engine_factory)
+        if engine_kind(self.engine) == "mixed":
+            # Native and Python-only rules: the live operator keeps one engine loop's key
+            # states, so a mixed rule set runs on the Python loop here (each rule still on
+            # its native matcher where it has one; docs/native-core.md).
+            self.engine = self.engine.single_loop()
         # The job's metrics show each rule's live partial matches (the console's Rules view).
         self.engine.track_partials = True
         # The two engines keep differently shaped state, under different names: a rules change
