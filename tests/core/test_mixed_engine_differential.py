@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from cep.compile import CompileErrors, compile_rules
 from cep.runtime.bind import build_embedded_engine, build_engine, engine_kind
-from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, group_rules
+from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, group_rules, run_embedded
 from cep.runtime.native import why_not_native
 from tests.core.test_native_engine_differential import (
     NESTED_DEFINES,
@@ -187,3 +187,46 @@ def test_bundled_rules_run_mixed() -> None:
         <= set(engine.native.rules)
     assert {"far_above_usual_abroad", "spend_far_above_usual", "failed_login_burst"} \
         <= set(engine.python.rules)
+
+
+def test_bundled_rules_mixed_equals_python() -> None:
+    """All of rules/ (native fraud rules beside the table and window rules on the same cards)
+    over 40 days of generated history (tests/windows_data.py) with versions of the customers
+    table and some events displaced beyond the lateness (late reports for rules of both loops):
+    the same results and late reports as the Python engine, at several batch sizes."""
+    from cep.engines import RulesEngineFactory
+    from tests.windows_data import history
+
+    ruleset = RulesEngineFactory.from_path("rules").ruleset()
+    mixed = build_embedded_engine(ruleset)
+    assert engine_kind(mixed) == "mixed"
+    python = build_engine(ruleset, use_native=False)
+    rnd = random.Random(11)
+    events: list[Event] = []
+    for stream, dicts in history().items():
+        events += [Event(stream, d["ts"], i, d) for i, d in enumerate(dicts)]
+    start, end = min(e.ts for e in events), max(e.ts for e in events)
+    for i in range(40):  # profiles: a usual spend and a home, changing over time
+        t = rnd.randint(start, end)
+        events.append(Event("customers", t, 100_000 + i, {
+            "card": f"card-{rnd.randrange(12):02d}", "home_country": rnd.choice(("NL", "FR")),
+            "avg_amount": rnd.choice((5.0, 20.0)), "updated": t}))
+    # some events an hour late (LATENESS is seconds), a tenth of the charges
+    events.sort(key=lambda e: e.ts + (3_600_000 if rnd.random() < (
+        0.1 if e.stream == "transactions" else 0.03) else 0))
+
+    def results(engine, batch):  # type: ignore[no-untyped-def]
+        late: list = []
+        got = sorted(repr(_result(r)) for r in run_embedded(engine, events, batch_size=batch,
+                                                             late=late))
+        return got, [(lt.rule_ids, lt.key, lt.event.ts, lt.event.seq, lt.watermark)
+                     for lt in late]
+
+    both = False
+    for batch in (1, 50, 5_000):
+        want = results(python, batch)
+        assert want[0] and want[1], "alerts and late events"
+        both = both or any({i in mixed.native.rules for i in ids} == {True, False}
+                           for ids, *_ in want[1])
+        assert results(mixed, batch) == want, batch
+    assert both, "a late event for rules of both loops"
