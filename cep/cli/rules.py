@@ -87,7 +87,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"{path}: error: no rule {args.rule!r}", file=sys.stderr)
         return 1
     if args.format == "table" and not args.svg:
+        from cep.compile import merge_rulesets
+        from cep.runtime.bind import engine_summary
+
         print("\n\n".join(r.explain() for r in rules))
+        chosen = merge_rulesets(sets.values())
+        if args.rule is not None:
+            chosen = type(chosen)(tuple(r for r in chosen.rules if r.id == args.rule),
+                                  chosen.streams, chosen.tables)
+        # The embedded engine (run, cep test, replay): native, mixed or Python loop.
+        print("\n" + "\n".join(engine_summary(chosen)))
         return 0
     dot = "\n".join(r.nfa.to_dot(r.id) for r in rules)
     if args.svg:

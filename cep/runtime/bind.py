@@ -132,3 +132,27 @@ def matcher_report(ruleset: RuleSet) -> list[tuple[str, str, str | None]]:
         why = native.why_not_native(rule) if native.wanted() else "CEP_ENGINE=python"
         out.append((rule.id, "python" if why else "native", why))
     return out
+
+
+def engine_plan(ruleset: RuleSet) -> tuple[str, list[tuple[str, str, str | None]]]:
+    """Which engine loop `build_embedded_engine` runs these rules on ("native", "mixed" or
+    "python", as `engine_kind` names it, without building it) and `matcher_report`'s lines."""
+    report = matcher_report(ruleset)
+    kinds = {kind for _, kind, _ in report}
+    if not report or not native.available() or not native.wanted() or kinds == {"python"}:
+        return "python", report
+    return ("native" if kinds == {"native"} else "mixed"), report
+
+
+def engine_summary(ruleset: RuleSet) -> list[str]:
+    """`cep explain`'s lines on the engine loop: which rules run where, and why not native."""
+    kind, report = engine_plan(ruleset)
+    n_native = sum(1 for _, k, _ in report if k == "native")
+    head = {"native": f"engine: native — all {len(report)} rules on the native engine loop",
+            "mixed": f"engine: mixed — {n_native} rules on the native engine loop, "
+                     f"{len(report) - n_native} on the Python loop beside it",
+            "python": f"engine: python — all {len(report)} rules on the Python engine loop"}[kind]
+    lines = [head]
+    for rule_id, k, why in report:
+        lines.append(f"  {rule_id}: {k}" + (f" ({why})" if why else ""))
+    return lines

@@ -230,3 +230,19 @@ def test_bundled_rules_mixed_equals_python() -> None:
                            for ids, *_ in want[1])
         assert results(mixed, batch) == want, batch
     assert both, "a late event for rules of both loops"
+
+
+def test_explain_names_the_engine_loop(capsys) -> None:  # type: ignore[no-untyped-def]
+    """`cep explain` says which loop runs the rules, as `build_embedded_engine` builds it."""
+    from cep.cli import main
+    from cep.engines import RulesEngineFactory
+    from cep.runtime.bind import engine_plan
+
+    for path, kind in (("rules", "mixed"), ("rules/fraud.cep", "native"),
+                       ("rules/history.cep", "python")):
+        ruleset = RulesEngineFactory.from_path(path).ruleset()
+        assert engine_plan(ruleset)[0] == engine_kind(build_embedded_engine(ruleset)) == kind
+        assert main(["explain", path]) == 0
+        out = capsys.readouterr().out
+        assert f"\nengine: {kind} — " in out
+    assert "  spend_far_above_usual: python (OVER window aggregates" in out
