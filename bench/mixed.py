@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import time
 
+from bench.workloads import ROOT, dataset
 from cep.engines import RulesEngineFactory
 from cep.runtime.bind import build_embedded_engine, build_engine, engine_kind
 from cep.runtime.engine import events_from_dicts, run_embedded
-from bench.workloads import ROOT, dataset
 
 
 def main() -> None:

@@ -9,8 +9,9 @@ Both give the same results (tests/core/test_native_differential.py).
 `alerts_for`, `cep test`): when every enabled rule runs on the native matcher, the engine loop
 runs in the core too (`cep.runtime.native_engine.NativeEngine`, stage 2 of issue 13); when only
 some do, those run on the core's loop and the others on the Python loop, side by side
-(`cep.runtime.mixed.MixedEngine`); else it is `build_engine`'s. `build_engine` stays the Python loop: the Spark operator stores its key states
-through a `KeyStore`, which the native engine does not use yet.
+(`cep.runtime.mixed.MixedEngine`); else it is `build_engine`'s. The live Spark operator runs
+the native loop (all rules native) or the Python loop (`MixedEngine.single_loop` for a mixed
+rule set): docs/native-core.md.
 """
 
 from __future__ import annotations

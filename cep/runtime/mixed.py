@@ -156,10 +156,10 @@ class MixedEngine:
         out: list[LateEvent] = []
         rank = self.rank
         for ev in events:
-            slot = pending.get(id(ev))
-            if slot is None:
+            found = pending.get(id(ev))
+            if found is None:
                 continue
-            got = [side.pop(0) for side in slot if side]
+            got = [side.pop(0) for side in found if side]
             if not got:
                 continue
             if len(got) == 1:

@@ -55,7 +55,7 @@ class CepProcessor(StatefulProcessor):
             # Native and Python-only rules: the live operator keeps one engine loop's key
             # states, so a mixed rule set runs on the Python loop here (each rule still on
             # its native matcher where it has one; docs/native-core.md).
-            self.engine = self.engine.single_loop()
+            self.engine = self.engine.single_loop()  # type: ignore[attr-defined]
         # The job's metrics show each rule's live partial matches (the console's Rules view).
         self.engine.track_partials = True
         # The two engines keep differently shaped state, under different names: a rules change
