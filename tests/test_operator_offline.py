@@ -122,3 +122,28 @@ def test_window_rules_through_the_operator_equal_embedded(batch: int) -> None:
     got = run_operator(events, batch, rules=rules, stream="logins", key_field="ip")
     assert len(want) > 10
     assert sorted(r.id for r in got if isinstance(r, AlertRow)) == want
+
+
+@pytest.mark.parametrize("batch", [37, 10_000])
+def test_mixed_rule_set_through_the_operator_equals_embedded(batch: int) -> None:
+    """All of rules/ (native fraud rules beside table and window rules on the same cards: a
+    mixed rule set, `cep.runtime.mixed.MixedEngine` embedded) through the operator, which runs
+    a mixed rule set on the Python loop (`MixedEngine.single_loop`, docs/native-core.md): the
+    same alerts as the embedded mixed engine."""
+    from cep.runtime.alerts import AlertRow
+    from cep.runtime.bind import build_embedded_engine, engine_kind
+
+    op._ENGINES.clear()
+    ds = GENERATORS["fraud"](n_events=600, n_keys=20, seed=11, inject=3)
+    events = sorted(ds.events, key=lambda e: e["ts"])
+    embedded = build_embedded_engine(load_rules_dir("rules"))
+    assert engine_kind(embedded) == "mixed"
+    want = sorted(a["alert_id"] for a in alerts_for(embedded, {"transactions": events}))
+    assert want == sorted(a["alert_id"] for a in alerts_for(build_engine(load_rules_dir("rules")),
+                                                            {"transactions": events}))
+    got = run_operator(events, batch, rules="rules")
+    assert want
+    assert sorted(r.id for r in got if isinstance(r, AlertRow)) == want
+    engine = op._cached_engine(RulesEngineFactory.from_path("rules"))
+    assert engine_kind(engine) == "mixed"
+    assert engine_kind(engine.single_loop()) == "python"  # what the operator ran
