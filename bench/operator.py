@@ -57,20 +57,24 @@ class _Map:
 
 
 class _Value:
-    def __init__(self, s: ShardState) -> None:
+    """One named ValueState (the operator's names differ per store: a mixed rule set's
+    operator holds two, `shard` and `nshard`)."""
+
+    def __init__(self, s: ShardState, name: str = "") -> None:
         self.s = s
+        self.name = name
 
     def get(self) -> Any:
-        return self.s.values.get(self.s.at)
+        return self.s.values.get((self.name, self.s.at))
 
     def update(self, v: Any) -> None:
-        self.s.values[self.s.at] = v
+        self.s.values[(self.name, self.s.at)] = v
 
     def exists(self) -> bool:
-        return self.s.at in self.s.values
+        return (self.name, self.s.at) in self.s.values
 
     def clear(self) -> None:
-        self.s.values.pop(self.s.at, None)
+        self.s.values.pop((self.name, self.s.at), None)
 
 
 class _List:
@@ -97,8 +101,8 @@ class Handle:
     def getMapState(self, *args: Any) -> _Map:  # noqa: N802
         return _Map(self.s)
 
-    def getValueState(self, *args: Any) -> _Value:  # noqa: N802
-        return _Value(self.s)
+    def getValueState(self, name: str = "", *args: Any) -> _Value:  # noqa: N802
+        return _Value(self.s, name)
 
     def getListState(self, *args: Any) -> _List:  # noqa: N802
         return _List(self.s)

@@ -127,13 +127,16 @@ def test_window_rules_through_the_operator_equal_embedded(batch: int) -> None:
 @pytest.mark.parametrize("batch", [37, 10_000])
 def test_mixed_rule_set_through_the_operator_equals_embedded(batch: int) -> None:
     """All of rules/ (native fraud rules beside table and window rules on the same cards: a
-    mixed rule set, `cep.runtime.mixed.MixedEngine` embedded) through the operator, which runs
-    a mixed rule set on the Python loop (`MixedEngine.single_loop`, docs/native-core.md): the
-    same alerts as the embedded mixed engine."""
+    mixed rule set, `cep.runtime.mixed.MixedEngine`) through the operator, which keeps the
+    native loop's key states in a `NativeShardStore` and the Python loop's in a
+    `MapStateKeyStore` (`MixedShardStore`), one timer per shard at the earlier wake: the same
+    alerts as the embedded engine, whatever the batching."""
     from cep.runtime.alerts import AlertRow
     from cep.runtime.bind import build_embedded_engine, engine_kind
+    from cep.runtime.mixed import MixedShardStore
 
     op._ENGINES.clear()
+    op._HELD.clear()
     ds = GENERATORS["fraud"](n_events=600, n_keys=20, seed=11, inject=3)
     events = sorted(ds.events, key=lambda e: e["ts"])
     embedded = build_embedded_engine(load_rules_dir("rules"))
@@ -145,5 +148,7 @@ def test_mixed_rule_set_through_the_operator_equals_embedded(batch: int) -> None
     assert want
     assert sorted(r.id for r in got if isinstance(r, AlertRow)) == want
     engine = op._cached_engine(RulesEngineFactory.from_path("rules"))
-    assert engine_kind(engine) == "mixed"
-    assert engine_kind(engine.single_loop()) == "python"  # what the operator ran
+    assert engine_kind(engine) == "mixed" and op._HELD  # the native part's shards were held
+    proc = op.CepProcessor(RulesEngineFactory.from_path("rules"), output_rows, DELAY)
+    proc.init(Handle(ShardState()))  # type: ignore[arg-type]
+    assert isinstance(proc.store, MixedShardStore)

@@ -10,8 +10,7 @@ Both give the same results (tests/core/test_native_differential.py).
 runs in the core too (`cep.runtime.native_engine.NativeEngine`, stage 2 of issue 13); when only
 some do, those run on the core's loop and the others on the Python loop, side by side
 (`cep.runtime.mixed.MixedEngine`); else it is `build_engine`'s. The live Spark operator runs
-the native loop (all rules native) or the Python loop (`MixedEngine.single_loop` for a mixed
-rule set): docs/native-core.md.
+whichever it returns, with a key store to match (docs/native-core.md).
 """
 
 from __future__ import annotations

@@ -16,13 +16,14 @@ How the two parts are kept equal to one engine:
   reports its first late group first; the two reports of one event are merged into one.
 - Matches: the same multiset; within one call the native part's come first (the single engine
   orders them by state key). Nothing downstream depends on that order: `cep test` and replay
-  sort the alerts, the live operator keeps the Python loop for mixed rule sets.
+  sort the alerts, the live operator's output is a set of rows per call.
 - `keys_touched` / `keys_released` / `keys_reset` are the sums of the parts: a key of a split
   group counts once per part. `live_keys` / `keys` count a key once.
 - `next_wake`: the earlier of the parts'.
 
 Key states: the Python part's in the caller's `MemoryKeyStore` (`store.states`, `store.wake`),
-the native part's in a `MemoryKeyStore` of its own kept on the caller's.
+the native part's in a `MemoryKeyStore` of its own kept on the caller's; in the live Spark
+operator, a `MixedShardStore` (a `NativeShardStore` and a `MapStateKeyStore`).
 """
 
 from __future__ import annotations
@@ -66,8 +67,6 @@ class MixedEngine:
         if not native_programs or len(native_programs) == len(runtimes):
             raise ValueError("a mixed engine needs native rules and Python-only rules")
         self.rules = {r.rule_id: r for r in runtimes}
-        self.all_runtimes = tuple(runtimes)
-        self.table_runtimes = tuple(tables)
         self.rank = rule_rank(runtimes)
         ordered = sorted(runtimes, key=lambda r: self.rank[r.rule_id])
         native = [r for r in ordered if r.rule_id in native_programs]
@@ -75,7 +74,6 @@ class MixedEngine:
                                    max_partial_matches=max_partial_matches)
         self.python = Engine([r for r in ordered if r.rule_id not in native_programs], tables)
         self.tables = self.python.tables  # versioned tables: run_embedded keeps them out of time
-        self._single: Engine | None = None
 
     @property
     def track_partials(self) -> bool:
@@ -86,14 +84,13 @@ class MixedEngine:
         self.python.track_partials = on
         self.native.track_partials = on
 
-    def single_loop(self) -> Engine:
-        """The same rules on one Python engine loop (each rule on the matcher it has here):
-        for the live Spark operator, which keeps one loop's key states (docs/native-core.md)."""
-        if self._single is None:
-            self._single = Engine(self.all_runtimes, self.table_runtimes)
-        return self._single
-
     # -- the stores ------------------------------------------------------------------------
+    def _parts(self, store: KeyStore) -> tuple[Any, KeyStore]:
+        """(the native part's store, the Python part's store)."""
+        if isinstance(store, MixedShardStore):
+            return store.native, store.python
+        return self.native_store(store), store
+
     def native_store(self, store: KeyStore) -> MemoryKeyStore:
         if not isinstance(store, MemoryKeyStore):
             raise TypeError("the mixed engine keeps its key states in a MemoryKeyStore "
@@ -123,9 +120,9 @@ class MixedEngine:
         tables = self.tables
         plain = [ev for ev in events if ev.stream not in tables] if tables and events \
             else events
-        a = self.native.ingest(self.native_store(store), plain, max_ts,
-                               end_of_input=end_of_input)
-        b = self.python.ingest(store, events, max_ts, end_of_input=end_of_input)
+        nstore, pstore = self._parts(store)
+        a = self.native.ingest(nstore, plain, max_ts, end_of_input=end_of_input)
+        b = self.python.ingest(pstore, events, max_ts, end_of_input=end_of_input)
         a.matches.extend(b.matches)
         if b.partial_matches:
             a.partial_matches.update(b.partial_matches)
@@ -139,8 +136,9 @@ class MixedEngine:
         return self.ingest(store, [], max_ts, end_of_input=end_of_input)
 
     def next_wake(self, store: KeyStore) -> int | None:
-        a = self.native.next_wake(self.native_store(store))
-        b = self.python.next_wake(store)
+        nstore, pstore = self._parts(store)
+        a = self.native.next_wake(nstore)
+        b = self.python.next_wake(pstore)
         return b if a is None else a if b is None else min(a, b)
 
     def _merge_late(self, events: list[Event], a: list[LateEvent], b: list[LateEvent],
@@ -171,4 +169,35 @@ class MixedEngine:
         return out
 
 
-__all__ = ["MixedEngine", "rule_rank"]
+class MixedShardStore:
+    """The live Spark operator's key store for a mixed rule set: the native loop's key states
+    in a `cep.runtime.state_store.NativeShardStore` (`native`), the Python loop's in a
+    `MapStateKeyStore` (`python`), each under its own state names, as the operator keeps them
+    for an all-native or an all-Python rule set."""
+
+    def __init__(self, native: Any, python: Any) -> None:
+        self.native = native
+        self.python = python
+
+    def flush(self) -> None:
+        self.native.flush()
+        self.python.flush()
+
+    @property
+    def writes(self) -> int:
+        return int(self.native.writes + self.python.writes)
+
+    @writes.setter
+    def writes(self, value: int) -> None:  # the operator resets the counts after each call
+        self.native.writes = self.python.writes = value
+
+    @property
+    def reads(self) -> int:
+        return int(self.native.reads + self.python.reads)
+
+    @reads.setter
+    def reads(self, value: int) -> None:
+        self.native.reads = self.python.reads = value
+
+
+__all__ = ["MixedEngine", "MixedShardStore", "rule_rank"]

@@ -51,21 +51,28 @@ class CepProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.engine = _cached_engine(self.engine_factory)
-        if engine_kind(self.engine) == "mixed":
-            # Native and Python-only rules: the live operator keeps one engine loop's key
-            # states, so a mixed rule set runs on the Python loop here (each rule still on
-            # its native matcher where it has one; docs/native-core.md).
-            self.engine = self.engine.single_loop()  # type: ignore[attr-defined]
         # The job's metrics show each rule's live partial matches (the console's Rules view).
         self.engine.track_partials = True
         # The two engines keep differently shaped state, under different names: a rules change
         # that moves the job from one engine loop to the other starts the keys afresh
         # (docs/spark-runtime.md).
-        self.native = engine_kind(self.engine) == "native"
+        # A mixed rule set (`cep.runtime.mixed.MixedEngine`: native rules on the native loop,
+        # the others on the Python loop) keeps both, each under its own names.
+        kind = engine_kind(self.engine)
+        self.native = kind == "native"
+        self.mixed = kind == "mixed"
         if self.native:
             self.store: Any = NativeShardStore(
                 handle.getListState("nlog", _BLOB_SCHEMA),
                 handle.getValueState("nshard", _BLOB_SCHEMA), _HELD)
+        elif self.mixed:
+            from cep.runtime.mixed import MixedShardStore
+
+            self.store = MixedShardStore(
+                NativeShardStore(handle.getListState("nlog", _BLOB_SCHEMA),
+                                 handle.getValueState("nshard", _BLOB_SCHEMA), _HELD),
+                MapStateKeyStore(handle.getMapState("buckets", _BUCKET_SCHEMA, _BLOB_SCHEMA),
+                                 handle.getValueState("shard", _BLOB_SCHEMA)))
         else:
             self.store = MapStateKeyStore(
                 handle.getMapState("buckets", _BUCKET_SCHEMA, _BLOB_SCHEMA),
@@ -75,6 +82,8 @@ class CepProcessor(StatefulProcessor):
     def _begin(self, key: Any) -> None:
         if self.native:
             self.store.begin(tuple(key), self.engine)
+        elif self.mixed:
+            self.store.native.begin(tuple(key), self.engine.native)  # type: ignore[attr-defined]
 
     def _max_ts(self, timer_values: Any) -> int:
         wm = int(timer_values.getCurrentWatermarkInMs())
@@ -162,6 +171,8 @@ class CepProcessor(StatefulProcessor):
     def _abandon(self) -> None:
         if self.native:
             self.store.abandon()
+        elif self.mixed:
+            self.store.native.abandon()
 
     def _run(self, events: Any, timer_values: Any) -> Output:
         """`events`: a list of `Event`s (Python loop) or an Arrow batch (native loop)."""
@@ -207,10 +218,11 @@ class CepProcessor(StatefulProcessor):
         partials = getattr(out, "partial_matches", None)
         if partials:  # per rule, the change over this call (jobs/metrics.py)
             stats["partial_matches"] = partials
-        if self.native:
-            stats["state_reloads"] = self.store.reloads
-            stats["state_compactions"] = self.store.compactions
-            self.store.reloads = self.store.compactions = 0
+        if self.native or self.mixed:
+            nstore = self.store.native if self.mixed else self.store
+            stats["state_reloads"] = nstore.reloads
+            stats["state_compactions"] = nstore.compactions
+            nstore.reloads = nstore.compactions = 0
         self.store.writes = self.store.reads = 0
         rows.append(("stats", "", "", "", json.dumps(stats)))
         # From an object array: about half the cost of pandas' own row-tuple path, paid on
