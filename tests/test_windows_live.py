@@ -1,6 +1,9 @@
 """Window rules in `cep run` with real Kafka (docs/windows.md): rules/history.cep (a 30-day OVER
-rule and tumbling, hopping and session window rules) over three topics gives the alerts of the
-embedded engine, each exactly once; a window is emitted once the watermark passes its end."""
+rule and tumbling, hopping and session window rules) beside rules/fraud.cep over three topics
+gives the alerts of the Python engine, each exactly once; a window is emitted once the
+watermark passes its end. The two files make a mixed rule set (the fraud rules on the native
+loop, the window rules on the Python loop, both on `transactions`: cep/runtime/mixed.py), so
+this is also the live operator's mixed store in a real job."""
 
 from __future__ import annotations
 
@@ -10,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from cep.compile import compile_rules
+from cep.compile import compile_rules, merge_rulesets
 from cep.delivery.kafka_sink import ensure_topics
-from cep.runtime.bind import build_engine
+from cep.runtime.bind import build_embedded_engine, build_engine, engine_kind
 from cep.runtime.embedded import alerts_for
 from tests.test_live import cep_run, kcat_produce, kcat_read, wait
 from tests.windows_data import history
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 RULES = Path(__file__).resolve().parent.parent / "rules" / "history.cep"
+FRAUD = RULES.parent / "fraud.cep"
 DAY = 86_400_000
 KEY_FIELD = {"transactions": "card", "logins": "ip", "payments": "card"}
 
@@ -43,13 +47,23 @@ def test_window_rules_in_cep_run_equal_the_embedded_engine(kafka_bootstrap, redi
                                                              tmp_path, topic):
     rules = tmp_path / "rules"
     rules.mkdir()
-    (rules / "history.cep").write_text(
-        re.sub(r"TO KAFKA '[^']*'", f"TO KAFKA '{topic}.alerts'", RULES.read_text()))
-    streams = _movers(history())
-    expected = sorted(_view(a) for a in alerts_for(
-        build_engine(compile_rules(RULES.read_text(), str(RULES))), streams, batch_size=500))
+    for path in (RULES, FRAUD):
+        (rules / path.name).write_text(
+            re.sub(r"TO KAFKA '[^']*'", f"TO KAFKA '{topic}.alerts'", path.read_text()))
+    ruleset = merge_rulesets(compile_rules(p.read_text(), str(p)) for p in (RULES, FRAUD))
+    assert engine_kind(build_embedded_engine(ruleset)) == "mixed"
+    streams = history()
+    start = min(e["ts"] for e in streams["transactions"]) + 10 * DAY
+    # Five charges within a minute on one card: fraud.cep's velocity rule, on the native loop.
+    streams["transactions"] = sorted(
+        [*streams["transactions"], *({"ts": start + i * 5_000 + 1, "card": "fast", "amount": 20.0,
+                                      "merchant": "m", "country": "NL"} for i in range(5))],
+        key=lambda e: e["ts"])
+    streams = _movers(streams)
+    expected = sorted(_view(a) for a in alerts_for(build_engine(ruleset), streams,
+                                                   batch_size=500))
     assert {e[0] for e in expected} == {"spend_far_above_usual", "failed_login_burst",
-                                        "failed_login_spray", "cnp_session_spree"}
+                                        "failed_login_spray", "cnp_session_spree", "velocity"}
     args = ["--rules", str(rules), "--checkpoint", str(tmp_path / "ck"), "--once"]
     for stream, events in streams.items():
         # One partition per topic, everything in one batch: Spark keeps one watermark for all
