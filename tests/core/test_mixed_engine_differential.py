@@ -30,7 +30,6 @@ import random
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from cep.compile import CompileErrors, compile_rules
 from cep.runtime.bind import build_embedded_engine, build_engine, engine_kind
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, group_rules, run_embedded
 from cep.runtime.native import why_not_native
@@ -39,6 +38,7 @@ from tests.core.test_native_engine_differential import (
     NESTED_MEASURES,
     _result,
     _value,
+    compile_valid,
     make_events,
     streams,
 )
@@ -88,17 +88,6 @@ def mixed_ruleset(draw: st.DrawFn) -> tuple[str, list[str]]:
         rules.append((draw(st.integers(0, 9)), template.format(i=i, s=stream)))
     rules.sort(key=lambda pr: pr[0])
     return text, [r for _, r in rules]
-
-
-def compile_valid(header: str, rules: list[str]):  # type: ignore[no-untyped-def]
-    valid = []
-    for rule in rules:
-        try:
-            compile_rules(header + rule, "p.cep")
-        except CompileErrors:
-            continue
-        valid.append(rule)
-    return compile_rules(header + "\n".join(valid), "p.cep") if valid else None
 
 
 def with_table_records(events: list[Event], seed: int) -> list[Event]:
