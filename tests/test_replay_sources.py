@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _replay(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     spark_log = Path(args[args.index("--out") + 1]).with_suffix(".spark.log")
-    proc = subprocess.run([sys.executable, "-m", "cep.cli", "replay", "--rules", "rules",
+    proc = subprocess.run([sys.executable, "-m", "cep.cli", "replay", "--rules", "rules/fraud.cep",
                            "--no-progress", "--shards", "8", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**__import__("os").environ, "CEP_SPARK_LOG": str(spark_log),
