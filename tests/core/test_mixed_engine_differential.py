@@ -40,6 +40,7 @@ from tests.core.test_native_engine_differential import (
     _value,
     compile_valid,
     make_events,
+    stream_header,
     streams,
 )
 from tests.hyp import examples
@@ -68,11 +69,7 @@ PYTHON_ONLY = (
 
 @st.composite
 def mixed_ruleset(draw: st.DrawFn) -> tuple[str, list[str]]:
-    two = draw(st.booleans())
-    lat = [draw(st.sampled_from((0, 2, 5))) for _ in range(2)]
-    text = f"STREAM s TIME BY ts LATENESS {lat[0]}ms;\n"
-    if two:
-        text += f"STREAM s2 TIME BY ts LATENESS {lat[1]}ms;\n"
+    two, text = draw(stream_header())
     text += TABLE
     rules: list[tuple[int, str]] = []  # (position, text): native and Python rules interleave
     for i in range(draw(st.integers(0, 3))):

@@ -66,13 +66,20 @@ BATCHES = (1, 2, 3, 7, 10_000)
 
 
 @st.composite
-def ruleset_text(draw: st.DrawFn) -> tuple[str, list[str]]:
-    """The stream declarations and 1-3 rules."""
+def stream_header(draw: st.DrawFn) -> tuple[bool, str]:
+    """One or two streams (s, s2), each with its own lateness: (two?, declarations)."""
     two = draw(st.booleans())
     lat = [draw(st.sampled_from((0, 2, 5))) for _ in range(2)]
     text = f"STREAM s TIME BY ts LATENESS {lat[0]}ms;\n"
     if two:
         text += f"STREAM s2 TIME BY ts LATENESS {lat[1]}ms;\n"
+    return two, text
+
+
+@st.composite
+def ruleset_text(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """The stream declarations and 1-3 rules."""
+    two, text = draw(stream_header())
     rules = []
     for i in range(draw(st.integers(1, 3))):
         rule = draw(rule_statement(NESTED_DEFINES, rule_id=f"r{i}", emit=f"m{i}",
