@@ -16,7 +16,7 @@ FRAUD = (ROOT / "rules" / "fraud.cep").as_posix()
 BUNDLED = {"card_testing", "velocity", "impossible_travel", "rise_then_drop", "spread_spike",
            "rising_temperature", "missing_heartbeat", "hot_and_silent", "far_above_usual_abroad",
            "spend_far_above_usual", "failed_login_burst", "failed_login_spray",
-           "cnp_session_spree"}
+           "cnp_session_spree", "over_own_limit", "failures_over_allowance"}
 
 
 def write(tmp_path: Path, body: str, name: str = "case.yaml") -> Path:

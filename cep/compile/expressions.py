@@ -78,6 +78,9 @@ class Scope:
     window_aggs: list[N.AggSpec] | None = None
     # Set in a window rule's WHERE: aggregates are not allowed (this says where they go).
     no_aggs: str | None = None
+    # A window rule's partition key field, in its HAVING/MEASURES: the one field a table
+    # lookup may be keyed by there (the window's key; its row as of the window's last event).
+    window_key: str | None = None
 
 
 def _type_name(typ: object) -> str:
@@ -212,9 +215,15 @@ class _Resolver:
 
     def lookup(self, node: ast.Lookup, row_only: bool = False) -> tuple[X.Expr, str]:
         """`table[field].column` / `table[v.field].column` (docs/tables.md)."""
-        if self.scope.window_aggs is not None or self.scope.no_aggs is not None:
-            raise self.fail("a window rule cannot read a table (not supported yet)", node,
-                            "read it in a pattern rule (PATTERN ... DEFINE), docs/windows.md")
+        if self.scope.window_aggs is not None and (
+                len(node.key.parts) != 1 or node.key.parts[0] != self.scope.window_key
+                or node.key.path):
+            key = self.scope.window_key
+            raise self.fail(
+                "in HAVING and MEASURES a table is read by the window's key"
+                + (f" ({key})" if key else " (the rule has no PARTITION BY)"), node.key,
+                f"write {node.table}[{key}].{node.column}, or read other rows in WHERE"
+                if key else "read the table in WHERE (per event)")
         tables = self.scope.tables or {}
         if node.table not in tables:
             raise self.fail(

@@ -187,7 +187,7 @@ def compile_rule(
         return None
     stream, schema, key_field = source
     if clauses.window is not None:
-        return _window_rule(rule, clauses, stream, schema, key_field, before, diag)
+        return _window_rule(rule, clauses, stream, schema, key_field, before, diag, tables)
     for name in ("where", "having"):
         if getattr(clauses, name) is not None:
             diag.error(
@@ -276,8 +276,11 @@ def _window_rule(
     key_field: str | None,
     before: int,
     diag: Diagnostics,
+    tables: Tables | None = None,
 ) -> N.CompiledRule | None:
-    """A window rule (WINDOW, WHERE, HAVING, MEASURES over aggregates; docs/windows.md)."""
+    """A window rule (WINDOW, WHERE, HAVING, MEASURES over aggregates; docs/windows.md).
+    WHERE reads tables as of each event; HAVING and MEASURES by the window's key, as of the
+    window's last event (docs/windows.md, "Tables in window rules")."""
     window = clauses.window
     assert window is not None
     given = dict(clauses.spans)
@@ -302,18 +305,21 @@ def _window_rule(
         elif size > 0 and -(-size // advance) > MAX_HOPS:
             diag.error(f"each event would be in more than {MAX_HOPS} windows",
                        window.advance.span, "use a larger ADVANCE BY")
+    used: set[tuple[str, str]] = set()
     where = None
     if clauses.where is not None:
         hint = "WHERE filters single events; thresholds over the window go in HAVING"
-        resolved = resolve(clauses.where, Scope({}, schema, None, no_aggs=hint), diag)
+        resolved = resolve(clauses.where, Scope({}, schema, None, no_aggs=hint, tables=tables,
+                                                used=used), diag)
         if resolved is not None and resolved[1] not in (BOOL, ANY):
             diag.error(f"WHERE must be a condition, not a {resolved[1]}", clauses.where.span)
         where = resolved[0] if resolved else None
     aggs: list[N.AggSpec] = []
     having = None
     if clauses.having is not None:
-        resolved = resolve(clauses.having, Scope({}, schema, None, measure=True,
-                                                 window_aggs=aggs), diag)
+        resolved = resolve(clauses.having, Scope({}, schema, None, measure=True, tables=tables,
+                                                 used=used, window_aggs=aggs,
+                                                 window_key=key_field), diag)
         if resolved is not None and resolved[1] not in (BOOL, ANY):
             diag.error(f"HAVING must be a condition, not a {resolved[1]}", clauses.having.span)
         having = resolved[0] if resolved else None
@@ -326,7 +332,9 @@ def _window_rule(
         if any(name == m.name for name, _ in measures):
             diag.error(f"measure {m.name!r} is defined twice", m.span)
             continue
-        resolved = resolve(m.expr, Scope({}, schema, None, measure=True, window_aggs=aggs), diag)
+        resolved = resolve(m.expr, Scope({}, schema, None, measure=True, tables=tables,
+                                         used=used, window_aggs=aggs, window_key=key_field),
+                           diag)
         if resolved is not None:
             measures.append((m.name, resolved[0]))
     if len(diag.errors) > before or clauses.emit is None:
@@ -346,6 +354,7 @@ def _window_rule(
         max_partial_matches=None,
         allow_unbounded=False,
         window=spec,
+        lookups=tuple(sorted(used)),
     )
 
 

@@ -245,7 +245,9 @@ class OverMatcher:
 
 class WindowRuleMatcher:
     """A window rule. State: None, or a list of open windows ordered by (end, start), each
-    [start, end, first_ts, last_ts, accumulators...] (one accumulator per aggregate)."""
+    [start, end, first_ts, last_ts, accumulators..., rows] (one accumulator per aggregate;
+    `rows` only when the rule reads a table: the table rows of the window's last event, which
+    its HAVING and MEASURES read, docs/windows.md "Tables in window rules")."""
 
     def __init__(self, rule: CompiledRule) -> None:
         spec = rule.window
@@ -260,6 +262,7 @@ class WindowRuleMatcher:
         self.having = having
         self.aggs = [(a.func, a.row is None, _row(a)) for a in spec.aggs]
         self.measures = tuple((name, e.bind()) for name, e in rule.measures)
+        self.rows_at = 4 + len(self.aggs) if rule.lookups else None  # the `rows` slot
         self.stats = _Stats()
 
     def initial(self) -> Any:
@@ -280,7 +283,10 @@ class WindowRuleMatcher:
         return list(range(first, last + 1, a))
 
     def _open(self, start: int, end: int, ts: int) -> list[Any]:
-        return [start, end, ts, ts, *(_acc() for _ in self.aggs)]
+        win = [start, end, ts, ts, *(_acc() for _ in self.aggs)]
+        if self.rows_at is not None:
+            win.append(None)
+        return win
 
     def on_event(self, state: Any, event: Mapping[str, Any], ts: int, seq: Any = 0,
                  key: Any = None) -> tuple[Any, list[Result]]:
@@ -308,8 +314,12 @@ class WindowRuleMatcher:
                 targets.append(win)
             wins.sort(key=lambda w: (w[1], w[0]))
         values = [None if row is None else row(event) for _, _, row in self.aggs]
+        at = self.rows_at
+        rows = getattr(event, "rows", None) if at is not None else None
         for win in targets:
             win[3] = ts
+            if at is not None:
+                win[at] = rows
             for i, (func, _, _) in enumerate(self.aggs):
                 _add(win[4 + i], func, values[i])
         return wins, []
@@ -330,6 +340,8 @@ class WindowRuleMatcher:
         values = tuple(_value(func, star, win[4 + i])
                        for i, (func, star, _) in enumerate(self.aggs))
         row = Windowed({}, values)
+        if self.rows_at is not None:
+            row.rows = win[self.rows_at]
         if self.having is not None and self.having(row, ()) is not True:
             return
         measures = {"window_start": win[0], "window_end": win[1]}

@@ -31,6 +31,15 @@ RULE risky_merchant FROM transactions PARTITION BY card
   PATTERN (x) DEFINE x AS merchants[merchant].risk >= 8
   MEASURES merchants[merchant].risk AS risk
   EMIT 'risky-merchant';
+
+-- a window rule reading both (docs/windows.md, "Tables in window rules"): WHERE the broadcast
+-- one per event, HAVING and MEASURES the card's row as of the window's last event
+RULE heavy_risky_spend FROM transactions PARTITION BY card
+  WINDOW TUMBLING (SIZE 10m)
+  WHERE merchants[merchant].risk >= 3
+  HAVING SUM(amount) > 10 * customers[card].avg_amount
+  MEASURES SUM(amount) AS spent, customers[card].avg_amount AS usual
+  EMIT 'heavy-risky-spend';
 """
 
 
@@ -105,6 +114,11 @@ def test_replay_equals_embedded_whatever_the_read_order(spark, settings, tmp_pat
     risky = [w for w in want if w[0] == "risky_merchant"]
     assert risky and all(w[2][0] >= T + 25 * MIN for w in risky)
     assert [w for w in want if w[0] == "risky_merchant" and json.loads(w[3])["risk"] == 9]
+    # windows over the risky merchants' charges: c2's usual spend rises to 1000 at +20m, so
+    # none of its windows from then on reaches 10x it
+    heavy = [json.loads(w[3]) | {"key": w[1]} for w in want if w[0] == "heavy_risky_spend"]
+    assert heavy and all(h["spent"] > 10 * h["usual"] for h in heavy)
+    assert not [h for h in heavy if h["key"] == "c2" and h["window_start"] >= T + 20 * MIN]
 
     d = tmp_path
     _write(d / "tx" / "all.jsonl", tx)
