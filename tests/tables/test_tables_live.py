@@ -1,7 +1,8 @@
 """`cep run` with a table (docs/tables.md), real Kafka (the test fixtures' broker): kcat
-produces the table's changelog and the events; the table is updated while the job runs; the
-alerts before and after the update carry the row versions of their events' times; nothing is
-lost or duplicated; a Kafka tombstone deletes a row from its record's timestamp."""
+produces the table's changelog and the events; the table and the rule are updated while the
+job runs; the alerts before and after the updates carry the row versions of their events'
+times and the rule version in force; nothing is lost or duplicated; a Kafka tombstone deletes
+a row from its record's timestamp."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from cep.compile import compile_rules
 from cep.delivery.kafka_sink import ensure_topics
+from cep.runtime.bind import rule_hash
 from tests.test_live import _wait_for, cep_run, kcat_produce, kcat_read
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
@@ -63,6 +66,16 @@ def test_table_updated_while_cep_run_runs(kafka_bootstrap, redis_url, tmp_path, 
     try:
         _wait_for(lambda: len(kcat_read(kafka_bootstrap, f"{topic}.alerts")) >= len(cards),
                   "part 1's alerts", log)
+        # While the job runs, the rule too: version 2 alerts from 4x the usual spend (was 5x).
+        path = rules / "customers.cep"
+        v2 = path.read_text().replace("VERSION 1", "VERSION 2").replace(
+            "amount > 5 * customers", "amount > 4 * customers")
+        assert v2.count("VERSION 2") == 1 and "4 * customers" in v2
+        path.write_text(v2)
+        (new_rule,) = compile_rules(v2, str(path)).rules
+        metrics = tmp_path / "ck" / "metrics.json"
+        _wait_for(lambda: metrics.exists() and json.loads(metrics.read_text()).get("rules", {})
+                  .get(new_rule.id) == rule_hash(new_rule), "version 2 in force", log)
         # While the job runs: c1 moves to France, c2's usual spend becomes 1000 (both from
         # +1h), and a bad record (no key) goes to the dead letters.
         kcat_produce(kafka_bootstrap, f"{topic}-customers",
@@ -73,6 +86,7 @@ def test_table_updated_while_cep_run_runs(kafka_bootstrap, redis_url, tmp_path, 
                  _tx(T + 120 * MIN + 1000, "c1", "NL"),      # abroad now: alert, home FR
                  _tx(T + 120 * MIN + 2000, "c2", "FR"),      # 300 < 5 x 1000: no alert
                  _tx(T + 120 * MIN + 3000, "c3", "FR"),      # unchanged: alert, home NL
+                 _tx(T + 121 * MIN, "c3", "FR", 180.0),      # 4.5x: an alert of version 2
                  _tx(T + 125 * MIN, "c4", "FR")]             # see c4's update below
         # c5's profile is deleted by a Kafka tombstone (null value) with event time +100m.
         producer = Producer({"bootstrap.servers": kafka_bootstrap})
@@ -85,16 +99,19 @@ def test_table_updated_while_cep_run_runs(kafka_bootstrap, redis_url, tmp_path, 
         kcat_produce(kafka_bootstrap, f"{topic}-customers", [_profile("c4", T + 124 * MIN,
                                                                       "FR")])
         kcat_produce(kafka_bootstrap, f"{topic}-in", [_tx(T + 180 * MIN, "nobody", "FR")])
-        _wait_for(lambda: len(kcat_read(kafka_bootstrap, f"{topic}.alerts")) >= len(cards) + 2
+        _wait_for(lambda: len(kcat_read(kafka_bootstrap, f"{topic}.alerts")) >= len(cards) + 3
                   and kcat_read(kafka_bootstrap, f"{topic}-dlq"), "part 2's alerts", log)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
     alerts = kcat_read(kafka_bootstrap, f"{topic}.alerts")
-    got = sorted((a["key"], a["first_ts"], a["measures"]["home"]) for a in alerts)
-    want = sorted([(c, T + i * 1000, "NL") for i, c in enumerate(cards)]
-                  + [("c1", T + 120 * MIN + 1000, "FR"), ("c3", T + 120 * MIN + 3000, "NL")])
+    got = sorted((a["key"], a["first_ts"], a["measures"]["home"], a["rule_version"])
+                 for a in alerts)
+    want = sorted([(c, T + i * 1000, "NL", 1) for i, c in enumerate(cards)]
+                  + [("c1", T + 120 * MIN + 1000, "FR", 2), ("c3", T + 120 * MIN + 3000, "NL", 2),
+                     ("c3", T + 121 * MIN, "NL", 2)])
     assert got == want
+    assert {a["rule_hash"] for a in alerts if a["rule_version"] == 2} == {rule_hash(new_rule)}
     ids = [a["alert_id"] for a in alerts]
     assert len(ids) == len(set(ids))
     dead = kcat_read(kafka_bootstrap, f"{topic}-dlq")
