@@ -37,6 +37,7 @@ def render(res: dict[str, Any], plots: list[str]) -> str:
             "patterns, as (rule, card, first ts, last ts)):", ""]
     out += alert_rows(res)
     out += _embedded(res, plots) + _spark(res, plots) + _flink(res) + _state(res, plots)
+    out += _section(res, "tables", _tables_md) + _section(res, "windows", _windows_md)
     out += _percolator(res, plots) + _section(res, "mokaccino", _mokaccino_md)
     out += _section(res, "lucene", _lucene_md) + _section(res, "corpus", _corpus_md)
     out += _section(res, "latency", _latency_md)
@@ -181,6 +182,16 @@ def _section(res: dict[str, Any], name: str, md: Callable[[dict[str, Any]], str]
     return ["", md(section).rstrip()] if section else []
 
 
+def _tables_md(section: dict[str, Any]) -> str:
+    from bench import tables
+    return "## Reference table (issue 15)\n\n" + tables.render_md(section).split("\n", 2)[2]
+
+
+def _windows_md(section: dict[str, Any]) -> str:
+    from bench import windows
+    return windows.render_md(section)
+
+
 def _mokaccino_md(section: dict[str, Any]) -> str:
     from bench import mokaccino_peer
     return str(mokaccino_peer.render_md(section))
@@ -239,9 +250,8 @@ def _profile(res: dict[str, Any]) -> list[str]:
 def _missing(res: dict[str, Any]) -> list[str]:
     out = ["", "## Not measured in this run", ""]
     skipped = [name for name in ("embedded", "scaling", "state", "growth", "profile",
-                                 "percolator", "mokaccino", "lucene", "corpus", "spark",
-                                 "flink",
-                                 "latency") if name not in res]
+                                 "tables", "windows", "percolator", "mokaccino", "lucene",
+                                 "corpus", "spark", "flink", "latency") if name not in res]
     if skipped:
         out.append(f"- Not run (left out by `--only` or failed): {', '.join(skipped)}.")
     for name, msg in (res.get("errors") or {}).items():

@@ -44,8 +44,8 @@ from bench.workloads import (
     stream_of,
 )
 
-ALL = ("embedded", "scaling", "state", "growth", "profile", "percolator", "mokaccino", "lucene",
-       "corpus", "spark", "flink", "latency")
+ALL = ("embedded", "scaling", "state", "growth", "profile", "tables", "windows", "percolator",
+       "mokaccino", "lucene", "corpus", "spark", "flink", "latency")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -116,6 +116,16 @@ def _growth() -> Any:
     return growth
 
 
+def _tables() -> Any:
+    from bench import tables
+    return tables
+
+
+def _windows() -> Any:
+    from bench import windows
+    return windows
+
+
 def _mokaccino() -> Any:
     from bench import mokaccino_peer
     return mokaccino_peer
@@ -170,6 +180,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "state": lambda: embedded.run_state(sizes, args.rules),
         "profile": lambda: embedded.run_profile(sizes, args.rules),
         "growth": lambda: _growth().run(quick=args.quick),
+        # Issue 15: a rule reading a 1M-row table, and a 30-day sliding window, each as a ratio
+        # to the same rule without it (bench/tables.py, bench/windows.py).
+        "tables": lambda: _tables().measure(*((20_000, 20_000) if args.quick
+                                              else (1_000_000, 200_000))),
+        "windows": lambda: _windows().measure(*((20_000, 500, 60, 1) if args.quick
+                                                else (200_000, 2_000, 60, 3))),
         "percolator": lambda: percolation.run_percolator(sizes.perc_queries, sizes.perc_events),
         "mokaccino": lambda: _mokaccino().run(sizes.perc_queries, sizes.perc_events,
                                               breakdown=not args.quick),

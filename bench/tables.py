@@ -79,24 +79,20 @@ def run(engine: Any, store: MemoryKeyStore, evs: list[Event], batch: int) -> tup
     return time.perf_counter() - w0, time.process_time() - c0, alerts
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--events", type=int, default=200_000)
-    ap.add_argument("--batch", type=int, default=10_000)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+def measure(rows: int, n_events: int, batch: int = 10_000) -> dict[str, Any]:
+    """The figures of one run: the table's load, then each configuration over the same events
+    (`configs`: label, wall s, CPU s, alerts; the second is the baseline)."""
     with_rules = compile_rules(HEAD + WITH, "with.cep")
     without_rules = compile_rules(HEAD + WITHOUT, "without.cep")
-    evs = events(args.events, args.rows)
-    results = []
+    evs = events(n_events, rows)
+    configs = []
 
     # with the table: load it, then the events (the same engine and store)
     engine = build_engine(with_rules)
     assert engine_kind(engine) == "python"
     store = MemoryKeyStore()
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    records = table_records(args.rows)
+    records = table_records(rows)
     w0 = time.perf_counter()
     for i in range(0, len(records), 100_000):
         engine.ingest(store, records[i:i + 100_000], NEG_INF)
@@ -104,35 +100,58 @@ def main() -> None:
     del records
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     keys = sum(1 for k in store.states if k[0].startswith("\x00table:"))
-    assert keys == args.rows
-    wall, cpu, alerts = run(engine, store, evs, args.batch)
-    results.append((f"with {args.rows:,}-row table: python engine, python matcher", wall, cpu,
+    assert keys == rows
+    wall, cpu, alerts = run(engine, store, evs, batch)
+    configs.append((f"with {rows:,}-row table: python engine, python matcher", wall, cpu,
                     alerts))
+    del engine, store
     for label, eng in [
         ("without table: python engine, python matcher", build_engine(without_rules,
                                                                       use_native=False)),
         ("without table: native engine loop", build_embedded_engine(without_rules)),
     ]:
-        wall, cpu, alerts = run(eng, MemoryKeyStore(), evs, args.batch)
-        results.append((label, wall, cpu, alerts))
-
-    base = results[1]
-    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        wall, cpu, alerts = run(eng, MemoryKeyStore(), evs, batch)
+        configs.append((label, wall, cpu, alerts))
+    base = configs[1]
     load = os.getloadavg()
-    lines = [f"## {args.rows:,}-row table, {args.events:,} events, {now}", "",
-             f"`python -m bench.tables --rows {args.rows} --events {args.events}"
-             + (f" --out {args.out}" if args.out else "") + f"` on {platform.machine()} "
-             f"({os.cpu_count()} cores, shared), load {load[0]:.1f} / {load[1]:.1f} / "
-             f"{load[2]:.1f}, batches of {args.batch:,}, one process (one core).", "",
-             f"Table load: {args.rows:,} changelog records through `Engine.ingest` in "
-             f"{load_wall:.1f} s wall ({args.rows / load_wall:,.0f} records/s), max RSS "
-             f"+{(rss1 - rss0) / 1024:,.0f} MB ({keys:,} table keys in the store).", "",
+    return {"rows": rows, "events": n_events, "batch": batch, "load_wall": load_wall,
+            "load_rss_mb": (rss1 - rss0) / 1024, "table_keys": keys,
+            "configs": [list(c) for c in configs],
+            "ratio_with_vs_without_cpu": base[2] / configs[0][2],
+            "ratio_with_vs_without_wall": base[1] / configs[0][1],
+            "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "load": f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"}
+
+
+def render_md(res: dict[str, Any], command: str | None = None) -> str:
+    rows, n = res["rows"], res["events"]
+    base = res["configs"][1]
+    command = command or f"python -m bench.tables --rows {rows} --events {n}"
+    lines = [f"## {rows:,}-row table, {n:,} events, {res['when']}", "",
+             f"`{command}` on {platform.machine()} ({os.cpu_count()} cores, shared), load "
+             f"{res['load']}, batches of {res['batch']:,}, one process (one core).", "",
+             f"Table load: {rows:,} changelog records through `Engine.ingest` in "
+             f"{res['load_wall']:.1f} s wall ({rows / res['load_wall']:,.0f} records/s), max RSS "
+             f"+{res['load_rss_mb']:,.0f} MB ({res['table_keys']:,} table keys in the store).",
+             "",
              "| configuration | ev/s wall | ev/s CPU | vs without table, same engine (wall) "
              "| (CPU) | alerts |", "|---|---|---|---|---|---|"]
-    for label, wall, cpu, alerts in results:
-        lines.append(f"| {label} | {args.events / wall:,.0f} | {args.events / cpu:,.0f} | "
+    for label, wall, cpu, alerts in res["configs"]:
+        lines.append(f"| {label} | {n / wall:,.0f} | {n / cpu:,.0f} | "
                      f"{base[1] / wall:.2f}x | {base[2] / cpu:.2f}x | {alerts:,} |")
-    text = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--batch", type=int, default=10_000)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    res = measure(args.rows, args.events, args.batch)
+    text = render_md(res, f"python -m bench.tables --rows {args.rows} --events {args.events}"
+                     + (f" --out {args.out}" if args.out else ""))
     print(text)
     if args.out:
         out = Path(args.out)

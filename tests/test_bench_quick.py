@@ -45,3 +45,27 @@ def test_quick_bench_writes_results_with_positive_throughput(tmp_path: Path) -> 
     assert sorted(map(tuple, kafka["alerts"])) == sorted(map(tuple, res["expected_fraud"]))
     assert h["spark_kafka"] > 0
     assert (out / "summary.png").is_file()
+
+
+@pytest.mark.slow
+def test_quick_bench_measures_tables_and_windows_as_ratios(tmp_path: Path) -> None:
+    """Issue 15's benchmark rows in `make bench`: a rule reading a table and a rule reading a
+    30-day window, each against the same rule without it, in one run (no Spark)."""
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "tables,windows",
+         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads((out / "latest.json").read_text())
+    tables, windows = res["tables"], res["windows"]
+    # every row of the table says NL and 40.0, so the rule with the table and the rule with
+    # those constants raise the same alerts, on every engine
+    alerts = {label: n for label, _, _, n in tables["configs"]}
+    assert len(set(alerts.values())) == 1 and next(iter(alerts.values())) > 0, alerts
+    assert tables["table_keys"] == tables["rows"] and tables["ratio_with_vs_without_cpu"] > 0
+    rows = windows["rows"]
+    assert rows["plain_python"]["alerts"] == rows["plain_native"]["alerts"] > 0
+    assert rows["windowed_python"]["engine"] == "python" and windows[
+        "ratio_windowed_vs_plain_python"] > 0
+    md = (out / "latest.md").read_text()
+    assert "## Reference table (issue 15)" in md and "## A 30-day sliding window" in md
