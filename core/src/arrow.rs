@@ -3,8 +3,8 @@
 //! are fixed by the Arrow specification. Columns of the types below become `Value`s; any other
 //! type raises `Unsupported` (the caller then converts the batch in Python).
 //!
-//! The capsules own the exported structs and release them when they are dropped; everything
-//! is copied out while they are alive.
+//! The capsules own the exported structs and release them when they are dropped; a `Batch`
+//! holds them, and a cell is copied out (`Batch::get`) only when it is read.
 
 use std::ffi::{c_char, c_void, CStr};
 
@@ -43,11 +43,117 @@ struct FfiArray {
     private_data: *mut c_void,
 }
 
-/// A batch as named columns of values.
-pub struct Batch {
+/// A batch as named columns, read in place: a cell becomes a `Value` when it is asked for
+/// (`get`), so no column is copied out as a whole. The batch keeps the capsules (and so the
+/// exported buffers) alive.
+pub struct Batch<'py> {
     pub names: Vec<String>,
-    pub cols: Vec<Vec<Value>>,
+    cols: Vec<Col>,
     pub len: usize,
+    _keep: Bound<'py, PyAny>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Null,
+    Bool,
+    I8,
+    U8,
+    I16,
+    U16,
+    I32,
+    U32,
+    I64,
+    F32,
+    F64,
+    Utf8,
+    LargeUtf8,
+}
+
+struct Col {
+    kind: Kind,
+    validity: *const u8,
+    data: *const u8,
+    offsets: *const u8,
+    base: usize,
+    /// A string column's distinct values so far: equal strings share one `Arc<str>` (one
+    /// allocation per distinct value, and keys compare by pointer first). Given up when the
+    /// column turns out to be mostly distinct values.
+    intern: std::cell::RefCell<Option<std::collections::HashSet<std::sync::Arc<str>>>>,
+    seen: std::cell::Cell<usize>,
+    /// The value interned last (a column of one repeated value needs no hashing).
+    last: std::cell::RefCell<Option<std::sync::Arc<str>>>,
+}
+
+impl Batch<'_> {
+    /// Cell `j` of column `c`.
+    pub fn get(&self, c: usize, j: usize) -> PyResult<Value> {
+        let col = &self.cols[c];
+        let i = col.base + j;
+        // SAFETY: `j < len`, every column was checked at least `len` long with the buffers its
+        // type needs, and the capsules (so the buffers) live as long as `self`.
+        unsafe {
+            if !col.validity.is_null() && !bit(col.validity, i) {
+                return Ok(Value::Null);
+            }
+            macro_rules! prim {
+                ($t:ty) => {
+                    std::ptr::read_unaligned((col.data as *const $t).add(i))
+                };
+            }
+            Ok(match col.kind {
+                Kind::Null => Value::Null,
+                Kind::Bool => Value::Bool(bit(col.data, i)),
+                Kind::I8 => Value::Int(prim!(i8) as i64),
+                Kind::U8 => Value::Int(prim!(u8) as i64),
+                Kind::I16 => Value::Int(prim!(i16) as i64),
+                Kind::U16 => Value::Int(prim!(u16) as i64),
+                Kind::I32 => Value::Int(prim!(i32) as i64),
+                Kind::U32 => Value::Int(prim!(u32) as i64),
+                Kind::I64 => Value::Int(prim!(i64)),
+                Kind::F32 => Value::Float(prim!(f32) as f64),
+                Kind::F64 => Value::Float(prim!(f64)),
+                Kind::Utf8 | Kind::LargeUtf8 => {
+                    let (start, end) = if col.kind == Kind::Utf8 {
+                        let o = col.offsets as *const i32;
+                        (std::ptr::read_unaligned(o.add(i)) as usize, std::ptr::read_unaligned(o.add(i + 1)) as usize)
+                    } else {
+                        let o = col.offsets as *const i64;
+                        (std::ptr::read_unaligned(o.add(i)) as usize, std::ptr::read_unaligned(o.add(i + 1)) as usize)
+                    };
+                    let bytes: &[u8] =
+                        if end > start { std::slice::from_raw_parts(col.data.add(start), end - start) } else { &[] };
+                    let text = std::str::from_utf8(bytes).map_err(|_| bad("arrow: a string that is not UTF-8"))?;
+                    Value::Str(col.interned(text))
+                }
+            })
+        }
+    }
+}
+
+impl Col {
+    fn interned(&self, text: &str) -> std::sync::Arc<str> {
+        let mut guard = self.intern.borrow_mut();
+        let Some(set) = guard.as_mut() else { return std::sync::Arc::from(text) };
+        let mut last = self.last.borrow_mut();
+        let seen = self.seen.get() + 1;
+        self.seen.set(seen);
+        if let Some(l) = last.as_ref().filter(|l| ***l == *text) {
+            return l.clone();
+        }
+        if let Some(a) = set.get(text) {
+            *last = Some(a.clone());
+            return a.clone();
+        }
+        let a: std::sync::Arc<str> = std::sync::Arc::from(text);
+        set.insert(a.clone());
+        *last = Some(a.clone());
+        if seen >= 8192 && set.len() * 4 > seen * 3 {
+            *guard = None;
+            *last = None;
+        }
+        a
+    }
 }
 
 fn cstr(p: *const c_char) -> String {
@@ -70,70 +176,41 @@ unsafe fn bit(p: *const u8, i: usize) -> bool {
     (*p.add(i / 8) >> (i % 8)) & 1 == 1
 }
 
-unsafe fn read_col(fmt: &str, a: &FfiArray, parent_offset: usize, len: usize) -> PyResult<Vec<Value>> {
+unsafe fn col_of(fmt: &str, a: &FfiArray, parent_offset: usize, len: usize) -> PyResult<Col> {
     let base = parent_offset + a.offset as usize;
     if (a.length as usize) < len.saturating_sub(parent_offset) && fmt != "n" {
         return Err(bad("arrow: a column shorter than its batch"));
     }
     let validity = if a.null_count == 0 { std::ptr::null() } else { buffer(a, 0) };
-    let valid = |j: usize| validity.is_null() || bit(validity, base + j);
-    let mut out = Vec::with_capacity(len);
-    macro_rules! prim {
-        ($t:ty, $conv:expr) => {{
-            let data = buffer(a, 1) as *const $t;
-            if data.is_null() && len > 0 {
-                return Err(bad("arrow: a column without values"));
-            }
-            for j in 0..len {
-                out.push(if valid(j) { $conv(std::ptr::read_unaligned(data.add(base + j))) } else { Value::Null });
-            }
-        }};
-    }
-    match fmt {
-        "n" => out.resize(len, Value::Null),
-        "b" => {
-            let data = buffer(a, 1);
-            for j in 0..len {
-                out.push(if valid(j) { Value::Bool(bit(data, base + j)) } else { Value::Null });
-            }
-        }
-        "c" => prim!(i8, |v: i8| Value::Int(v as i64)),
-        "C" => prim!(u8, |v: u8| Value::Int(v as i64)),
-        "s" => prim!(i16, |v: i16| Value::Int(v as i64)),
-        "S" => prim!(u16, |v: u16| Value::Int(v as i64)),
-        "i" => prim!(i32, |v: i32| Value::Int(v as i64)),
-        "I" => prim!(u32, |v: u32| Value::Int(v as i64)),
-        "l" => prim!(i64, Value::Int),
-        "f" => prim!(f32, |v: f32| Value::Float(v as f64)),
-        "g" => prim!(f64, Value::Float),
-        "u" | "U" => {
-            let offsets = buffer(a, 1);
-            let data = buffer(a, 2);
-            for j in 0..len {
-                if !valid(j) {
-                    out.push(Value::Null);
-                    continue;
-                }
-                let (start, end) = if fmt == "u" {
-                    let o = offsets as *const i32;
-                    (std::ptr::read_unaligned(o.add(base + j)) as usize, std::ptr::read_unaligned(o.add(base + j + 1)) as usize)
-                } else {
-                    let o = offsets as *const i64;
-                    (std::ptr::read_unaligned(o.add(base + j)) as usize, std::ptr::read_unaligned(o.add(base + j + 1)) as usize)
-                };
-                let bytes = std::slice::from_raw_parts(data.add(start), end - start);
-                let text = std::str::from_utf8(bytes).map_err(|_| bad("arrow: a string that is not UTF-8"))?;
-                out.push(Value::Str(std::sync::Arc::from(text)));
-            }
-        }
+    let kind = match fmt {
+        "n" => Kind::Null,
+        "b" => Kind::Bool,
+        "c" => Kind::I8,
+        "C" => Kind::U8,
+        "s" => Kind::I16,
+        "S" => Kind::U16,
+        "i" => Kind::I32,
+        "I" => Kind::U32,
+        "l" => Kind::I64,
+        "f" => Kind::F32,
+        "g" => Kind::F64,
+        "u" => Kind::Utf8,
+        "U" => Kind::LargeUtf8,
         other => return Err(bad(&format!("arrow: column type {other:?} is not read by the core"))),
+    };
+    let (data, offsets) = match kind {
+        Kind::Null => (std::ptr::null(), std::ptr::null()),
+        Kind::Utf8 | Kind::LargeUtf8 => (buffer(a, 2), buffer(a, 1)),
+        _ => (buffer(a, 1), std::ptr::null()),
+    };
+    if len > 0 && kind != Kind::Null && (data.is_null() && kind != Kind::Utf8 && kind != Kind::LargeUtf8 || (offsets.is_null() && matches!(kind, Kind::Utf8 | Kind::LargeUtf8))) {
+        return Err(bad("arrow: a column without values"));
     }
-    Ok(out)
+    let intern = matches!(kind, Kind::Utf8 | Kind::LargeUtf8).then(std::collections::HashSet::new);
+    Ok(Col { kind, validity, data, offsets, base, intern: std::cell::RefCell::new(intern), seen: std::cell::Cell::new(0), last: std::cell::RefCell::new(None) })
 }
 
-/// Every column of a pyarrow RecordBatch (or anything with `__arrow_c_array__` exporting a
-/// struct array).
-pub fn read_batch(batch: &Bound<'_, PyAny>) -> PyResult<Batch> {
+pub fn read_batch<'py>(batch: &Bound<'py, PyAny>) -> PyResult<Batch<'py>> {
     let pair = batch.call_method0("__arrow_c_array__")?;
     let sc = pair.get_item(0)?;
     let ac = pair.get_item(1)?;
@@ -161,8 +238,8 @@ pub fn read_batch(batch: &Bound<'_, PyAny>) -> PyResult<Batch> {
                 return Err(bad("arrow: dictionary-encoded columns are not read by the core"));
             }
             names.push(cstr(cs.name));
-            cols.push(read_col(&cstr(cs.format), ca, parent_offset, len)?);
+            cols.push(col_of(&cstr(cs.format), ca, parent_offset, len)?);
         }
-        Ok(Batch { names, cols, len })
+        Ok(Batch { names, cols, len, _keep: pair })
     }
 }

@@ -24,7 +24,7 @@ use crate::evcodec::{decode_events, Dec as EvDec, EvOwned};
 use crate::json::{parse_row, ColsCache};
 use crate::expr::{Cols, Ev, Row};
 use crate::value::Value;
-use crate::matcher::{Core, MState, Out};
+use crate::matcher::{Core, MState, Out, NO_CID};
 use crate::keycodec::{self, KeyEnc, Src};
 use crate::{build_core, panic_message, state, CoreError};
 
@@ -201,26 +201,29 @@ struct RuleE {
     id: String,
     /// `keycodec::fingerprint(id, version)`: what names the rule's part of a key state.
     fp: u32,
-    /// The program's field table (what an Arrow row is projected on).
-    fields: Vec<String>,
-    /// The projection of the last column table seen on `fields` (rows of one batch or one
-    /// JSON shape share their table: the names are compared once per table, not per event).
-    proj: Proj,
 }
 
 #[derive(Default)]
 struct Proj {
     cols: Option<Arc<Cols>>,
-    idx: Vec<Option<usize>>,
+    idx: Option<Arc<[u32]>>,
 }
 
 impl Proj {
-    fn vals(&mut self, fields: &[String], row: &Row) -> Vec<Value> {
-        if !self.cols.as_ref().is_some_and(|c| Arc::ptr_eq(c, &row.cols)) {
-            self.idx = fields.iter().map(|f| row.cols.names.iter().position(|n| n == f)).collect();
-            self.cols = Some(row.cols.clone());
+    /// Where each of `fields` is among `row`'s columns (`u32::MAX`: absent).
+    fn idx(&mut self, fields: &[String], row: &Row) -> Arc<[u32]> {
+        match (&self.cols, &self.idx) {
+            (Some(c), Some(i)) if Arc::ptr_eq(c, &row.cols) => i.clone(),
+            _ => {
+                let idx: Arc<[u32]> = fields
+                    .iter()
+                    .map(|f| row.cols.names.iter().position(|n| n == f).map_or(u32::MAX, |i| i as u32))
+                    .collect();
+                self.cols = Some(row.cols.clone());
+                self.idx = Some(idx.clone());
+                idx
+            }
         }
-        self.idx.iter().map(|i| i.map_or(Value::Null, |i| row.vals[i].clone())).collect()
     }
 }
 
@@ -231,6 +234,13 @@ struct Group {
     lateness: i64,
     rules: Vec<usize>,
     rule_ids: Vec<String>,
+    /// The group's field table (every rule of the group reads fields by this table's indexes).
+    fields: Vec<String>,
+    /// The number of distinct local conditions of the group's rules (`Core::cids`).
+    ncids: usize,
+    /// The projection of the last column table seen on `fields` (rows of one batch or one
+    /// JSON shape share their table: the names are compared once per table, not per event).
+    proj: Proj,
 }
 
 #[pyclass(module = "cep._core", name = "Engine")]
@@ -289,6 +299,32 @@ fn key_text(key: &Bound<'_, PyAny>) -> PyResult<Arc<str>> {
     Ok(Arc::from(key.str()?.to_str()?))
 }
 
+/// A condition's exported form with field indexes replaced by field names: equal strings
+/// mean the same condition whatever the rule's field table (`Engine::new` shares them).
+fn canon(obj: &Bound<'_, PyAny>, names: &[String], out: &mut String) -> PyResult<()> {
+    if let Ok(l) = obj.downcast::<PyList>() {
+        let tag: Option<String> = l.get_item(0).ok().and_then(|t| t.extract().ok());
+        let is_field = matches!(tag.as_deref(), Some("field" | "path"));
+        out.push('[');
+        for (k, it) in l.iter().enumerate() {
+            match (k, is_field, it.extract::<usize>()) {
+                (1, true, Ok(i)) if i < names.len() => {
+                    out.push_str("field:");
+                    out.push_str(&format!("{:?}", names[i]));
+                }
+                _ => canon(&it, names, out)?,
+            }
+            out.push(',');
+        }
+        out.push(']');
+    } else {
+        out.push_str(&obj.get_type().name()?.to_string());
+        out.push(':');
+        out.push_str(&obj.repr()?.to_string());
+    }
+    Ok(())
+}
+
 /// `Engine._advance`: add the key's new events, release what is safe, fire deadlines up to
 /// `safe`, end of input, keep or release the key's state.
 #[allow(clippy::too_many_arguments)]
@@ -296,7 +332,7 @@ fn advance_key(
     py: Python<'_>,
     rules: &mut [RuleE],
     partials: Option<&mut [i64]>,
-    g: &Group,
+    g: &mut Group,
     st: &mut EngineState,
     sk: Sk,
     new: Option<Vec<Item>>,
@@ -310,7 +346,7 @@ fn advance_key(
         st.dirty.insert(sk.clone());
     }
     let mut partials = partials;
-    let KeyState { mut buffer, mut parts } = loaded.unwrap_or_default();
+    let KeyState { mut buffer, parts } = loaded.unwrap_or_default();
     if let Some(new) = new {
         if buffer.is_empty() {
             buffer = new;
@@ -324,32 +360,53 @@ fn advance_key(
     let n = buffer.partition_point(|x| x.ts <= safe);
     let released: Vec<Item> = if n == buffer.len() { std::mem::take(&mut buffer) } else { buffer.drain(..n).collect() };
     let out = Out::lazy(matches.clone(), sk.1.clone());
-    let mut kept = Vec::new();
+    // One `Ev` per released event, shared by every rule of the group (one field table).
+    let mut evs: Vec<Arc<Ev>> = Vec::with_capacity(released.len());
+    for it in &released {
+        evs.push(Arc::new(match (&it.row, &it.data, &it.seq) {
+            (Some(row), _, _) => {
+                let pidx = g.proj.idx(&g.fields, row);
+                Ev::from_row(row.clone(), it.seq.as_ref().map(|x| x.clone_ref(py)), it.seqi.unwrap_or(0), it.ts, pidx)
+            }
+            (None, Some(d), Some(q)) => Ev::from_py(d.clone_ref(py), q.clone_ref(py), it.ts),
+            _ => Ev::from_py(it.data_obj(py)?, it.seq_obj(py)?, it.ts),
+        }));
+    }
+    drop(released);
+    // Per event, the group's distinct local conditions known so far (0 unknown, 1 false,
+    // 2 true): a condition that several rules share is evaluated once per event.
+    let ncids = g.ncids;
+    let mut shared = vec![0u8; ncids * evs.len()];
+    let mut kept = Vec::with_capacity(parts.len());
+    // `parts` are kept in the group's rule order, so each rule's part is found at a cursor
+    // (a search only after a rule change).
+    let mut parts: Vec<Option<Part>> = parts.into_iter().map(Some).collect();
+    let mut cursor = 0;
     let mut due = buffer.first().map(|x| x.ts);
     for &ri in &g.rules {
         let rule = &mut rules[ri];
         // A part of another version of the rule has another fingerprint: it stays in `parts`
         // and is counted as reset below.
-        let mstate = parts.iter().position(|p| p.fp == rule.fp).map(|i| parts.remove(i).state);
+        let at = if parts.get(cursor).is_some_and(|p| p.as_ref().is_some_and(|p| p.fp == rule.fp)) {
+            Some(cursor)
+        } else {
+            parts.iter().position(|p| p.as_ref().is_some_and(|p| p.fp == rule.fp))
+        };
+        let mstate = at.and_then(|i| {
+            cursor = i + 1;
+            parts[i].take().map(|p| p.state)
+        });
         let before = match (&partials, &mstate) {
             (Some(_), Some(m)) => partials_of(m),
             _ => 0,
         };
         let core = &mut rule.core;
-        let fields = &rule.fields;
-        let proj = &mut rule.proj;
+        let shared = &mut shared;
         let r = catch_unwind(AssertUnwindSafe(|| -> PyResult<Option<MState>> {
             let mut s = mstate;
-            for it in &released {
-                let ev = match (&it.row, &it.data, &it.seq) {
-                    (Some(row), _, _) => {
-                        let vals = proj.vals(fields, row);
-                        Ev::from_row(row.clone(), it.seq.as_ref().map(|x| x.clone_ref(py)), it.seqi.unwrap_or(0), it.ts, vals)
-                    }
-                    (None, Some(d), Some(q)) => Ev::from_py(d.clone_ref(py), q.clone_ref(py), it.ts),
-                    _ => Ev::from_py(it.data_obj(py)?, it.seq_obj(py)?, it.ts),
-                };
-                s = core.feed(py, s, Arc::new(ev), None, &out)?;
+            for (k, ev) in evs.iter().enumerate() {
+                let known = &mut shared[k * ncids..(k + 1) * ncids];
+                s = core.feed(py, s, ev.clone(), None, known, &out)?;
             }
             if s.as_ref().and_then(|m| m.deadline).is_some_and(|d| d <= safe) {
                 if let Some(m) = s.take() {
@@ -383,7 +440,7 @@ fn advance_key(
             kept.push(Part { fp: rule.fp, state: m });
         }
     }
-    counts.reset += parts.len();
+    counts.reset += parts.iter().filter(|p| p.is_some()).count();
     counts.touched += 1;
     if buffer.is_empty() && kept.is_empty() {
         st.wake_discard(&sk);
@@ -422,7 +479,7 @@ impl Engine {
                 let ks = decode_key(py, &raw, &sk.1)?;
                 st.states.insert(sk.clone(), ks);
             }
-            let g = &self.groups[sk.0 as usize];
+            let g = &mut self.groups[sk.0 as usize];
             let safe = if eof { max_ts } else { max_ts.saturating_sub(g.lateness).saturating_sub(1) };
             let new = pending.remove(&sk);
             let partials = self.partials.as_deref_mut();
@@ -466,6 +523,7 @@ impl Engine {
         let mut rs = Vec::new();
         let mut groups: Vec<Group> = Vec::new();
         let mut members: Vec<(String, String)> = Vec::new();
+        let mut programs = Vec::new();
         for (i, item) in rules.iter().enumerate() {
             let t = item.downcast::<PyTuple>()?;
             let program = t.get_item(0)?;
@@ -487,6 +545,9 @@ impl Engine {
                         lateness,
                         rules: Vec::new(),
                         rule_ids: Vec::new(),
+                        fields: Vec::new(),
+                        ncids: 0,
+                        proj: Proj::default(),
                     });
                     groups.len() - 1
                 }
@@ -495,9 +556,68 @@ impl Engine {
             g.lateness = g.lateness.max(lateness);
             g.rules.push(i);
             g.rule_ids.push(id.clone());
-            let fields = core.p.fields.iter().map(|f| f.bind(py).to_string()).collect();
             let fp = keycodec::fingerprint(&id, &version);
-            rs.push(RuleE { core, id, fp, fields, proj: Proj::default() });
+            rs.push(RuleE { core, id, fp });
+            programs.push(program);
+        }
+        // One field table per group (the union of its rules' tables, in order of first use):
+        // every rule of a group reads the same projection of an event, so an event is projected
+        // and wrapped once per group, not once per rule.
+        for g in &mut groups {
+            let mut names: Vec<String> = Vec::new();
+            let mut py_names: Vec<Py<PyString>> = Vec::new();
+            for &ri in &g.rules {
+                let p = &mut rs[ri].core.p;
+                let map: Vec<usize> = p
+                    .fields
+                    .iter()
+                    .map(|f| {
+                        let name = f.bind(py).to_string();
+                        match names.iter().position(|n| *n == name) {
+                            Some(i) => i,
+                            None => {
+                                names.push(name);
+                                py_names.push(f.clone_ref(py));
+                                names.len() - 1
+                            }
+                        }
+                    })
+                    .collect();
+                for c in p.conds.iter_mut().flatten() {
+                    c.remap_fields(&map);
+                }
+                for (_, m) in p.measures.iter_mut() {
+                    m.remap_fields(&map);
+                }
+            }
+            // Identical local conditions (the same text over the same field names) share one
+            // id: evaluated once per event for all the group's rules that hold them.
+            let mut ids: HashMap<String, u32> = HashMap::new();
+            for &ri in &g.rules {
+                let p = &rs[ri].core.p;
+                let own: Vec<String> = p.fields.iter().map(|f| f.bind(py).to_string()).collect();
+                let conds = programs[ri].downcast::<PyDict>()?.get_item("conditions")?;
+                let conds = conds.as_ref().and_then(|c| c.downcast::<PyList>().ok());
+                let mut cids = Vec::with_capacity(p.vars.len());
+                for v in 0..p.vars.len() {
+                    let cid = match (p.local[v], &p.conds[v], conds) {
+                        (true, Some(_), Some(cl)) => {
+                            let mut text = String::new();
+                            canon(&cl.get_item(v)?, &own, &mut text)?;
+                            let n = ids.len() as u32;
+                            *ids.entry(text).or_insert(n)
+                        }
+                        _ => NO_CID,
+                    };
+                    cids.push(cid);
+                }
+                rs[ri].core.cids = cids;
+            }
+            g.ncids = ids.len();
+            for &ri in &g.rules {
+                rs[ri].core.p.fields = py_names.iter().map(|f| f.clone_ref(py)).collect();
+            }
+            g.fields = names;
         }
         let mut by_stream: HashMap<String, Vec<u32>> = HashMap::new();
         for (gi, (stream, _)) in members.iter().enumerate() {
@@ -619,10 +739,9 @@ impl Engine {
             return Err(PyValueError::new_err("a batch without a 'stream' column needs stream="));
         }
         let ints = |i: usize, what: &str| -> PyResult<Vec<i64>> {
-            b.cols[i]
-                .iter()
-                .map(|v| match v {
-                    Value::Int(x) => Ok(*x),
+            (0..b.len)
+                .map(|j| match b.get(i, j)? {
+                    Value::Int(x) => Ok(x),
                     _ => Err(PyValueError::new_err(format!("column '{what}': integers without nulls expected"))),
                 })
                 .collect()
@@ -644,6 +763,8 @@ impl Engine {
             names: data_idx.iter().map(|&i| b.names[i].clone()).collect(),
             py_names: data_idx.iter().map(|&i| PyString::intern(py, &b.names[i]).unbind()).collect(),
         });
+        // Each group's key column in the batch's table (rows of a JSON column look it up by name).
+        let kf_col: Vec<Option<usize>> = self.groups.iter().map(|g| cols.names.iter().position(|n| *n == g.kf)).collect();
         let mut st = state.try_borrow_mut()?;
         let eof = end_of_input.is_some();
         let mut max_ts = end_of_input.unwrap_or(max_ts);
@@ -655,25 +776,30 @@ impl Engine {
         for j in 0..b.len {
             let ts = tss[j];
             top = top.max(ts);
-            let sname: &str = match stream_i {
-                Some(i) => match &b.cols[i][j] {
-                    Value::Str(s) => s,
-                    _ => continue,
-                },
-                None => stream.as_deref().unwrap_or(""),
+            let sval = match stream_i {
+                Some(i) => b.get(i, j)?,
+                None => Value::Null,
+            };
+            let sname: &str = match (&sval, stream_i) {
+                (Value::Str(s), _) => s,
+                (_, Some(_)) => continue,
+                (_, None) => stream.as_deref().unwrap_or(""),
             };
             let Some(gs) = self.by_stream.get(sname) else { continue };
             let row = Arc::new(match json_i {
-                Some(ji) => match &b.cols[ji][j] {
-                    Value::Str(text) => parse_row(py, text, &mut cols_cache)?,
+                Some(ji) => match b.get(ji, j)? {
+                    Value::Str(text) => parse_row(py, &text, &mut cols_cache)?,
                     _ => return Err(PyValueError::new_err(format!("row {j}: the JSON column is null"))),
                 },
-                None => Row { cols: cols.clone(), vals: data_idx.iter().map(|&i| b.cols[i][j].clone()).collect() },
+                None => Row { cols: cols.clone(), vals: data_idx.iter().map(|&i| b.get(i, j)).collect::<PyResult<_>>()? },
             });
-            let route = route_i.and_then(|i| match &b.cols[i][j] {
-                Value::Str(r) => Some(r.clone()),
-                _ => None,
-            });
+            let route = match route_i {
+                Some(i) => match b.get(i, j)? {
+                    Value::Str(r) => Some(r),
+                    _ => None,
+                },
+                None => None,
+            };
             let mut late_for = LateFor::default();
             for &gi in gs {
                 let g = &self.groups[gi as usize];
@@ -683,7 +809,12 @@ impl Engine {
                 let key: Arc<str> = if g.kf.is_empty() {
                     Arc::from("")
                 } else {
-                    match row.get(&g.kf) {
+                    let kv = match (json_i, kf_col[gi as usize]) {
+                        (None, Some(c)) => row.vals[c].clone(),
+                        (None, None) => Value::Null,
+                        (Some(_), _) => row.get(&g.kf),
+                    };
+                    match kv {
                         Value::Null => continue,
                         Value::Str(s) => s,
                         Value::Int(i) => Arc::from(i.to_string()),
@@ -887,6 +1018,13 @@ impl Engine {
         let out = self.rules.iter().zip(p.iter()).filter(|(_, &d)| d != 0).map(|(r, &d)| (r.id.clone(), d)).collect();
         p.iter_mut().for_each(|d| *d = 0);
         out
+    }
+
+    /// Per rule, per variable, the id of its local condition among its group's distinct
+    /// conditions (None: no condition, or not local): rules with equal ids share one evaluation
+    /// per event.
+    fn condition_ids(&self) -> Vec<Vec<Option<u32>>> {
+        self.rules.iter().map(|r| r.core.cids.iter().map(|&c| (c != NO_CID).then_some(c)).collect()).collect()
     }
 
     /// The group ids, in the engine's order.

@@ -21,6 +21,10 @@ pub struct Ev {
     pub row: Option<Arc<Row>>,
     pub ts: i64,
     pub vals: std::sync::OnceLock<Vec<Value>>,
+    /// For a row: where each field of the reading rules' table is among the row's columns
+    /// (`u32::MAX`: absent), shared by the rows of one column table. Fields are then read from
+    /// the row in place and `vals` stays empty.
+    pub pidx: Option<Arc<[u32]>>,
 }
 
 /// The column names of an Arrow batch (shared by its rows).
@@ -62,21 +66,24 @@ impl Ev {
             row: None,
             ts,
             vals: std::sync::OnceLock::new(),
+            pidx: None,
         }
     }
 
-    pub fn from_row(row: Arc<Row>, seq: Option<Py<PyAny>>, seqi: i64, ts: i64, vals: Vec<Value>) -> Ev {
+    /// A row whose fields are found through `pidx` (the projection of its column table on the
+    /// reading rules' field table).
+    pub fn from_row(row: Arc<Row>, seq: Option<Py<PyAny>>, seqi: i64, ts: i64, pidx: Arc<[u32]>) -> Ev {
         let cell = std::sync::OnceLock::new();
         if let Some(s) = seq {
             let _ = cell.set(s);
         }
-        Ev { obj: std::sync::OnceLock::new(), seq: cell, seqi, row: Some(row), ts, vals: std::sync::OnceLock::from(vals) }
+        Ev { obj: std::sync::OnceLock::new(), seq: cell, seqi, row: Some(row), ts, vals: std::sync::OnceLock::new(), pidx: Some(pidx) }
     }
 
     /// A row read back from serialised state: its projection on a rule's fields is made when
     /// the rule first reads it (`Cx::vals`).
     pub fn from_row_lazy(row: Arc<Row>, seqi: i64, ts: i64) -> Ev {
-        Ev { obj: std::sync::OnceLock::new(), seq: std::sync::OnceLock::new(), seqi, row: Some(row), ts, vals: std::sync::OnceLock::new() }
+        Ev { obj: std::sync::OnceLock::new(), seq: std::sync::OnceLock::new(), seqi, row: Some(row), ts, vals: std::sync::OnceLock::new(), pidx: None }
     }
 
     pub fn obj(&self, py: Python<'_>) -> PyResult<&Py<PyAny>> {
@@ -155,6 +162,37 @@ pub enum Expr {
     InList { e: Box<Expr>, items: Vec<Expr>, negated: bool },
     Str { op: StrOpK, e: Box<Expr>, arg: Box<Expr>, negated: bool, regex: Option<Regex> },
     Func(FuncK, Vec<Expr>),
+}
+
+impl Expr {
+    /// Renumber the fields this expression reads (`map[old] = new`): the engine puts every rule
+    /// of a group on one field table, so one projection of an event serves all of them.
+    pub fn remap_fields(&mut self, map: &[usize]) {
+        match self {
+            Expr::Const(_) => {}
+            Expr::Field(i) | Expr::Path(i, _) => *i = map[*i],
+            Expr::VarRow { row, .. } | Expr::Prev { row, .. } => row.remap_fields(map),
+            Expr::Agg { row, .. } => {
+                if let Some(r) = row {
+                    r.remap_fields(map);
+                }
+            }
+            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } => x.remap_fields(map),
+            Expr::Arith(_, l, r) | Expr::Cmp(_, l, r) | Expr::And(l, r) | Expr::Or(l, r) => {
+                l.remap_fields(map);
+                r.remap_fields(map);
+            }
+            Expr::InList { e, items, .. } => {
+                e.remap_fields(map);
+                items.iter_mut().for_each(|x| x.remap_fields(map));
+            }
+            Expr::Str { e, arg, .. } => {
+                e.remap_fields(map);
+                arg.remap_fields(map);
+            }
+            Expr::Func(_, args) => args.iter_mut().for_each(|x| x.remap_fields(map)),
+        }
+    }
 }
 
 fn kid(py: Python<'_>, node: &Bound<'_, PyList>, i: usize, nfields: usize) -> PyResult<Box<Expr>> {
@@ -336,6 +374,18 @@ pub struct Cx<'a, 'py> {
 }
 
 impl Cx<'_, '_> {
+    /// Field `i` (of the field table) of event `ev`.
+    #[inline]
+    pub fn field(&self, ev: &Ev, i: usize) -> PyResult<Value> {
+        if let (Some(p), Some(row)) = (&ev.pidx, &ev.row) {
+            return Ok(match p[i] {
+                u32::MAX => Value::Null,
+                c => row.vals[c as usize].clone(),
+            });
+        }
+        Ok(self.vals(ev)?[i].clone())
+    }
+
     pub fn vals<'e>(&self, ev: &'e Ev) -> PyResult<&'e [Value]> {
         if let Some(v) = ev.vals.get() {
             return Ok(v);
@@ -384,11 +434,11 @@ impl Expr {
         let py = cx.py;
         Ok(match self {
             Expr::Const(v) => v.clone(),
-            Expr::Field(i) => cx.vals(e)?[*i].clone(),
+            Expr::Field(i) => cx.field(e, *i)?,
             Expr::Path(i, keys) => {
                 // Only an object (a Python dict) has keys; every level is read in place and
                 // only the leaf becomes a `Value`.
-                let Value::Py(o) = &cx.vals(e)?[*i] else {
+                let Value::Py(o) = cx.field(e, *i)? else {
                     return Ok(Value::Null);
                 };
                 let mut cur = o.bind(py).clone();

@@ -169,6 +169,7 @@ pub fn build_core(py: Python<'_>, program: &Bound<'_, PyAny>, max_partial_matche
         .unwrap_or(DEFAULT_MAX_PARTIAL_MATCHES);
     let all_matches = p.skip == SkipK::AllMatches;
     Ok(Core {
+        cids: Vec::new(),
         cap,
         all_matches,
         history_free: p.history_free && !all_matches,
@@ -276,7 +277,7 @@ impl Matcher {
         };
         let out = Out::new(PyList::empty(py), key.filter(|k| !k.is_none(py)));
         let st = Self::take(&state)?;
-        let new = self.guard(|core| core.feed(py, st, ev, pre, &out))?;
+        let new = self.guard(|core| core.feed(py, st, ev, pre, &mut [], &out))?;
         Ok((Self::give(py, state, new)?, out.list))
     }
 
@@ -301,7 +302,7 @@ impl Matcher {
         let mut st = Self::take(&state)?;
         let r = self.guard(|core| {
             for ev in evs {
-                st = core.feed(py, st.take(), ev, None, &o)?;
+                st = core.feed(py, st.take(), ev, None, &mut [], &o)?;
             }
             Ok(st.take())
         });

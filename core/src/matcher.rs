@@ -4,7 +4,6 @@
 //! preference order) and the earliest deadline. Entry position `DONE` is a complete match
 //! waiting for more preferred alternatives to be decided.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
@@ -54,8 +53,22 @@ pub struct Classes {
     pub dropped: Py<PyAny>,
 }
 
+/// No shared condition (`Core::cids`).
+pub const NO_CID: u32 = u32::MAX;
+
+/// The local conditions known for the current event: this rule's (`own`, per variable) and
+/// those shared by the engine's rules (`shared`, per distinct condition: 0 unknown, 1 false,
+/// 2 true; empty outside the engine).
+pub struct Loc<'a> {
+    own: &'a mut [Option<bool>],
+    shared: &'a mut [u8],
+}
+
 pub struct Core {
     pub p: Program,
+    /// Per variable, the engine's id of its local condition among the distinct conditions of
+    /// the rule's group (`NO_CID`: none, or not local); empty for a matcher outside the engine.
+    pub cids: Vec<u32>,
     pub cap: usize,
     pub all_matches: bool,
     pub history_free: bool,
@@ -70,13 +83,6 @@ pub struct Core {
     pub measure_names: Vec<Py<PyString>>,
     pub key_field: Option<Py<PyString>>,
     pub stats: Stats,
-}
-
-#[derive(Hash, PartialEq, Eq)]
-enum Key {
-    Pos(i32),
-    PosRow(i32, i64),
-    Full(i32, Vec<(i64, u32)>),
 }
 
 /// Results of one call, and the key they are reported under.
@@ -106,20 +112,32 @@ impl Core {
 
     // ------------------------------------------------------------------ stepping
 
-    fn test(&self, py: Python<'_>, var: usize, ev: &Ev, caps: &[Cap], local: &mut [Option<bool>]) -> PyResult<bool> {
+    fn test(&self, py: Python<'_>, var: usize, ev: &Ev, caps: &[Cap], local: &mut Loc<'_>) -> PyResult<bool> {
         let Some(cond) = &self.p.conds[var] else { return Ok(true) };
         if self.p.local[var] {
-            if let Some(v) = local[var] {
+            if let Some(v) = local.own[var] {
                 return Ok(v);
             }
+            // A condition that another rule of the engine shares (`cids`) may be known already.
+            let cid = self.cids.get(var).copied().unwrap_or(NO_CID) as usize;
+            if let Some(&known) = local.shared.get(cid) {
+                if known != 0 {
+                    let v = known == 2;
+                    local.own[var] = Some(v);
+                    return Ok(v);
+                }
+            }
             let v = cond.eval(&self.cx(py), ev, caps)?.is_true();
-            local[var] = Some(v);
+            local.own[var] = Some(v);
+            if let Some(slot) = local.shared.get_mut(cid) {
+                *slot = 1 + v as u8;
+            }
             return Ok(v);
         }
         Ok(cond.eval(&self.cx(py), ev, caps)?.is_true())
     }
 
-    fn any(&self, py: Python<'_>, vars: &[usize], ev: &Ev, caps: &[Cap], local: &mut [Option<bool>]) -> PyResult<bool> {
+    fn any(&self, py: Python<'_>, vars: &[usize], ev: &Ev, caps: &[Cap], local: &mut Loc<'_>) -> PyResult<bool> {
         for &g in vars {
             if self.test(py, g, ev, caps, local)? {
                 return Ok(true);
@@ -128,7 +146,7 @@ impl Core {
         Ok(false)
     }
 
-    fn spawn(&self, py: Python<'_>, ev: &Arc<Ev>, row: i64, local: &mut [Option<bool>]) -> PyResult<Vec<Entry>> {
+    fn spawn(&self, py: Python<'_>, ev: &Arc<Ev>, row: i64, local: &mut Loc<'_>) -> PyResult<Vec<Entry>> {
         let mut out = Vec::new();
         for (var, nxt) in &self.p.starts {
             if self.test(py, *var, ev, &[], local)? {
@@ -141,7 +159,7 @@ impl Core {
         Ok(out)
     }
 
-    fn step(&self, py: Python<'_>, entries: Vec<Entry>, ev: &Arc<Ev>, row: i64, local: &mut [Option<bool>]) -> PyResult<Vec<Entry>> {
+    fn step(&self, py: Python<'_>, entries: Vec<Entry>, ev: &Arc<Ev>, row: i64, local: &mut Loc<'_>) -> PyResult<Vec<Entry>> {
         let mut out = Vec::with_capacity(entries.len());
         for entry in entries {
             if entry.pos == DONE {
@@ -194,6 +212,7 @@ impl Core {
         state: Option<MState>,
         ev: Arc<Ev>,
         pre: Option<Vec<Option<bool>>>,
+        shared: &mut [u8],
         out: &Out,
     ) -> PyResult<Option<MState>> {
         self.stats.events += 1;
@@ -210,7 +229,7 @@ impl Core {
         let nvars = self.p.vars.len();
         let mut stack = [None; 8];
         let mut heap: Vec<Option<bool>>;
-        let local: &mut [Option<bool>] = match pre {
+        let own: &mut [Option<bool>] = match pre {
             Some(p) if p.len() == nvars => {
                 heap = p;
                 &mut heap
@@ -221,7 +240,8 @@ impl Core {
                 &mut heap
             }
         };
-        let (row, mut runs) = match state {
+        let local = &mut Loc { own, shared };
+        let (row, runs) = match state {
             None => {
                 let spawned = self.spawn(py, &ev, 0, local)?;
                 if spawned.is_empty() {
@@ -243,7 +263,6 @@ impl Core {
                 (row, runs)
             }
         };
-        runs.shrink_to_fit();
         self.settle(py, row + 1, runs, out, Some(ts))
     }
 
@@ -351,37 +370,32 @@ impl Core {
         Ok(Some(MState { row, runs, deadline }))
     }
 
-    fn full_key(pos: i32, caps: &[Cap]) -> Key {
-        Key::Full(pos, caps.iter().map(|c| (c.row, c.var)).collect())
+    /// Whether `a` and `b` are the same partial match for pruning (`_prune`'s key): the same
+    /// position and, unless the rule is history-free, the same (row, variable) captures; with
+    /// STEP WITHIN, history-free entries also need the same last row.
+    fn same(&self, a: &Entry, b: &Entry) -> bool {
+        if a.pos != b.pos {
+            return false;
+        }
+        if a.pos != DONE && self.history_free {
+            return self.p.step.is_none() || a.caps[a.caps.len() - 1].row == b.caps[b.caps.len() - 1].row;
+        }
+        a.caps.len() == b.caps.len() && a.caps.iter().zip(b.caps.iter()).all(|(x, y)| x.row == y.row && x.var == y.var)
     }
 
     fn prune(&self, run: Run) -> Run {
         if run.entries.len() < 2 {
             return run;
         }
-        let mut kept = Vec::with_capacity(run.entries.len());
-        let mut seen: HashSet<Key> = HashSet::new();
+        // Runs hold a handful of entries: a linear scan over the kept ones (no hashing, no
+        // key vectors).
+        let mut kept: Vec<Entry> = Vec::with_capacity(run.entries.len());
         for entry in run.entries {
-            if entry.pos == DONE {
-                if self.all_matches {
-                    if seen.insert(Self::full_key(DONE, &entry.caps)) {
-                        kept.push(entry);
-                    }
-                    continue;
-                }
+            if entry.pos == DONE && !self.all_matches {
                 kept.push(entry);
                 break;
             }
-            let key = if self.history_free {
-                if self.p.step.is_some() {
-                    Key::PosRow(entry.pos, entry.caps[entry.caps.len() - 1].row)
-                } else {
-                    Key::Pos(entry.pos)
-                }
-            } else {
-                Self::full_key(entry.pos, &entry.caps)
-            };
-            if seen.insert(key) {
+            if !kept.iter().any(|k| self.same(k, &entry)) {
                 kept.push(entry);
             }
         }
@@ -391,6 +405,13 @@ impl Core {
     fn decide(&mut self, py: Python<'_>, runs: Vec<Run>, out: &Out) -> PyResult<Vec<Run>> {
         if self.all_matches {
             return self.decide_all(py, runs, out);
+        }
+        // Nothing to decide (the common case): the oldest run is still open and every other
+        // run is kept as it is, so the runs stay as they are (no new vector).
+        if runs.first().is_some_and(|r| r.entries.first().is_some_and(|e| e.pos != DONE))
+            && runs[1..].iter().all(|r| !r.entries.is_empty() || r.tpart.is_some())
+        {
+            return Ok(runs);
         }
         let mut kept = Vec::with_capacity(runs.len());
         let mut floor = -1i64;
@@ -422,6 +443,10 @@ impl Core {
     }
 
     fn decide_all(&mut self, py: Python<'_>, runs: Vec<Run>, out: &Out) -> PyResult<Vec<Run>> {
+        // No complete match and no run without live entries: nothing changes.
+        if runs.iter().all(|r| !r.entries.is_empty() && r.entries.iter().all(|e| e.pos != DONE)) {
+            return Ok(runs);
+        }
         let mut kept = Vec::with_capacity(runs.len());
         for run in runs {
             let mut matched = run.matched;
