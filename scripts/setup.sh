@@ -54,6 +54,10 @@ if [[ -z $(compgen -G 'cep/_core*.so') || -n $(find core/src core/Cargo.toml cor
   .venv/bin/pip install -q --no-deps -e . >&2
   touch "$stamp"
 fi
+# Byte-compile our own sources once (compileall writes the .pyc files even when the environment
+# sets PYTHONDONTWRITEBYTECODE): every process the tests start (`cep run`, `cep replay`, Spark's
+# Python workers, the pytest-xdist workers) then loads them instead of compiling them again.
+.venv/bin/python -m compileall -q -j 0 cep jobs percolator bench tests >/dev/null
 if [[ -n $jars_pid ]] && ! wait "$jars_pid"; then
   echo "setup: fetching the Maven jars failed (see above)" >&2
   exit 1

@@ -24,7 +24,7 @@ def test_quick_bench_writes_results_with_positive_throughput(tmp_path: Path) -> 
         [sys.executable, "-m", "bench.run", "--quick", "--only", "embedded,spark",
          "--spark-variants", "ceiling_aipws,ours,ours_kafka", "--events", "20000", "--keys", "200",
          "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     md = (out / "latest.md").read_text()

@@ -83,7 +83,7 @@ class Job:
                                  *extra], cwd=ROOT, env=self.env, stdout=self.log.open("a"),
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
-    def run_once(self, *extra: str, timeout: float = 120) -> None:
+    def run_once(self, *extra: str, timeout: float = 400) -> None:
         proc = self.start("--once", *extra)
         try:
             rc = proc.wait(timeout)
@@ -101,7 +101,7 @@ class Job:
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
 
-    def wait_for(self, cond, what: str, timeout: float = 60) -> None:
+    def wait_for(self, cond, what: str, timeout: float = 240) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if cond():
@@ -266,7 +266,7 @@ def test_search_added_changed_and_removed_while_running(job):
                  json.loads(v)["search_version"]) for _, v, _ in read_topic(
                      job.bootstrap, job.notes, timeout_s=5)]
 
-    def expect(want, timeout=30):
+    def expect(want, timeout=120):
         job.wait_for(lambda: sorted(delivered()) == sorted(want), f"notifications {want}",
                      timeout)
 
@@ -274,7 +274,7 @@ def test_search_added_changed_and_removed_while_running(job):
     try:
         produce({"n": 1, "title": "blue bike"})
         want = [("bike", 1, 1)]
-        expect(want, timeout=90)                                   # includes Spark's start
+        expect(want, timeout=400)                                  # includes Spark's start
         reg.add(bob, "title:blue", search_id="blue")               # added
         produce({"n": 2, "title": "blue car"})
         want += [("blue", 2, 1)]
