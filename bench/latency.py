@@ -680,10 +680,14 @@ def _error_lines(log_text: str) -> str:
 
 # -- entry points ---------------------------------------------------------------------------
 def plan(rates: tuple[int, ...], seconds: float, warmup: float, quick: bool,
-         compare_triggers: bool = False) -> tuple[list[Variant], list[tuple[str, str]]]:
-    """The variants measured and the triggers only probed (started, to record what Spark says)."""
+         compare_triggers: bool = False, default_only: bool = False,
+         ) -> tuple[list[Variant], list[tuple[str, str]]]:
+    """The variants measured and the triggers only probed (started, to record what Spark says).
+    `default_only`: the live job as shipped at the given rates, nothing else (A/B runs)."""
     if quick:
         return [Variant("default", None, "default", rates[:1], seconds, warmup)], []
+    if default_only:
+        return [Variant("default", None, "default", rates, seconds, warmup)], []
     short = max(10.0, seconds / 2)
     low = (min(COMPARE_RATE, rates[0]),)
     # The live job as shipped: the bench rules (LATENESS 5s), the default 1 s trigger; first at
@@ -703,10 +707,11 @@ def plan(rates: tuple[int, ...], seconds: float, warmup: float, quick: bool,
 def run(rates: tuple[int, ...] = (5000, 20000, 50000), seconds: float = 30,
         warmup: float = 20, work: Path | None = None, *, quick: bool = False,
         compare_triggers: bool = False, log: Callable[[str], None] = print,
-        drain_s: float | None = None) -> dict[str, Any]:
+        drain_s: float | None = None, default_only: bool = False) -> dict[str, Any]:
     work = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="cep-latency-"))
     work.mkdir(parents=True, exist_ok=True)
-    variants, probes = plan(tuple(rates), seconds, warmup, quick, compare_triggers)
+    variants, probes = plan(tuple(rates), seconds, warmup, quick, compare_triggers,
+                            default_only)
     services = Services(work / "services")
     t0 = time.monotonic()
     out: dict[str, Any] = {"rates": list(rates), "seconds": seconds, "warmup": warmup,
@@ -781,7 +786,8 @@ def render_md(section: dict[str, Any]) -> str:
         out += ["", f"Latency = the wall time an alert became readable in Redis (XREAD BLOCK) − "
                 "the wall time its completing event was handed to the Kafka producer. "
                 f"Each `cep run` (e.g. `{v0['command']}`) runs on Spark local[2] with the "
-                "default 64 shards and 4 shuffle partitions; one input partition. Rates run in "
+                "default 64 shards and `live_partitions` stateful tasks (1); one input "
+                "partition. Rates run in "
                 f"a row in one job: {v0['warmup_s']:.0f} s warm-up before the first (not "
                 f"measured), {SETTLE_S:.0f} s settle before each next one, then "
                 f"{v0['seconds']:.0f} s measured per rate ({OVERLOAD_S:.0f} s once the job has "
@@ -838,12 +844,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the raw section here")
     ap.add_argument("--compare-triggers", action="store_true",
                     help="also LATENESS 0s with processingTime:200ms")
+    ap.add_argument("--default-only", action="store_true",
+                    help="only the live job as shipped at --rates (no LATENESS 0s variant, no "
+                         "real-time probe): for A/B runs")
     a = ap.parse_args(argv)
     rates = tuple(int(r) for r in a.rates.split(","))
     if a.quick:
         res = run(rates[:1], 10, 10, a.work, quick=True)
     else:
-        res = run(rates, a.seconds, a.warmup, a.work, compare_triggers=a.compare_triggers)
+        res = run(rates, a.seconds, a.warmup, a.work, compare_triggers=a.compare_triggers,
+                  default_only=a.default_only)
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
     print(render_md(res))

@@ -29,6 +29,24 @@ DELAY_MS = 5_000  # the benchmark rules' LATENESS
 COUNTRIES = ("NL", "DE", "FR", "BE")
 
 
+def pack_frame(rows: list[tuple[Any, ...]]) -> Any:
+    """Fan-out rows `(shard, stream, ts, seq, data, key_field, primary)` of one shard as the
+    operator receives them in Spark: a frame of packs (`cep.spark.pipeline.pack_rows`)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from cep.spark.pipeline import pack_rows
+
+    cols = list(zip(*rows, strict=True))
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(cols[0], pa.int32()), pa.array(cols[1], pa.string()),
+         pa.array(cols[2], pa.int64()), pa.array(cols[3], pa.int64()),
+         pa.array(cols[4], pa.string()), pa.array(cols[5], pa.string()),
+         pa.array(cols[6], pa.bool_()), pa.array(cols[2], pa.int64())],
+        names=["shard", "stream", "ts", "seq", "data", "key_field", "primary", "wm"])
+    return pd.DataFrame({"pack": [p for _, _, p in pack_rows(batch)]})
+
+
 class ShardState:
     """Spark's per-shard state for `CepProcessor` without Spark, one object per kind (MapState,
     ValueState, ListState, timers); `at` is the shard the current call is for (set it before
@@ -134,7 +152,6 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
              ) -> list[dict[str, Any]]:
     """One engine loop ("native" or "python") over `batches` micro-batches of `batch_s`
     seconds of events at `rate` events/s; per batch: CPU µs per event, stored bytes, keys."""
-    import pandas as pd
 
     os.environ["CEP_ENGINE"] = loop
     from cep.engines import RulesEngineFactory
@@ -159,9 +176,7 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
             s = zlib.crc32(card.encode()) % shards
             by_shard.setdefault(s, []).append((s, "transactions", ts, i, data, "card", True))
             i += 1
-        frames = {s: pd.DataFrame(rows, columns=["shard", "stream", "ts", "seq", "data",
-                                                 "key_field", "primary"])
-                  for s, rows in by_shard.items()}
+        frames = {s: pack_frame(rows) for s, rows in by_shard.items()}
         cpu = time.process_time()
         for s, frame in sorted(frames.items()):
             shard.at = (s,)

@@ -33,6 +33,12 @@ class Settings:
     shuffle_partitions: int = 4
     # Stateful operator groups by hash(key) % shards (FACTS.md: per-group cost dominates).
     shards: int = 64
+    # The live job's stateful tasks per micro-batch (its shuffle partitions; a checkpoint keeps
+    # the number it started with). One task means one operator worker process, which then holds
+    # every shard's native state from batch to batch; with more, Spark hands a partition to
+    # whichever worker is free and a shard that moved reloads its whole state
+    # (docs/spark-runtime.md, "Stateful partitions of the live job").
+    live_partitions: int = 1
     # Kafka topics the job uses besides per-rule alert topics.
     dead_letter_topic: str = "cep.dead-letter"
     late_topic: str = "cep.late-events"

@@ -170,7 +170,8 @@ class LiveJob:
         self._preflight(change.ruleset)
         self._adopt(change)
         self.spark = get_spark(self.settings, "cep-live", kafka=True)
-        self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.shuffle_partitions))
+        # One stateful task per batch by default: see `Settings.live_partitions`.
+        self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.live_partitions))
         self.metrics.attach(self.spark)
         self._start()
         started = time.monotonic()

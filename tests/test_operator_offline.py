@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from bench.operator import Handle, ShardState, Watermark
+from bench.operator import Handle, ShardState, Watermark, pack_frame
 from cep.compile import load_rules_dir
 from cep.datagen import GENERATORS
 from cep.engines import RulesEngineFactory
@@ -72,8 +72,7 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules:
             if name != DEAD_STREAM:
                 top = ts if top is None else max(top, ts)
         for shard, items in sorted(by_shard.items()):
-            call(shard, pd.DataFrame(items, columns=["shard", "stream", "ts", "seq", "data",
-                                                      "key_field", "primary"]))
+            call(shard, pack_frame(items))  # as Spark hands them over (packed per shard)
         fire_timers()
         wm = max(wm, (top or 0) - DELAY)  # Spark's watermark for the next batch
     fire_timers()

@@ -25,7 +25,7 @@ from cep.runtime.alerts import OUTPUT_SCHEMA
 from cep.runtime.bind import engine_kind
 from cep.runtime.engine import EOF_TS, Engine, Event, Output, content_seq
 from cep.runtime.state_store import UNKNOWN, MapStateKeyStore, NativeShardStore
-from cep.spark.pipeline import DEAD_STREAM, EOF_STREAM
+from cep.spark.pipeline import DEAD_STREAM, EOF_STREAM, unpack
 
 _OUT_COLUMNS = ["kind", "rule_id", "key", "id", "payload"]
 _BUCKET_SCHEMA = StructType([StructField("bucket", IntegerType())])
@@ -91,23 +91,26 @@ class CepProcessor(StatefulProcessor):
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: Any) -> Iterator[pd.DataFrame]:
+        """`rows`: packed events (`cep.spark.pipeline.packed`: a `pack` column of Arrow IPC
+        streams), read back as one Arrow batch; no pandas object per event."""
+        import pyarrow.compute as pc
+
         started = time.perf_counter()
-        frames = list(rows)  # includes waiting for Spark to hand the rows over
-        got = time.perf_counter()
-        pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        # Plain numpy columns: a pandas operation costs ~0.1-0.3 ms whatever its size, and a
-        # call has ~80 rows at a live job's batch and shard sizes.
-        stream = pdf["stream"].to_numpy()
-        ts = pdf["ts"].to_numpy()
-        dead_at = stream == DEAD_STREAM
-        dead = list(pdf["data"].to_numpy()[dead_at]) if dead_at.any() else []
-        keep = ~(dead_at | (stream == EOF_STREAM))
-        primary = int(pdf["primary"].to_numpy()[keep].sum())
-        max_ts = int(ts[keep].max()) if keep.any() else None
-        if not keep.all():
-            pdf = pdf[keep]
-        batch: Any = self._events_batch(pdf) if self.native else self._events(pdf)
-        n = batch.num_rows if self.native else len(batch)
+        packs = [p for frame in rows for p in frame["pack"]]
+        got = time.perf_counter()  # includes waiting for Spark to hand the rows over
+        table = unpack(packs)
+        stream = table.column("stream")
+        dead_at = pc.equal(stream, DEAD_STREAM)
+        drop = pc.or_(dead_at, pc.equal(stream, EOF_STREAM))
+        dead: list[str] = []
+        if pc.any(drop).as_py():
+            dead = table.filter(dead_at).column("data").to_pylist()
+            table = table.filter(pc.invert(drop))
+        primary = int(pc.sum(table.column("primary").cast("int64")).as_py() or 0)
+        max_ts = pc.max(table.column("ts")).as_py() if table.num_rows else None
+        batch: Any = (self._events_batch(table) if self.native
+                      else self._events(table.to_pandas()))
+        n = table.num_rows
         self._begin(key)
         try:
             ran = time.perf_counter()
@@ -139,20 +142,19 @@ class CepProcessor(StatefulProcessor):
         return events
 
     @staticmethod
-    def _events_batch(pdf: pd.DataFrame) -> Any:
+    def _events_batch(table: Any) -> Any:
         """The rows (events only) as one Arrow batch for the native engine loop: no Python
         object per event (the core parses `data`, the event's JSON text)."""
         import pyarrow as pa
 
-        seq: Any = pdf["seq"].to_numpy()
-        if pd.isna(seq).any():  # no source position (files): order ties by content
-            seq = [content_seq(json.loads(d)) if pd.isna(q) else int(q)
-                   for q, d in zip(seq, pdf["data"], strict=True)]
+        seq: Any = table.column("seq")
+        if seq.null_count:  # no source position (files): order ties by content
+            seq = pa.array([content_seq(json.loads(d)) if q is None else q
+                            for q, d in zip(seq.to_pylist(), table.column("data").to_pylist(),
+                                            strict=True)], pa.int64())
         return pa.RecordBatch.from_arrays(
-            [pa.array(pdf["stream"].to_numpy(), pa.string()),
-             pa.array(pdf["ts"].to_numpy(), pa.int64()), pa.array(seq, pa.int64()),
-             pa.array(pdf["data"].to_numpy(), pa.string()),
-             pa.array(pdf["key_field"].to_numpy(), pa.string())],
+            [table.column("stream"), table.column("ts"), seq, table.column("data"),
+             table.column("key_field")],
             names=["stream", "ts", "seq", "data", "route"])
 
     def handleExpiredTimer(self, key: Any, timerValues: Any,

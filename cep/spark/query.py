@@ -1,7 +1,7 @@
 """The one Spark query that runs the rules, shared by `cep replay` and `cep run`:
 
-validated events ──fan-out──► watermark ──groupBy(shard)──► transformWithStateInPandas(CepProcessor)
-                                                              └► output rows (OUTPUT_SCHEMA)
+validated events ──fan-out──► packed per (shard, input batch) ──► watermark ──groupBy(shard)
+  ──► transformWithStateInPandas(CepProcessor) └► output rows (OUTPUT_SCHEMA)
 
 The jobs differ only in where events come from (files, Kafka) and where rows go (a collector,
 `BatchDelivery`); the operator's rows are decoded by one function, `cep.runtime.alerts.decode_rows`.
@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame
 from cep.engines import EngineFactory
 from cep.runtime.alerts import output_rows
 from cep.spark.operator import OUTPUT_SCHEMA, CepProcessor
-from cep.spark.pipeline import Plan, fan_out
+from cep.spark.pipeline import Plan, fan_out, packed
 
 
 def match_rules(good: DataFrame, plan: Plan, factory: EngineFactory,
@@ -27,7 +27,8 @@ def match_rules(good: DataFrame, plan: Plan, factory: EngineFactory,
     delay = plan.watermark_delay_ms
     # The watermark is computed from event_time; the column itself is not handed to the
     # operator (so Spark does not drop late rows there: the engine reports them instead).
-    rows: Any = (fan_out(good, plan)
+    # One row per (shard, input batch), not per event (`cep.spark.pipeline.pack_rows`).
+    rows: Any = (packed(fan_out(good, plan))
                  .withWatermark("event_time", f"{delay} milliseconds").drop("event_time"))
     processor = CepProcessor(factory, output_rows, delay, end_of_input)
     return rows.groupBy("shard").transformWithStateInPandas(  # type: ignore[no-any-return]
