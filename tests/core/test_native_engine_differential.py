@@ -239,6 +239,18 @@ def drive_arrow(engine, table, batch: int) -> list:  # type: ignore[no-untyped-d
     return trace
 
 
+def same_results(python, native, events: list[Event], table, batch: int,  # type: ignore[no-untyped-def]
+                 roundtrip: bool, text: object) -> None:
+    """The native engine's results equal the Python engine's, from `Event`s (the key states
+    through bytes between calls at batches 1 and 3 when `roundtrip`) and from Arrow."""
+    expected = drive(python, events, batch, False)
+    got = drive(native, events, batch, roundtrip and batch in (1, 3))
+    assert got == expected, (text, [(e.stream, e.ts, e.seq, e.data) for e in events], batch)
+    if table is not None:
+        assert drive_arrow(native, table, batch) == drive_arrow(python, table, batch), (
+            text, table.to_pylist(), batch)
+
+
 def json_batches(events: list[Event]):  # type: ignore[no-untyped-def]
     """The events as the Spark operator hands them to the core: Arrow batches with the JSON text
     of each event (`data`, parsed by the core), its int seq and its route; None when a value has
@@ -323,13 +335,7 @@ def test_native_engine_equals_python_engine(text: tuple[str, list[str]], cases: 
         events = make_events(raw, seed, extra_late, seq_kind, lateness)
         table = arrow_table(events)
         for batch in BATCHES:
-            expected = drive(python, events, batch, False)
-            got = drive(native, events, batch, roundtrip and batch in (1, 3))
-            assert got == expected, (text, [(e.stream, e.ts, e.seq, e.data) for e in events],
-                                     batch)
-            if table is not None:
-                assert drive_arrow(native, table, batch) == drive_arrow(python, table, batch), (
-                    text, table.to_pylist(), batch)
+            same_results(python, native, events, table, batch, roundtrip, text)
             jtable = json_batches(events)
             if jtable is not None and batch in (1, 3, 10_000):
                 import json

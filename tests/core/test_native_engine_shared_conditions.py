@@ -27,9 +27,8 @@ from tests.core.test_native_engine_differential import (
     NESTED_MEASURES,
     arrow_table,
     compile_valid,
-    drive,
-    drive_arrow,
     make_events,
+    same_results,
     stream_header,
     streams,
 )
@@ -84,13 +83,7 @@ def test_rules_sharing_conditions_equal_python_engine(text: tuple[str, list[str]
         events = make_events(raw, seed, extra_late, seq_kind, lateness)
         table = arrow_table(events)
         for batch in BATCHES:
-            expected = drive(python, events, batch, False)
-            got = drive(native, events, batch, roundtrip and batch in (1, 3))
-            assert got == expected, (text, [(e.stream, e.ts, e.seq, e.data) for e in events],
-                                     batch)
-            if table is not None:
-                assert drive_arrow(native, table, batch) == drive_arrow(python, table, batch), (
-                    text, table.to_pylist(), batch)
+            same_results(python, native, events, table, batch, roundtrip, text)
             if batch >= len(events):
                 break
 
