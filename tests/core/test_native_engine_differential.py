@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import random
+from typing import Any
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -77,17 +78,21 @@ def stream_header(draw: st.DrawFn) -> tuple[bool, str]:
 
 
 @st.composite
-def ruleset_text(draw: st.DrawFn) -> tuple[str, list[str]]:
-    """The stream declarations and 1-3 rules."""
+def ruleset_text(draw: st.DrawFn, max_rules: int = 3,
+                 copies: Any = None) -> tuple[str, list[str]]:
+    """The stream declarations and 1-`max_rules` rules; `copies(draw, rule, i)`, when given,
+    adds variants of each rule after it."""
     two, text = draw(stream_header())
     rules = []
-    for i in range(draw(st.integers(1, 3))):
+    for i in range(draw(st.integers(1, max_rules))):
         rule = draw(rule_statement(NESTED_DEFINES, rule_id=f"r{i}", emit=f"m{i}",
                                    partition=True, timeouts=True, measures=NESTED_MEASURES,
                                    max_partial=True))
         if two and draw(st.booleans()):
             rule = rule.replace(" FROM s ", " FROM s2 ", 1)
         rules.append(rule)
+        if copies is not None:
+            rules.extend(copies(draw, rule, i))
     return text, rules
 
 
@@ -239,6 +244,17 @@ def drive_arrow(engine, table, batch: int) -> list:  # type: ignore[no-untyped-d
     return trace
 
 
+def both_engines(ruleset, text: object):  # type: ignore[no-untyped-def]
+    """The Python engine, the native engine loop (every rule native) and the largest LATENESS
+    of a rule set."""
+    for rule in ruleset.rules:
+        assert why_not_native(rule) is None, (why_not_native(rule), text)
+    python = build_engine(ruleset, use_native=False)
+    native = build_embedded_engine(ruleset, use_native=True)
+    assert engine_kind(native) == "native"
+    return python, native, max(r.stream.lateness_ms for r in ruleset.rules)
+
+
 def same_results(python, native, events: list[Event], table, batch: int,  # type: ignore[no-untyped-def]
                  roundtrip: bool, text: object) -> None:
     """The native engine's results equal the Python engine's, from `Event`s (the key states
@@ -325,12 +341,7 @@ def drive_operator_store(engine, table, batch: int, seed: int) -> list:  # type:
 def test_native_engine_equals_python_engine(text: tuple[str, list[str]], cases: list) -> None:
     ruleset = compile_valid(*text)
     assume(ruleset is not None)
-    for rule in ruleset.rules:
-        assert why_not_native(rule) is None, (why_not_native(rule), text)
-    python = build_engine(ruleset, use_native=False)
-    native = build_embedded_engine(ruleset, use_native=True)
-    assert engine_kind(native) == "native"
-    lateness = max(r.stream.lateness_ms for r in ruleset.rules)
+    python, native, lateness = both_engines(ruleset, text)
     for raw, seed, extra_late, seq_kind, roundtrip in cases:
         events = make_events(raw, seed, extra_late, seq_kind, lateness)
         table = arrow_table(events)

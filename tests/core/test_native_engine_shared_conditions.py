@@ -20,20 +20,17 @@ import re
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from cep.runtime.bind import build_embedded_engine, build_engine, engine_kind
-from cep.runtime.native import why_not_native
+from cep.runtime.bind import build_embedded_engine, engine_kind
 from tests.core.test_native_engine_differential import (
-    NESTED_DEFINES,
-    NESTED_MEASURES,
     arrow_table,
+    both_engines,
     compile_valid,
     make_events,
+    ruleset_text,
     same_results,
-    stream_header,
     streams,
 )
 from tests.hyp import profile
-from tests.rules.strategies import rule_statement
 
 EXAMPLES = int(os.environ.get("CEP_SHARED_DIFF_EXAMPLES")
                or {"dev": 5, "ci": 40, "deep": 400}[profile()])
@@ -48,20 +45,14 @@ def _copy(rule: str, base: int, n: int, shift: int) -> str:
     return out
 
 
-@st.composite
-def shared_ruleset_text(draw: st.DrawFn) -> tuple[str, list[str]]:
-    two, text = draw(stream_header())
-    rules = []
-    for i in range(draw(st.integers(1, 2))):
-        rule = draw(rule_statement(NESTED_DEFINES, rule_id=f"r{i}", emit=f"m{i}",
-                                   partition=True, timeouts=True, measures=NESTED_MEASURES,
-                                   max_partial=True))
-        if two and draw(st.booleans()):
-            rule = rule.replace(" FROM s ", " FROM s2 ", 1)
-        rules.append(rule)
-        for n in range(draw(st.integers(1, 3))):
-            rules.append(_copy(rule, i, n, draw(st.sampled_from((0, 0, 1)))))
-    return text, rules
+def _copies(draw: st.DrawFn, rule: str, i: int) -> list[str]:
+    """1-3 copies of rule `r{i}` under new names, some with every constant shifted by one."""
+    return [_copy(rule, i, n, draw(st.sampled_from((0, 0, 1))))
+            for n in range(draw(st.integers(1, 3)))]
+
+
+def shared_ruleset_text() -> st.SearchStrategy[tuple[str, list[str]]]:
+    return ruleset_text(max_rules=2, copies=_copies)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -73,12 +64,7 @@ def test_rules_sharing_conditions_equal_python_engine(text: tuple[str, list[str]
                                                       cases: list) -> None:
     ruleset = compile_valid(*text)
     assume(ruleset is not None and len(ruleset.rules) >= 2)
-    for rule in ruleset.rules:
-        assert why_not_native(rule) is None, (why_not_native(rule), text)
-    python = build_engine(ruleset, use_native=False)
-    native = build_embedded_engine(ruleset, use_native=True)
-    assert engine_kind(native) == "native"
-    lateness = max(r.stream.lateness_ms for r in ruleset.rules)
+    python, native, lateness = both_engines(ruleset, text)
     for raw, seed, extra_late, seq_kind, roundtrip in cases:
         events = make_events(raw, seed, extra_late, seq_kind, lateness)
         table = arrow_table(events)
