@@ -244,7 +244,7 @@ def _query(spark: Any, variant: str, staged: Path, plan: Any, factory: Any,
 
     from cep.runtime.alerts import output_rows
     from cep.spark.operator import OUTPUT_SCHEMA, CepProcessor
-    from cep.spark.pipeline import fan_out, parse
+    from cep.spark.pipeline import fan_out, packed, parse
 
     raw = _source(spark, staged, kafka if variant == "ours_kafka" else None)
     raw = raw.where(F.length(F.trim("value")) > 0)
@@ -256,6 +256,10 @@ def _query(spark: Any, variant: str, staged: Path, plan: Any, factory: Any,
     else:
         grouped = rows.groupBy("shard")
         if variant in ("ours", "ours_kafka"):
+            # The live job's input: fan-out rows packed per (shard, input batch), as
+            # cep.spark.query builds it (the operator reads packs).
+            grouped = (packed(fan_out(good, plan)).withWatermark("event_time", delay)
+                       .drop("event_time").groupBy("shard"))
             processor = CepProcessor(factory, output_rows, plan.watermark_delay_ms)
             out = grouped.transformWithStateInPandas(
                 statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA,
