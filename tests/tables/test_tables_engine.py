@@ -59,10 +59,13 @@ def ruleset() -> Any:
 # ------------------------------------------------------------------------ the reference
 
 
-def ref_row(records: list[dict[str, Any]], key: str, ts: int) -> dict[str, Any] | None:
+def ref_row(records: list[dict[str, Any]], key: str, ts: int, key_field: str = "card",
+            ) -> dict[str, Any] | None:
+    """The record of `key` with the greatest (time, seq) at or before `ts`; None if none or
+    deleted."""
     best = None
     for r in records:
-        if r["card"] == key and r["t"] <= ts and (best is None or
+        if r[key_field] == key and r["t"] <= ts and (best is None or
                                                     (r["t"], r["seq"]) > (best["t"], best["seq"])):
             best = r
     if best is None or best.get("_deleted"):

@@ -24,6 +24,7 @@ from cep.runtime.bind import build_engine
 from cep.runtime.engine import Event, MemoryKeyStore, run_embedded
 from cep.runtime.matcher import Match
 from tests.rules import window_reference as ref
+from tests.tables.test_tables_engine import ref_row
 
 LATENESS_MS = 3000
 MINUTE = 60_000
@@ -58,14 +59,8 @@ RULE over_allowance FROM logins PARTITION BY ip
 
 def row_as_of(records: list[dict[str, Any]], key_field: str, key: str, ts: int,
               ) -> dict[str, Any]:
-    """The table row of `key` with the greatest (time, seq) at or before `ts`; {} if none or
-    deleted."""
-    best = None
-    for r in records:
-        if r[key_field] == key and r["t"] <= ts and (
-                best is None or (r["t"], r["seq"]) > (best["t"], best["seq"])):
-            best = r
-    return {} if best is None or best.get("_deleted") else best
+    """The table row of `key` as of `ts` ({} if none or deleted)."""
+    return ref_row(records, key, ts, key_field) or {}
 
 
 def reference(window: str, events: list[dict[str, Any]], allow: list[dict[str, Any]],
