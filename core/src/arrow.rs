@@ -79,7 +79,7 @@ struct Col {
     /// A string column's distinct values so far: equal strings share one `Arc<str>` (one
     /// allocation per distinct value, and keys compare by pointer first). Given up when the
     /// column turns out to be mostly distinct values.
-    intern: std::cell::RefCell<Option<std::collections::HashSet<std::sync::Arc<str>>>>,
+    intern: std::cell::RefCell<Option<std::collections::HashSet<std::sync::Arc<str>, foldhash::fast::RandomState>>>,
     seen: std::cell::Cell<usize>,
     /// The value interned last (a column of one repeated value needs no hashing).
     last: std::cell::RefCell<Option<std::sync::Arc<str>>>,
@@ -206,7 +206,7 @@ unsafe fn col_of(fmt: &str, a: &FfiArray, parent_offset: usize, len: usize) -> P
     if len > 0 && kind != Kind::Null && (data.is_null() && kind != Kind::Utf8 && kind != Kind::LargeUtf8 || (offsets.is_null() && matches!(kind, Kind::Utf8 | Kind::LargeUtf8))) {
         return Err(bad("arrow: a column without values"));
     }
-    let intern = matches!(kind, Kind::Utf8 | Kind::LargeUtf8).then(std::collections::HashSet::new);
+    let intern = matches!(kind, Kind::Utf8 | Kind::LargeUtf8).then(std::collections::HashSet::default);
     Ok(Col { kind, validity, data, offsets, base, intern: std::cell::RefCell::new(intern), seen: std::cell::Cell::new(0), last: std::cell::RefCell::new(None) })
 }
 

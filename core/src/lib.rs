@@ -184,6 +184,7 @@ pub fn build_core(py: Python<'_>, program: &Bound<'_, PyAny>, max_partial_matche
         measure_names: p.measures.iter().map(|(n, _)| PyString::intern(py, n).unbind()).collect(),
         key_field: p.key_field.as_deref().filter(|k| !k.is_empty()).map(|k| PyString::intern(py, k).unbind()),
         stats: Stats::default(),
+        spare: Vec::new(),
         p,
     })
 }

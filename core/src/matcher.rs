@@ -83,6 +83,8 @@ pub struct Core {
     pub measure_names: Vec<Py<PyString>>,
     pub key_field: Option<Py<PyString>>,
     pub stats: Stats,
+    /// A spare entry vector for `step` (kept between events: no allocation per step).
+    pub spare: Vec<Entry>,
 }
 
 /// Results of one call, and the key they are reported under.
@@ -103,6 +105,14 @@ impl<'py> Out<'py> {
     pub fn lazy(list: Bound<'py, PyList>, key: Arc<str>) -> Self {
         Out { list, key: None, key_text: Some(key), key_cell: std::cell::OnceCell::new() }
     }
+}
+
+/// `caps` with `cap` appended, in a new vector.
+fn grown_caps(caps: &[Cap], cap: Cap) -> Vec<Cap> {
+    let mut grown = Vec::with_capacity(caps.len() + 1);
+    grown.extend(caps.iter().cloned());
+    grown.push(cap);
+    grown
 }
 
 impl Core {
@@ -159,49 +169,73 @@ impl Core {
         Ok(out)
     }
 
-    fn step(&self, py: Python<'_>, entries: Vec<Entry>, ev: &Arc<Ev>, row: i64, local: &mut Loc<'_>) -> PyResult<Vec<Entry>> {
-        let mut out = Vec::with_capacity(entries.len());
-        for entry in entries {
+    /// Steps `entries` over one event, in place: the stepped entries are built in `spare`
+    /// and swapped in (the two vectors' buffers are reused from event to event).
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &self,
+        py: Python<'_>,
+        entries: &mut Vec<Entry>,
+        spare: &mut Vec<Entry>,
+        ev: &Arc<Ev>,
+        row: i64,
+        local: &mut Loc<'_>,
+    ) -> PyResult<()> {
+        let mut out = std::mem::take(spare);
+        out.clear();
+        out.reserve(entries.len());
+        for entry in entries.drain(..) {
             if entry.pos == DONE {
                 out.push(entry);
                 continue;
             }
             let st = &self.p.table[entry.pos as usize];
-            let caps = &entry.caps;
-            if !st.not_next.is_empty() && self.any(py, &st.not_next, ev, caps, local)? {
+            if !st.not_next.is_empty() && self.any(py, &st.not_next, ev, &entry.caps, local)? {
                 continue;
             }
             if st.absence {
                 if !st.not_followed.is_empty() {
-                    if !self.any(py, &st.not_followed, ev, caps, local)? {
-                        out.push(Entry { pos: st.after, caps: entry.caps.clone() });
+                    if !self.any(py, &st.not_followed, ev, &entry.caps, local)? {
+                        out.push(Entry { pos: st.after, caps: entry.caps });
                     }
                 } else {
-                    out.push(Entry { pos: DONE, caps: entry.caps.clone() });
+                    out.push(Entry { pos: DONE, caps: entry.caps });
                 }
                 continue;
             }
-            let taken = self.test(py, st.var, ev, caps, local)?;
+            let taken = self.test(py, st.var, ev, &entry.caps, local)?;
             if taken {
-                let mut grown = Vec::with_capacity(caps.len() + 1);
-                grown.extend(caps.iter().cloned());
-                grown.push(Cap { var: st.var as u32, row, ev: ev.clone() });
-                let grown: Caps = Arc::new(grown);
+                let cap = Cap { var: st.var as u32, row, ev: ev.clone() };
+                if st.conn != Conn::Any {
+                    // The entry itself does not go on: its captures are grown in place when no
+                    // other entry shares them (copy on write), else copied.
+                    let mut c = entry.caps;
+                    let grown: Caps = match Arc::get_mut(&mut c) {
+                        Some(v) => {
+                            v.push(cap);
+                            c
+                        }
+                        None => Arc::new(grown_caps(&c, cap)),
+                    };
+                    for &t in &st.next {
+                        out.push(Entry { pos: t, caps: grown.clone() });
+                    }
+                    continue;
+                }
+                let grown: Caps = Arc::new(grown_caps(&entry.caps, cap));
                 for &t in &st.next {
                     out.push(Entry { pos: t, caps: grown.clone() });
-                }
-                if st.conn != Conn::Any {
-                    continue;
                 }
             } else if st.conn == Conn::Strict {
                 continue;
             }
-            if !st.not_followed.is_empty() && self.any(py, &st.not_followed, ev, caps, local)? {
+            if !st.not_followed.is_empty() && self.any(py, &st.not_followed, ev, &entry.caps, local)? {
                 continue;
             }
-            out.push(Entry { pos: st.after, caps: entry.caps.clone() });
+            out.push(Entry { pos: st.after, caps: entry.caps });
         }
-        Ok(out)
+        *spare = std::mem::replace(entries, out);
+        Ok(())
     }
 
     /// `_feed`: one event of this key.
@@ -249,18 +283,19 @@ impl Core {
                 }
                 (0, vec![Run { start: 0, entries: spawned, tpart: None, matched: false }])
             }
-            Some(s) => {
+            Some(mut s) => {
                 let row = s.row;
-                let mut runs = Vec::with_capacity(s.runs.len() + 1);
-                for r in s.runs {
-                    let stepped = self.step(py, r.entries, &ev, row, local)?;
-                    runs.push(Run { start: r.start, entries: stepped, tpart: r.tpart, matched: r.matched });
+                // The runs are stepped in place (no new vectors per event).
+                let mut spare = std::mem::take(&mut self.spare);
+                for r in s.runs.iter_mut() {
+                    self.step(py, &mut r.entries, &mut spare, &ev, row, local)?;
                 }
+                self.spare = spare;
                 let spawned = self.spawn(py, &ev, row, local)?;
                 if !spawned.is_empty() {
-                    runs.push(Run { start: row, entries: spawned, tpart: None, matched: false });
+                    s.runs.push(Run { start: row, entries: spawned, tpart: None, matched: false });
                 }
-                (row, runs)
+                (row, s.runs)
             }
         };
         self.settle(py, row + 1, runs, out, Some(ts))
@@ -342,7 +377,10 @@ impl Core {
     // ------------------------------------------------------------------ deciding
 
     fn settle(&mut self, py: Python<'_>, row: i64, runs: Vec<Run>, out: &Out, ts: Option<i64>) -> PyResult<Option<MState>> {
-        let runs: Vec<Run> = runs.into_iter().map(|r| self.prune(r)).collect();
+        let mut runs = runs;
+        for r in runs.iter_mut() {
+            self.prune(r);
+        }
         let mut runs = self.decide(py, runs, out)?;
         let total: usize = runs.iter().map(|r| r.entries.len()).sum();
         if total as u64 > self.stats.max_seen {
@@ -383,23 +421,25 @@ impl Core {
         a.caps.len() == b.caps.len() && a.caps.iter().zip(b.caps.iter()).all(|(x, y)| x.row == y.row && x.var == y.var)
     }
 
-    fn prune(&self, run: Run) -> Run {
+    fn prune(&self, run: &mut Run) {
         if run.entries.len() < 2 {
-            return run;
+            return;
         }
         // Runs hold a handful of entries: a linear scan over the kept ones (no hashing, no
-        // key vectors).
-        let mut kept: Vec<Entry> = Vec::with_capacity(run.entries.len());
-        for entry in run.entries {
-            if entry.pos == DONE && !self.all_matches {
-                kept.push(entry);
+        // key vectors), in place: the kept entries are moved to the front, in order.
+        let entries = &mut run.entries;
+        let mut w = 0;
+        for i in 0..entries.len() {
+            let done = entries[i].pos == DONE && !self.all_matches;
+            if done || !entries[..w].iter().any(|k| self.same(k, &entries[i])) {
+                entries.swap(w, i);
+                w += 1;
+            }
+            if done {
                 break;
             }
-            if !kept.iter().any(|k| self.same(k, &entry)) {
-                kept.push(entry);
-            }
         }
-        Run { start: run.start, entries: kept, tpart: run.tpart, matched: run.matched }
+        entries.truncate(w);
     }
 
     fn decide(&mut self, py: Python<'_>, runs: Vec<Run>, out: &Out) -> PyResult<Vec<Run>> {
