@@ -428,7 +428,39 @@ pub fn extract_fields(
     Ok(out)
 }
 
+/// An absent field (`Expr::operand`).
+static NULL: Value = Value::Null;
+
 impl Expr {
+    /// `eval` for an operand of a comparison or arithmetic: a constant, a field of a row or a
+    /// captured row's field is borrowed in place (no value copied, no reference count touched);
+    /// anything else is evaluated.
+    #[inline]
+    fn operand<'a>(&'a self, cx: &Cx, e: &'a Ev, c: &'a [Cap]) -> PyResult<std::borrow::Cow<'a, Value>> {
+        use std::borrow::Cow;
+        match self {
+            Expr::Const(v) => Ok(Cow::Borrowed(v)),
+            Expr::Field(i) => match (&e.pidx, &e.row) {
+                (Some(p), Some(row)) => Ok(Cow::Borrowed(match p[*i] {
+                    u32::MAX => &NULL,
+                    k => &row.vals[k as usize],
+                })),
+                _ => Ok(Cow::Owned(self.eval(cx, e, c)?)),
+            },
+            Expr::VarRow { var, first, row, cur } if matches!(**row, Expr::Field(_)) => {
+                let found = if *first { c.iter().find(|cap| cap.var == *var) } else { c.iter().rev().find(|cap| cap.var == *var) };
+                match found {
+                    // The same captures `eval` reads: the last (or first) row of the variable
+                    // in the match, else the current event when it is being tested for it.
+                    Some(cap) if *first || !*cur => row.operand(cx, &cap.ev, &[]),
+                    None if *cur => row.operand(cx, e, &[]),
+                    _ => Ok(Cow::Owned(self.eval(cx, e, c)?)),
+                }
+            }
+            _ => Ok(Cow::Owned(self.eval(cx, e, c)?)),
+        }
+    }
+
     /// The value of this expression for event `e` with the match so far `c`.
     pub fn eval(&self, cx: &Cx, e: &Ev, c: &[Cap]) -> PyResult<Value> {
         let py = cx.py;
@@ -490,22 +522,22 @@ impl Expr {
                 value::neg(py, cx.ops, &v)?
             }
             Expr::Arith(op, l, r) => {
-                let a = l.eval(cx, e, c)?;
+                let a = l.operand(cx, e, c)?;
                 if a.is_null() {
                     return Ok(Value::Null);
                 }
-                let b = r.eval(cx, e, c)?;
+                let b = r.operand(cx, e, c)?;
                 if b.is_null() {
                     return Ok(Value::Null);
                 }
                 value::arith(py, cx.ops, *op, &a, &b)?
             }
             Expr::Cmp(op, l, r) => {
-                let a = l.eval(cx, e, c)?;
+                let a = l.operand(cx, e, c)?;
                 if a.is_null() {
                     return Ok(Value::Null);
                 }
-                let b = r.eval(cx, e, c)?;
+                let b = r.operand(cx, e, c)?;
                 if b.is_null() {
                     return Ok(Value::Null);
                 }
