@@ -1,38 +1,63 @@
-"""A/B driver for the native engine (session 9): caches bench.native_flink's Arrow batches in /tmp/core9 and runs
-the engine only over them N times (same loop as bench.native_flink.native_run).
+"""A/B driver for the native engine: bench.native_flink's loop (engine only, Arrow batches of
+100,000, a fresh engine per run) over batches cached on disk, so that two builds of `cep._core`
+can be alternated within minutes without regenerating the data set each time.
 
-    PYTHONPATH=<tree> python bench/native_ab.py EVENTS KEYS RUNS   (DOMAIN=trading, RULESFILE=path optional)
+    python -m bench.native_ab EVENTS KEYS RUNS [--domain fraud] [--rules FILE]
+
+The batches are pickled under $CEP_AB_CACHE (default /tmp/cep-native-ab), one file per
+(domain, events, keys). Prints events/s (wall and CPU, `time.process_time`) per run.
 """
-import os, sys, time, pickle
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import time
 from pathlib import Path
-import pyarrow as pa
-sys.path.insert(0, os.environ["PYTHONPATH"])
+
 from bench.native import arrow_batches
 from bench.workloads import dataset, load_rules, rules_path, stream_of
 from cep.runtime.bind import build_embedded_engine
 from cep.runtime.engine import NEG_INF, MemoryKeyStore, events_from_dicts
-RULES = Path(os.environ["PYTHONPATH"]) / "bench" / "rules"
-domain = os.environ.get("DOMAIN", "fraud")
-ev, keys, runs = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-rulesfile = os.environ.get("RULESFILE")
-ruleset = load_rules(Path(rulesfile) if rulesfile else rules_path(RULES, domain))
-cache = Path(f"/tmp/core9/{domain}_{ev}_{keys}.pkl")
-if cache.exists():
-    batches = pickle.loads(cache.read_bytes())
-else:
-    ds = dataset(domain, ev, keys, 100)
-    events = sorted(events_from_dicts(stream_of(ruleset), ds.events), key=lambda e: (e.ts, e.seq))
-    batches = arrow_batches(events, 100_000)
-    cache.write_bytes(pickle.dumps(batches))
-n = sum(rb.num_rows for rb, _ in batches)
-for r in range(runs):
-    engine = build_embedded_engine(ruleset)
-    store, max_ts = MemoryKeyStore(), NEG_INF
-    cnt = 0
-    t0, c0 = time.perf_counter(), time.process_time()
-    for rb, top in batches:
-        cnt += len(engine.ingest_batch(store, rb, max_ts).matches)
-        max_ts = max(max_ts, top)
-    cnt += len(engine.advance(store, max_ts, end_of_input=max_ts).matches)
-    w, c = time.perf_counter() - t0, time.process_time() - c0
-    print(f"run {r}: {n} events {n/w:,.0f} ev/s wall {n/c:,.0f} ev/s CPU; {cnt} results", flush=True)
+
+RULES = Path(__file__).resolve().parent / "rules"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("events", type=int)
+    ap.add_argument("keys", type=int)
+    ap.add_argument("runs", type=int)
+    ap.add_argument("--domain", default="fraud")
+    ap.add_argument("--rules", type=Path, default=None)
+    a = ap.parse_args(argv)
+    ruleset = load_rules(a.rules or rules_path(RULES, a.domain))
+    cache_dir = Path(os.environ.get("CEP_AB_CACHE", "/tmp/cep-native-ab"))
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    cache = cache_dir / f"{a.domain}_{a.events}_{a.keys}.pkl"
+    if cache.exists():
+        batches = pickle.loads(cache.read_bytes())
+    else:
+        ds = dataset(a.domain, a.events, a.keys, 100)
+        events = sorted(events_from_dicts(stream_of(ruleset), ds.events),
+                        key=lambda e: (e.ts, e.seq))
+        batches = arrow_batches(events, 100_000)
+        cache.write_bytes(pickle.dumps(batches))
+    n = sum(rb.num_rows for rb, _ in batches)
+    for r in range(a.runs):
+        engine = build_embedded_engine(ruleset)
+        store, max_ts, count = MemoryKeyStore(), NEG_INF, 0
+        t0, c0 = time.perf_counter(), time.process_time()
+        for rb, top in batches:
+            count += len(engine.ingest_batch(store, rb, max_ts).matches)
+            max_ts = max(max_ts, top)
+        count += len(engine.advance(store, max_ts, end_of_input=max_ts).matches)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        print(f"run {r}: {n} events {n / wall:,.0f} ev/s wall {n / cpu:,.0f} ev/s CPU; "
+              f"{count} results", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
