@@ -42,7 +42,10 @@ def test_quick_bench_writes_results_with_positive_throughput(tmp_path: Path) -> 
     # The same events read from Kafka (a broker the harness starts) give the same alerts.
     kafka = res["spark"]["variants"]["ours_kafka"]
     assert kafka["operator_events"] == ours["operator_events"]
-    assert sorted(map(tuple, kafka["alerts"])) == sorted(map(tuple, res["expected_fraud"]))
+    # On a mismatch, say what the operator emitted and how the input was batched (one clean-clone
+    # run at load ~30 saw every event counted and no alert; alone it passes).
+    seen = {k: kafka.get(k) for k in ("output_rows", "operator_stats", "batch_rows")}
+    assert sorted(map(tuple, kafka["alerts"])) == sorted(map(tuple, res["expected_fraud"])), seen
     assert h["spark_kafka"] > 0
     assert (out / "summary.png").is_file()
 
