@@ -155,7 +155,8 @@ def test_what_it_leaves_to_python() -> None:
     schema, key_order = SCHEMAS[0]
     left = [b"", b"{}", b'{"ts":"2024-01-01","card":"a"}', b'{"ts":1.0,"card":"a"}',
             b'{"ts":1,"card":"a","n":5.0}', b'{"ts":1,"card":"\\u00e9"}', b'{"ts":1,"card":1.5}',
-            b'{"ts":1,"card":"a","ts":2}', b'{"ts":1,"card":"a"} x', b'{"ts":1,"card":"a","n":1e999}',
+            b'{"ts":1,"card":"a","ts":2}', b'{"ts":1,"card":"a"} x',
+            b'{"ts":1,"card":"a","n":1e999}',
             b'{"ts":1,"card":"a","n":99999999999999999999}', b"\xff", b"[1]", b"{'ts':1}",
             b'{"ts":1,"card":"a","amount":"5"}', b'{"ts":1,"card":true}', b'{"ts":1}',
             b"\xef\xbb\xbf" + b'{"ts":1,"card":"a"}', b'{"ts":1,"card":"a","x":NaN}']
