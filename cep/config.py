@@ -31,7 +31,8 @@ class Settings:
     spark_master: str = "local[2]"
     checkpoint_dir: str = ".run/checkpoints"
     shuffle_partitions: int = 4
-    # Stateful operator groups by hash(key) % shards (FACTS.md: per-group cost dominates).
+    # Replay and `detect` group by hash(key) % shards (FACTS.md: per-group cost dominates);
+    # the live job: `live_shards`.
     shards: int = 64
     # The live job's stateful tasks per micro-batch (its shuffle partitions; a checkpoint keeps
     # the number it started with). One task means one operator worker process, which then holds
@@ -39,6 +40,12 @@ class Settings:
     # whichever worker is free and a shard that moved reloads its whole state
     # (docs/spark-runtime.md, "Stateful partitions of the live job").
     live_partitions: int = 1
+    # The live job's shards (`cep run --shards`) for a new checkpoint; a checkpoint keeps the
+    # count it was started with (`jobs.live.checkpoint_shards`). With one stateful task every
+    # shard is a Python call per micro-batch, each with a fixed cost (state-server round trips,
+    # a timer, an output frame), so the live job uses fewer shards than replay's `shards`
+    # (bench/results/latency_live.md). Checkpoints from before the count was recorded: 64.
+    live_shards: int = 8
     # Kafka topics the job uses besides per-rule alert topics.
     dead_letter_topic: str = "cep.dead-letter"
     late_topic: str = "cep.late-events"

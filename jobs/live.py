@@ -139,6 +139,43 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+SHARDS_FILE = "shards.json"
+# The live job's only shard count before the checkpoint recorded it (Settings.shards' default
+# until session 9): a checkpoint with query state and no record was started with it.
+LEGACY_SHARDS = 64
+
+
+def checkpoint_shards(ck: Path, wanted: int) -> int:
+    """The live job's shard count for checkpoint `ck`: the one recorded in it (`shards.json`),
+    else `wanted`, recorded now. A key's shard is part of its state's key, so a restart with
+    another count would look for the key's state in the wrong shard: a checkpoint keeps its
+    count, whatever the setting says (logged when they differ). A checkpoint whose query state
+    predates the record was started with `LEGACY_SHARDS`. An unreadable record is an error, not
+    a guess."""
+    record = ck / SHARDS_FILE
+    if record.exists():
+        try:
+            n = json.loads(record.read_text())["shards"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LiveJobError(f"checkpoint {ck}: unreadable {SHARDS_FILE} ({exc}): the shard "
+                               "count its state was written with is unknown") from exc
+        if type(n) is not int or n < 1:
+            raise LiveJobError(f"checkpoint {ck}: {SHARDS_FILE} has shards={n!r}, not a "
+                               "positive integer")
+        if n != wanted:
+            log.info("checkpoint %s was started with %d shards: keeping them (the setting, "
+                     "%d, applies to a new checkpoint)", ck, n, wanted)
+        return n
+    offsets = ck / "alerts" / "offsets"
+    n = LEGACY_SHARDS if offsets.is_dir() and any(offsets.iterdir()) else wanted
+    if n != wanted:
+        log.info("checkpoint %s has state from before its shard count was recorded: %d "
+                 "shards (the setting, %d, applies to a new checkpoint)", ck, n, wanted)
+    ck.mkdir(parents=True, exist_ok=True)
+    _write_atomic(record, json.dumps({"shards": n}))
+    return n
+
+
 class LiveJob:
     def __init__(self, settings: Settings, options: LiveOptions) -> None:
         from cep.engines import RulesWatcher
@@ -147,6 +184,7 @@ class LiveJob:
         self.opts = options
         self.ck = Path(options.checkpoint)
         claim_checkpoint(self.ck, "cep run", {})
+        self.shards = checkpoint_shards(self.ck, settings.live_shards)
         self.snapshot = str(self.ck / "rules-snapshot.json")
         self.watcher = RulesWatcher(rules_source(settings, options.rules), self.snapshot)
         self._logged_rules: dict[str, Any] | None = None
@@ -208,7 +246,7 @@ class LiveJob:
         """Kafka, the input topics and Redis are there — else one line naming what is not."""
         from cep.spark.pipeline import plan_for
 
-        plans = plan_for(ruleset, self.settings.shards).streams
+        plans = plan_for(ruleset, self.shards).streams
         if not plans:  # no rules, or every rule disabled: a query would have no source
             raise LiveJobError(f"no enabled rule in {self.opts.rules} reads a stream: "
                                "nothing to run")
@@ -228,7 +266,7 @@ class LiveJob:
         topics += [self.settings.dead_letter_topic, self.settings.late_topic]
         ensure_topics(self.settings.kafka_bootstrap, topics,
                       client_conf=dict(self.settings.kafka_options))
-        plan = plan_for(ruleset, self.settings.shards)
+        plan = plan_for(ruleset, self.shards)
         if not plan.streams and self.plan is not None:
             # No enabled rule reads any stream: keep reading the topics the query reads (its
             # events match nothing) rather than restart a query with no source.

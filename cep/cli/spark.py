@@ -63,7 +63,8 @@ def register(sub: Any) -> None:
     p.add_argument("--once", action="store_true",
                    help="process what is in the topics now, then stop")
     p.add_argument("--max-seconds", type=float, help="stop after this long")
-    p.add_argument("--shards", type=int)
+    p.add_argument("--shards", type=int, help="shards of the partition key for a new "
+                   "checkpoint (default 8); a checkpoint keeps the count it started with")
     p.add_argument("--master", dest="spark_master")
     p.add_argument("--verbose", action="store_true", help="full traces and client logs on error")
     p.set_defaults(func=verbose(_run))
@@ -128,7 +129,7 @@ def _run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = _settings(args, kafka_bootstrap=args.kafka_bootstrap, redis_url=args.redis_url,
-                         checkpoint_dir=args.checkpoint_dir, shards=args.shards,
+                         checkpoint_dir=args.checkpoint_dir, live_shards=args.shards,
                          spark_master=args.spark_master)
     topics = dict(t.split("=", 1) for t in args.topic)
     opts = LiveOptions(rules=args.rules, checkpoint=settings.checkpoint_dir, topics=topics,

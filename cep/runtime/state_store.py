@@ -43,7 +43,9 @@ class MapStateKeyStore:
         self._dirty: set[int] = set()
 
     def _begin(self) -> None:
-        row = self._meta.get()
+        # `exists` first: Spark's state server logs a WARN for every `get` of an empty value
+        # (a shard's first call), which flooded a new job's log (issue 14).
+        row = self._meta.get() if self._meta.exists() else None
         if row is None:
             self.n_buckets, self.n_keys, self._wake = self.MIN_BUCKETS, 0, Wake()
         else:
@@ -176,9 +178,13 @@ class NativeShardStore:
 
     def begin(self, shard: Any, engine: Any) -> None:
         """Start a call for `shard` run by `engine`."""
-        row = self._meta.get()
-        token, rows, size, base = (b"", 0, 0, 0) if row is None else pickle.loads(row[0])  # noqa: S301
         held = self._held.get(shard)
+        # Spark's state server logs a WARN for every `get` of an empty value (each shard's
+        # first call: 64 lines on a new job's first batch, issue 14), so a shard this process
+        # holds no copy of asks `exists` first; one it holds was written, so `get` alone (one
+        # round trip, as before, in the steady state).
+        row = self._meta.get() if held is not None or self._meta.exists() else None
+        token, rows, size, base = (b"", 0, 0, 0) if row is None else pickle.loads(row[0])  # noqa: S301
         self._shard, self._engine = shard, engine
         if held is not None and held.token == token and held.engine is engine:
             self._cur = held

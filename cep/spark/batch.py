@@ -90,6 +90,14 @@ class Prepare:
         # Table changelogs (docs/tables.md): routed like events, but not events: they count
         # in neither the events nor the input's last event time.
         self.tables = _strings([s.name for s in plan.streams if s.is_table])
+        # One stream and no table (the usual replay): the native fast path checks the common
+        # record (`_core.validate_fast`), with its time, keys and content seq, and leaves the
+        # rest to `Validate` (docs/spark-runtime.md, "Replay as a batch job").
+        self.fast: tuple[Any, ...] | None = None
+        if self.only is not None and not len(self.tables):
+            s = plan.streams[0]
+            self.fast = (s.name, s.time_field, list(self.validate.key_order[s.name]),
+                         s.schema, max_bytes)
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -104,6 +112,15 @@ class Prepare:
             if not keep:
                 continue
             sub = batch if len(keep) == batch.num_rows else batch.take(pa.array(keep))
+            if self.fast is not None:
+                sub, keep, nums, events = self._fast(sub, keep, nums)
+                if events is not None:
+                    hi = pc.max(events.column("ts")).as_py()
+                    if hi is not None:
+                        last = hi if last is None or hi > last else last
+                    yield events
+                if not keep:
+                    continue
             self.validate.events = []
             checked = next(iter(self.validate(iter([sub.select(["stream", "value", "seq"])]))))
             # (Validate passes its own end-of-input marker stream: not an event of the rules.)
@@ -137,6 +154,48 @@ class Prepare:
             shards = list(range(self.shards))
             yield _rows(pa, shards, MARK, ts=[last] * len(shards),
                         seq=[read] + [0] * (len(shards) - 1))
+
+    def _fast(self, sub: Any, keep: list[int], nums: list[int],
+              ) -> tuple[Any, list[int], list[int], Any]:
+        """The native fast path over a batch's records: the fan-out rows of the records it
+        accepts (or None), and the rest (`sub`, `keep`, `nums`) for `Validate`."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from cep import _core  # type: ignore[attr-defined]
+
+        assert self.fast is not None
+        name, tf, key_order, fields, max_bytes = self.fast
+        if not pc.all(pc.equal(sub.column("stream"), name)).as_py():
+            return sub, keep, nums, None
+        ok_b, ts_b, seq_b, koff, kdata = _core.validate_fast(
+            sub.column("value").to_pylist(), tf, key_order, fields, max_bytes)
+        ok = np.frombuffer(ok_b, np.uint8).astype(bool)
+        n_ok = int(ok.sum())
+        if not n_ok:
+            return sub, keep, nums, None
+        k = len(key_order)
+        n = len(ok)
+        rows = np.flatnonzero(ok)
+        take = pa.array(rows)
+        seq = pc.coalesce(sub.column("seq").take(take),
+                          pa.array(np.frombuffer(seq_b, np.int64)[rows]))
+        flat = pa.Array.from_buffers(pa.string(), n * k,
+                                     [None, pa.py_buffer(koff), pa.py_buffer(kdata)])
+        key_idx = (rows[:, None] * k + np.arange(k)[None, :]).reshape(-1)
+        keys = pa.ListArray.from_arrays(pa.array(np.arange(0, n_ok * k + 1, k, dtype=np.int32)),
+                                        flat.take(pa.array(key_idx)))
+        checked = pa.RecordBatch.from_arrays(
+            [sub.column("stream").take(take), pa.array(np.frombuffer(ts_b, np.int64)[rows]),
+             seq, sub.column("value").take(take).cast(pa.string()), keys],
+            names=["stream", "ts", "seq", "data", "keys"])
+        events = self._fan_out(checked, pa.array(np.ones(n_ok, bool)), n_ok, decoded=[])
+        if n_ok == n:
+            return sub, [], [], events
+        rest = np.flatnonzero(~ok)
+        return (sub.take(pa.array(rest)), [keep[i] for i in rest.tolist()],
+                [nums[i] for i in rest.tolist()], events)
 
     @staticmethod
     def _records(batch: Any, counted: dict[tuple[str, int], int]) -> tuple[list[int], list[int]]:
@@ -181,14 +240,17 @@ class Prepare:
             keep.append(i)
         return keep, nums
 
-    def _fan_out(self, checked: Any, good: Any, n_good: int) -> Any:
+    def _fan_out(self, checked: Any, good: Any, n_good: int,
+                 decoded: list[Any] | None = None) -> Any:
         """The good events, one row per key field of their stream: `key_field`, `key`,
-        `primary` (the event's first row, so that counts see each event once), and the seq."""
+        `primary` (the event's first row, so that counts see each event once), and the seq
+        (`decoded`: the validator's events, for a content seq; the fast path gives its seq)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        decoded = self.validate.events
-        if len(decoded) != checked.num_rows:  # Validate no longer calls _one: parse again
+        decoded = self.validate.events if decoded is None else decoded
+        if len(decoded) != checked.num_rows and checked.column("seq").null_count:
+            # Validate no longer calls _one: parse again
             decoded = [None if d is None else json.loads(d)
                        for d in checked.column("data").to_pylist()]
         rows = checked.filter(good)

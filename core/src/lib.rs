@@ -16,6 +16,7 @@ mod keycodec;
 mod matcher;
 mod program;
 mod state;
+mod validate;
 mod value;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -386,6 +387,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::Engine>()?;
     m.add_class::<engine::EngineState>()?;
     m.add_function(wrap_pyfunction!(state_from_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(validate::validate_fast, m)?)?;
+    m.add_function(wrap_pyfunction!(validate::content_seq_of, m)?)?;
     m.add("CoreError", m.py().get_type::<CoreError>())?;
     m.add("Unsupported", m.py().get_type::<Unsupported>())?;
     m.add("PROGRAM_VERSION", program::VERSION)?;

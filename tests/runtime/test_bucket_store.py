@@ -92,3 +92,20 @@ def test_deleting_every_key_leaves_no_state():
     store.save_wake(Wake())
     store.flush()
     assert buckets.d == {} and meta.v is None
+
+
+def test_a_new_shard_never_gets_an_empty_value():
+    """Spark's state server logs a WARN for every `get` of an empty ValueState."""
+    class Watched(DictValueState):
+        empty_gets = 0
+
+        def get(self) -> Any:
+            Watched.empty_gets += self.v is None
+            return super().get()
+
+    buckets, meta = DictMapState(), Watched()
+    store = MapStateKeyStore(buckets, meta)
+    store.put(("g", "k"), state(1))
+    store.flush()
+    assert store.get(("g", "k")) == state(1)
+    assert Watched.empty_gets == 0

@@ -207,3 +207,36 @@ def test_the_log_is_compacted_and_reloads_to_the_same_state() -> None:
         _run(engine, log2, meta2, held, _batch(texts[i:i + 30], i), 3 * i - 10)
     held.clear()
     assert _run(engine, log2, meta2, held, _batch(_stream(3_050)[3_000:], 3_000), 9_000) == want
+
+
+class WatchedValueState(DictValueState):
+    """A ValueState that counts its round trips and the `get`s of an empty value (Spark's state
+    server logs a WARN for each: 64 lines on a new live job's first batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.empty_gets = 0
+
+    def get(self) -> Any:
+        self.calls += 1
+        self.empty_gets += self.v is None
+        return super().get()
+
+    def exists(self) -> bool:
+        self.calls += 1
+        return super().exists()
+
+
+def test_a_new_shard_never_gets_an_empty_value_and_a_held_one_reads_once() -> None:
+    engine = build_embedded_engine(RULES)
+    texts = _stream(90)
+    log, meta, held, other = DictListState(), WatchedValueState(), {}, {}
+    _run(engine, log, meta, held, _batch(texts[:30], 0), NEG_INF)  # a new shard
+    _run(engine, DictListState(), meta2 := WatchedValueState(), {}, _batch([], 0), NEG_INF)
+    assert meta.empty_gets == 0 and meta2.empty_gets == 0
+    meta.calls = 0
+    _run(engine, log, meta, held, _batch(texts[30:60], 30), 80)  # held: one get, no exists
+    assert meta.calls == 1
+    _run(engine, log, meta, other, _batch(texts[60:], 60), 170)  # another process: reloads
+    assert meta.empty_gets == 0
