@@ -245,24 +245,37 @@ class Percolator:
         enabled = gc.isenabled()
         gc.disable()
         try:
-            # `add` with its lookups hoisted; a search not of a cached shape, a replacement or
-            # an error goes through `add` itself.
+            # `add` with its lookups hoisted, each distinct text planned once (searches with
+            # the same text share its plan and anchor), and the index built in bulk
+            # (`QueryIndex.add_many`). A search not of a cached shape, a replacement or an
+            # error goes through `add` itself, after the pending ones are indexed.
             plan_of, by_id, by_slot = perc._shapes.plan, perc._by_id, perc._by_slot
-            index_add, cost, costs = perc._index.add, perc.cost, perc._costs
-            pairs = perc._pairs
+            cost, costs, pairs = perc.cost, perc._costs, perc._pairs
             op = perc.default_operator
+            seen: dict[str, tuple[PNode, Any]] = {}
+            anchors: list[Any] = []
+            first = len(by_slot)
             for s in searches:
-                sid = s.id
-                p = plan_of(s.query)
-                if p is None or sid in by_id:
+                sid, text = s.id, s.query
+                hit = seen.get(text)
+                if hit is None:
+                    p = plan_of(text)
+                    if p is not None:
+                        hit = seen[text] = (p, p.anchor if p.__class__ is PLeaf else
+                                            anchor_of(p, cost, costs, pairs))
+                if hit is None or sid in by_id:
+                    perc._index.add_many(first, anchors)
+                    anchors = []
                     perc.add(s)
+                    first = len(by_slot)
                     continue
                 slot = len(by_slot)
-                entry = _Entry(s, p, op, slot)
+                entry = _Entry(s, hit[0], op, slot)
                 by_id[sid] = entry
                 by_slot.append(entry)
-                index_add(slot, p.anchor if p.__class__ is PLeaf else
-                          anchor_of(p, cost, costs, pairs))
+                anchors.append(hit[1])
+            perc._index.add_many(first, anchors)
+            del seen, anchors
         finally:
             if enabled:
                 if len(perc) >= FREEZE_AT:

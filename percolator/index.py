@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 from percolator.analysis import AnalysedEvent, canonical_number
@@ -181,6 +181,74 @@ class QueryIndex:
                 self._tally(kind, key[1], key, value, +1)
             elif kind in _TALLIED:
                 self._tally(kind, key[1], key, value, +1)
+
+    def add_many(self, first: int, anchors: Sequence[tuple[Key, ...] | None]) -> None:
+        """Index `anchors[i]` for slot `first + i` (a bulk load; the slots come after every
+        stored one): the index `add` would build slot by slot, built per distinct anchor
+        *object* instead of per search. Searches with the same text, or whose conjunction is
+        keyed on the same clause, share their anchor tuple (a leaf's), so each posting grows by
+        a run of slots at once."""
+        stored = self._keys
+        if first < len(stored):
+            raise ValueError(f"slot {first} is not past the stored ones ({len(stored)})")
+        if first > len(stored):
+            stored.extend([_GONE] * (first - len(stored)))
+        stored.extend(anchors)
+        self._count += len(anchors)
+        # id(anchor) → [anchor, slot, slot, ...] (`anchors` keeps every anchor alive here).
+        groups: dict[int, list[Any]] = {}
+        get = groups.get
+        always = self.always
+        for slot, a in enumerate(anchors, first):
+            if a is None:
+                always.add(slot)
+                continue
+            g = get(id(a))
+            if g is None:
+                groups[id(a)] = [a, slot]
+            else:
+                g.append(slot)
+        # key → the groups holding it (a key twice in one anchor: that group twice, as `add`
+        # tallies it twice but posts the slot once).
+        per_key: dict[Key, list[list[Any]]] = {}
+        for g in groups.values():
+            for key in g[0]:
+                if key[0] == "r":
+                    for slot in g[1:]:
+                        self._index(slot, key, +1)
+                    continue
+                lists = per_key.get(key)
+                if lists is None:
+                    per_key[key] = [g]
+                else:
+                    lists.append(g)
+        postings = self.postings
+        for key, lists in per_key.items():
+            kind, field = key[0], key[1]
+            value = key[2] if len(key) > 2 else None
+            if type(value) is str:
+                value = intern(value)
+            if len(lists) == 1:
+                new = lists[0][1:]
+                count = len(new)
+            else:
+                count = sum(len(g) - 1 for g in lists)
+                if len({id(g) for g in lists}) < len(lists):
+                    lists = list({id(g): g for g in lists}.values())
+                new = [s for g in lists for s in g[1:]]
+                new.sort()
+            group = postings.get((kind, field))
+            if group is None:
+                group = postings[(kind, field)] = {}
+            posting = group.get(value)
+            if posting is None:
+                group[value] = new[0] if len(new) == 1 else array("q", new)
+            elif type(posting) is int:
+                group[value] = array("q", [posting, *new])
+            else:
+                posting.extend(new)  # type: ignore[union-attr]
+            if kind in _TALLIED:
+                self._tally(kind, field, key, value, count)
 
     def remove(self, slot: int) -> None:
         stored = self._keys

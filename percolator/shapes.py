@@ -43,6 +43,7 @@ _CLAUSE = re.compile(r"((?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):
                      r"|[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*"
                      r"))")
 _STAND_IN = "f:x"
+_UNSEEN: Any = object()
 _OPS = frozenset({"AND", "OR", "NOT"})
 MAX_CHARS = 4096  # parse_fast's limit
 
@@ -60,62 +61,47 @@ class ShapeCache:
         self.shapes: dict[str, Builder | None] = {}  # shape text → plan builder
         # Clause text → its plan leaf; AND, OR and NOT map to themselves (one lookup a piece).
         self.clauses: dict[str, PLeaf | str] = {op: op for op in _OPS}
+        # The same keys, mapped to what a search's shape key writes for them: "\0" for a
+        # clause, the operator itself; and shape key → a builder that takes the list of pieces
+        # looked up in `clauses` (leaves at the key's "\0" positions), None if not a shape.
+        self.kinds: dict[str, str] = {op: op for op in _OPS}
+        self.direct: dict[str, Builder | None] = {}
 
     def plan(self, text: str) -> PNode | None:
         """The plan of `text`, or None when it is not a cached-shape search (then compile it
         with `compile_query`, which also reports errors)."""
         if len(text) > MAX_CHARS:
             return None
-        # First without a regular expression: split at spaces, strip parentheses, look the
-        # clauses up (a phrase or range spans pieces until its closing character). Only texts
-        # the regular-expression split below accepted are in `clauses`, and such a clause,
-        # between spaces, parentheses or the ends, is also where that split cuts the text
-        # (clause tokens end at their first closing quote or bracket and never start inside
-        # AND/OR/NOT or parentheses), so both ways give the same shape and clauses.
+        # First without a regular expression: split at spaces and look every piece up (a
+        # known clause, or AND/OR/NOT); a search made only of those (no parentheses, phrases
+        # or ranges, the most common kind) is built by its shape key's builder. A clause in
+        # `clauses` was accepted by the regular-expression split below, so both ways cut the
+        # text into the same shape and clauses.
         get = self.clauses.get
         pieces = text.split(" ")
-        found = list(map(get, pieces))  # a leaf, or the operator itself, or None
-        if None not in found:  # clauses and operators only (no parentheses, phrases, ranges)
-            key = " ".join([f if f.__class__ is str else "\0" for f in found])  # type: ignore[misc]
-            build = self.shapes.get(key)
-            if build is not None:
-                return build([f for f in found if f.__class__ is not str])  # type: ignore[misc]
-        skel: list[str] = []
-        leaves: list[PLeaf] = []
-        i, n = 0, len(pieces)
-        while i < n:
-            piece = pieces[i]
-            i += 1
-            leaf = get(piece)
-            if leaf is not None:
-                if leaf.__class__ is str:
-                    skel.append(piece)
-                else:
-                    leaves.append(leaf)  # type: ignore[arg-type]
-                    skel.append("\0")
-                continue
-            body = piece.lstrip("(")
-            if body.count('"') == 1 or "[" in body or "{" in body:
-                close = '"' if body.count('"') == 1 else "]}"
-                while i < n and not any(c in pieces[i] for c in close):
-                    body += " " + pieces[i]
-                    i += 1
-                if i == n:
-                    return self._plan_split(text)
-                body += " " + pieces[i]
-                i += 1
-            clause = body.rstrip(")")
-            leaf = get(clause)
-            if leaf is None or leaf.__class__ is str:
-                return self._plan_split(text)
-            leaves.append(leaf)  # type: ignore[arg-type]
-            skel.append(piece[:len(piece) - len(piece.lstrip("("))] + "\0"
-                        + body[len(clause):])
-        key = " ".join(skel)
-        build = self.shapes.get(key)
-        if build is None and key not in self.shapes:
-            build = self.shapes[key] = _builder(_shape(key.split("\0")))
-        return None if build is None else build(leaves)
+        try:  # no Python loop: a piece that is not a known clause or operator raises
+            key = " ".join(map(self.kinds.get, pieces))  # type: ignore[arg-type]
+        except TypeError:
+            return self._plan_split(text)
+        direct = self.direct.get(key, _UNSEEN)
+        if direct is _UNSEEN:
+            direct = self.direct[key] = self._direct(key)
+        if direct is None:
+            return None
+        return direct(list(map(get, pieces)))  # type: ignore[arg-type]
+
+    def _direct(self, key: str) -> Builder | None:
+        """The builder over the looked-up pieces for shape key `key` (see `kinds`)."""
+        shape = self.shapes.get(key, _UNSEEN)
+        if shape is None:
+            return None
+        tree = _shape(key.split("\0"))
+        if tree is None:
+            return None
+        if shape is _UNSEEN:
+            self.shapes[key] = _builder(tree)
+        positions = [i for i, k in enumerate(key.split(" ")) if k == "\0"]
+        return _builder(_remap(tree, positions), False)
 
     def _plan_split(self, text: str) -> PNode | None:
         parts = _CLAUSE.split(text)
@@ -128,16 +114,16 @@ class ShapeCache:
             build = self.shapes[key] = _builder(_shape(parts[0::2]))
         if build is None:
             return None
-        clauses = self.clauses
-        leaves: list[PLeaf] = []
-        for c in parts[1::2]:
-            leaf = clauses.get(c)
-            if leaf is None or leaf.__class__ is str:
-                leaf = self._clause(c)
-                if leaf is None:
-                    return None
-            leaves.append(leaf)  # type: ignore[arg-type]
-        return build(leaves)
+        texts = parts[1::2]
+        leaves = list(map(self.clauses.get, texts))
+        if None in leaves:  # (a clause is never an operator: it has a field)
+            for i, c in enumerate(texts):
+                if leaves[i] is None:
+                    leaf = self._clause(c)
+                    if leaf is None:
+                        return None
+                    leaves[i] = leaf
+        return build(leaves)  # type: ignore[arg-type]
 
     def _clause(self, text: str) -> PLeaf | None:
         q = _leaf(text)
@@ -149,6 +135,7 @@ class ShapeCache:
             return None
         assert isinstance(leaf, PLeaf)
         self.clauses[text] = leaf
+        self.kinds[text] = "\0"
         return leaf
 
 
@@ -228,6 +215,14 @@ def _shape(seps: list[str]) -> Shape | None:
     if tree is None or count[0] != len(seps) - 1:
         return None
     return tree
+
+
+def _remap(shape: Shape, positions: list[int]) -> Shape:
+    """`shape` with clause number i replaced by positions[i]."""
+    if isinstance(shape, int):
+        return positions[shape]
+    kind, kids = shape
+    return (kind, tuple(_remap(k, positions) for k in kids))
 
 
 def _builder(shape: Shape | None, top: bool = True) -> Builder | None:
