@@ -224,7 +224,8 @@ class Percolator:
     def __post_init__(self) -> None:
         self._table = LeafTable()
         self._shapes = ShapeCache(self.schema, self._table)
-        self._costs: dict[PLeaf, float] = {}  # anchor cost per plan leaf (see anchor_of)
+        # Per plan leaf: its anchor's cost and pairable term key (see anchor_of).
+        self._costs: dict[PLeaf, tuple[float, Any]] = {}
         # Declared keyword fields: their term keys pair up in conjunctions (see anchor_of).
         self._pairs = frozenset(f for f, t in self.schema.fields.items()
                                 if t is FieldType.KEYWORD) or None

@@ -54,22 +54,24 @@ def default_cost(key: Key) -> float:
 
 
 def anchor_of(node: PNode, cost: Weigher = default_cost,
-              memo: dict[PLeaf, float] | None = None,
+              memo: dict[PLeaf, tuple[float, Key | None]] | None = None,
               pairs: frozenset[str] | None = None) -> tuple[Key, ...] | None:
     """Keys one of which every event matching `node` produces; None if there are none.
-    `memo` keeps the cost of each leaf's anchor (a leaf is shared by many searches): pass the
-    same dict only with the same `cost`. `pairs`: fields (keyword ones: a value or a few per
-    event) whose term keys may be paired: a conjunction anchored on such a term that also
-    requires a second one is anchored on the pair, `("c", (f1, f2), (v1, v2))`, which an event
-    produces when it has both (`city:x AND kind:flat` is then a candidate only for events in
-    city x that are flats, not for every event in city x)."""
-    if isinstance(node, PLeaf):
-        return node.anchor
-    if isinstance(node, PNot):
+    `memo` keeps, per leaf (a leaf is shared by many searches), its anchor's cost and its
+    pairable term key (below) or None: pass the same dict only with the same `cost` and
+    `pairs`. `pairs`: fields (keyword ones: a value or a few per event) whose term keys may be
+    paired: a conjunction anchored on such a term that also requires a second one is anchored
+    on the pair, `("c", (f1, f2), (v1, v2))`, which an event produces when it has both
+    (`city:x AND kind:flat` is then a candidate only for events in city x that are flats, not
+    for every event in city x)."""
+    cls = node.__class__
+    if cls is PLeaf:
+        return node.anchor  # type: ignore[union-attr]
+    if cls is PNot:
         return None
-    if isinstance(node, POr):
+    if cls is POr:
         keys: dict[Key, None] = {}
-        for child in node.children:
+        for child in node.children:  # type: ignore[union-attr]
             a = anchor_of(child, cost, memo, pairs)
             if a is None:
                 return None
@@ -78,21 +80,25 @@ def anchor_of(node: PNode, cost: Weigher = default_cost,
     best: tuple[Key, ...] | None = None
     best_cost = float("inf")
     terms: list[tuple[float, Key]] | None = None  # pairable single-term anchors of children
-    for child in node.children:
-        if isinstance(child, PLeaf):
-            a = child.anchor
+    get = memo.get if memo is not None else None
+    for child in node.children:  # type: ignore[union-attr]
+        if child.__class__ is PLeaf:
+            a = child.anchor  # type: ignore[union-attr]
             if a is None:
                 continue
-            c = memo.get(child) if memo is not None else None
-            if c is None:
-                c = sum(cost(k) for k in a)
+            info = get(child) if get is not None else None  # type: ignore[arg-type]
+            if info is None:
+                info = (sum(cost(k) for k in a),
+                        a[0] if pairs and len(a) == 1 and a[0][0] == "t" and a[0][1] in pairs
+                        else None)
                 if memo is not None:
-                    memo[child] = c
-            if pairs and len(a) == 1 and a[0][0] == "t" and a[0][1] in pairs:
+                    memo[child] = info  # type: ignore[index]
+            c, pk = info
+            if pk is not None:
                 if terms is None:
-                    terms = [(c, a[0])]
+                    terms = [(c, pk)]
                 else:
-                    terms.append((c, a[0]))
+                    terms.append((c, pk))
         else:
             a = anchor_of(child, cost, memo, pairs)
             if a is None:
