@@ -161,13 +161,19 @@ def _metrics(ck: Path) -> dict:
         return {}
 
 
-def _wait_for(cond, what: str, log: Path, timeout: float = 240) -> None:
+def _wait_for(cond, what: str, log: Path, timeout: float = 240, describe=None) -> None:
+    """Poll `cond` each second; on time-out fail with the job log's tail and, when given,
+    `describe()` (e.g. what the output topics hold), so that a failure can be diagnosed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(1)
-    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
+    try:
+        seen = f"\nseen: {describe()}" if describe is not None else ""
+    except Exception as e:  # the description must not hide the time-out
+        seen = f"\nseen: (could not describe: {e!r})"
+    raise AssertionError(f"timed out waiting for {what}:{seen}\n{log.read_text()[-3000:]}")
 
 
 @pytest.mark.chaos

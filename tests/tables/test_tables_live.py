@@ -92,7 +92,11 @@ def test_table_updated_while_cep_run_runs(kafka_bootstrap, redis_url, tmp_path, 
         producer = Producer({"bootstrap.servers": kafka_bootstrap})
         producer.produce(f"{topic}-customers", key=b"c5", value=None, timestamp=T + 100 * MIN)
         assert producer.flush(30) == 0
-        part2.append(_tx(T + 126 * MIN, "c5", "FR"))  # no profile any more: NULL, no alert
+        # No profile any more: NULL, no alert. At c4's time, not later: no event of part 2 is
+        # after +125m, so none is released before the next event time passes it, whichever
+        # micro-batch c4's update below falls in (a later time here let a split between
+        # part 2 and that update release c4's event with its old profile).
+        part2.append(_tx(T + 125 * MIN, "c5", "FR"))
         kcat_produce(kafka_bootstrap, f"{topic}-in", part2)
         # c4's move, read after its event (at +125m) but effective before it (+124m), and
         # within the watermark: the event is not matched until a later event time passes.
@@ -100,7 +104,9 @@ def test_table_updated_while_cep_run_runs(kafka_bootstrap, redis_url, tmp_path, 
                                                                       "FR")])
         kcat_produce(kafka_bootstrap, f"{topic}-in", [_tx(T + 180 * MIN, "nobody", "FR")])
         _wait_for(lambda: len(kcat_read(kafka_bootstrap, f"{topic}.alerts")) >= len(cards) + 3
-                  and kcat_read(kafka_bootstrap, f"{topic}-dlq"), "part 2's alerts", log)
+                  and kcat_read(kafka_bootstrap, f"{topic}-dlq"), "part 2's alerts", log,
+                  describe=lambda: {t: kcat_read(kafka_bootstrap, f"{topic}{t}")
+                                    for t in (".alerts", "-dlq", "-late")})
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
