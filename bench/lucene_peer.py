@@ -73,10 +73,11 @@ def write_workload(queries: list[Any], events: list[dict[str, Any]], qpath: Path
             f.write(body + "\n")
 
 
-def run_ours(queries: list[Any], events: list[dict[str, Any]], schema: Any
+def run_ours(queries: list[Any], events: list[dict[str, Any]], schema: Any, runs: int = 1
              ) -> tuple[dict[str, Any], dict[int, list[str]]]:
-    """bench.percolation's measurement, keeping the (event, query) pairs."""
-    row, notes, _ = measure(queries, events, schema)
+    """bench.percolation's measurement (the last of `runs` passes), keeping the (event, query)
+    pairs."""
+    row, notes, _ = measure(queries, events, schema, runs=runs)
     pairs: dict[int, list[str]] = defaultdict(list)
     for n in notes:
         pairs[n.position].append(n.search_id)

@@ -14,7 +14,10 @@ on the first 10 % of the events, time all events (fastest of REPEATS passes, for
 machine may be shared). The event → document conversion mirrors our
 analysis (keyword: the value; text: each token of `analysis.tokenise`; integral numbers as
 decimal strings) and is inside mokaccino's timed loop, as our analysis is inside match_batch.
-Both run pinned to one core. Notifications are compared as sets of (event index, query id).
+Both run pinned to one core; after both are built and warmed up, their timed passes alternate
+(ours, mokaccino, ours, ...: a change of the machine's load falls on both; runs before
+2026-11-25 timed all of ours' passes, then all of mokaccino's), each timed by wall clock and by
+the process's CPU time. Notifications are compared as sets of (event index, query id).
 Ours runs with highlighting off (mokaccino reports query ids only; runs before 2026-11-23 02:40
 UTC had it on, e.g. bench/results/percolator_mokaccino_1m.json's 0.66x).
 """
@@ -191,8 +194,17 @@ def one_core() -> Iterator[int | None]:
         os.sched_setaffinity(0, before)
 
 
+def _timed(fn: Any) -> tuple[float, float, Any]:
+    """(wall seconds, CPU seconds of this process, result) of one call, after a collection."""
+    gc.collect()
+    c0, t0 = time.process_time(), time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, time.process_time() - c0, out
+
+
 def _ours(searches: list[SavedSearch], events: list[dict[str, Any]], schema: Schema
-          ) -> dict[str, Any]:
+          ) -> tuple[Any, dict[str, Any]]:
+    """Our percolator built (timed) and warmed up; returns it with the build figures."""
     gc.collect()
     t0 = time.perf_counter()
     # Highlighting off: mokaccino returns query ids only (as bench.corpus_peer against Lucene
@@ -200,21 +212,13 @@ def _ours(searches: list[SavedSearch], events: list[dict[str, Any]], schema: Sch
     perc = Percolator.from_searches(searches, schema=schema, highlight=False)
     build = time.perf_counter() - t0
     perc.match_batch(events[: max(1, int(len(events) * WARMUP_SHARE))])
-    passes = []
-    for _ in range(REPEATS):
-        gc.collect()
-        t0 = time.perf_counter()
-        notes = perc.match_batch(events)
-        passes.append(time.perf_counter() - t0)
-    secs = min(passes)
-    pairs = {(n.position, n.search_id) for n in notes}
-    return {"build_seconds": build, "seconds": secs, "events_per_s": len(events) / secs,
-            "passes_seconds": passes, "notifications": len(notes), "pairs": pairs,
-            "verified_fraction": perc.last_stats.verified_fraction}
+    return perc, {"build_seconds": build}
 
 
 def _mokaccino(kept: list[tuple[SavedSearch, Any]], events: list[dict[str, Any]],
-               schema: Schema) -> dict[str, Any]:
+               schema: Schema) -> tuple[Any, dict[str, Any]]:
+    """mokaccino's percolator built (timed) and warmed up: (its batch function, build
+    figures)."""
     from mokaccino import Percolator as MPercolator
 
     gc.collect()
@@ -233,42 +237,56 @@ def _mokaccino(kept: list[tuple[SavedSearch, Any]], events: list[dict[str, Any]]
         return out
 
     batch(events[: max(1, int(len(events) * WARMUP_SHARE))])
-    passes = []
-    for _ in range(REPEATS):
-        gc.collect()
-        t0 = time.perf_counter()
-        hits = batch(events)
-        passes.append(time.perf_counter() - t0)
-    secs = min(passes)
     t0 = time.perf_counter()
-    for ev in events:  # the conversion alone, for the record (it is inside `secs` above)
+    for ev in events:  # the conversion alone, for the record (it is inside the passes)
         to_document(ev, schema)
-    convert = time.perf_counter() - t0
-    pairs = {(i, f"q{qid}") for i, qid in hits}
-    return {"build_seconds": build, "seconds": secs, "events_per_s": len(events) / secs,
-            "passes_seconds": passes, "convert_seconds": convert, "notifications": len(hits),
-            "pairs": pairs}
+    return batch, {"build_seconds": build, "convert_seconds": time.perf_counter() - t0}
 
 
 def _compare(kept: list[tuple[SavedSearch, Any]], events: list[dict[str, Any]],
              schema: Schema) -> dict[str, Any]:
-    ours = _ours([s for s, _ in kept], events, schema)
-    moka = _mokaccino(kept, events, schema)
-    ours_pairs, moka_pairs = ours.pop("pairs"), moka.pop("pairs")
+    """Both engines built and warmed up, then REPEATS timed passes over all events each,
+    alternated (ours, mokaccino, ours, ...) so that a change of the machine's load falls on
+    both; the fastest pass of each counts, by wall clock (`events_per_s`) and by this
+    process's CPU time (`cpu_events_per_s`: both engines run on the calling thread)."""
+    perc, ours = _ours([s for s, _ in kept], events, schema)
+    moka_batch, moka = _mokaccino(kept, events, schema)
+    passes: dict[str, list[tuple[float, float]]] = {"ours": [], "mokaccino": []}
+    loads: list[float] = []
+    notes: Any = None
+    hits: Any = None
+    for _ in range(REPEATS):
+        loads.append(os.getloadavg()[0])
+        wall, cpu, notes = _timed(lambda: perc.match_batch(events))
+        passes["ours"].append((wall, cpu))
+        wall, cpu, hits = _timed(lambda: moka_batch(events))
+        passes["mokaccino"].append((wall, cpu))
+    ours_pairs = {(n.position, n.search_id) for n in notes}
+    moka_pairs = {(i, f"q{qid}") for i, qid in hits}
     only_ours, only_moka = sorted(ours_pairs - moka_pairs), sorted(moka_pairs - ours_pairs)
+    n = len(events)
+    best = {k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in passes.items()}
     return {
-        "ours_events_per_s": ours["events_per_s"],
-        "mokaccino_events_per_s": moka["events_per_s"],
-        "ratio": ours["events_per_s"] / moka["events_per_s"],
+        "ours_events_per_s": n / best["ours"][0],
+        "mokaccino_events_per_s": n / best["mokaccino"][0],
+        "ratio": best["mokaccino"][0] / best["ours"][0],
+        "ours_cpu_events_per_s": n / best["ours"][1],
+        "mokaccino_cpu_events_per_s": n / best["mokaccino"][1],
+        "cpu_ratio": best["mokaccino"][1] / best["ours"][1],
+        "pass_ratios": [m[0] / o[0] for o, m in zip(passes["ours"], passes["mokaccino"],
+                                                     strict=True)],
         "ours_build_seconds": ours["build_seconds"],
         "mokaccino_build_seconds": moka["build_seconds"],
-        "ours_seconds": ours["seconds"], "mokaccino_seconds": moka["seconds"],
-        "ours_passes_seconds": ours["passes_seconds"],
-        "mokaccino_passes_seconds": moka["passes_seconds"],
+        "ours_seconds": best["ours"][0], "mokaccino_seconds": best["mokaccino"][0],
+        "ours_passes_seconds": [w for w, _ in passes["ours"]],
+        "mokaccino_passes_seconds": [w for w, _ in passes["mokaccino"]],
+        "ours_passes_cpu_seconds": [c for _, c in passes["ours"]],
+        "mokaccino_passes_cpu_seconds": [c for _, c in passes["mokaccino"]],
+        "load_before_passes": loads,
         "mokaccino_convert_seconds": moka["convert_seconds"],
-        "ours_notifications": ours["notifications"],
-        "mokaccino_notifications": moka["notifications"],
-        "ours_verified_fraction": ours["verified_fraction"],
+        "ours_notifications": len(notes),
+        "mokaccino_notifications": len(hits),
+        "ours_verified_fraction": perc.last_stats.verified_fraction,
         "agree": not only_ours and not only_moka,
         "only_ours": len(only_ours), "only_mokaccino": len(only_moka),
         "disagreement_examples": [list(p) for p in (only_ours[:3] + only_moka[:3])],
@@ -326,10 +344,12 @@ def render_md(section: dict[str, Any]) -> str:
         return ""
     table = _table(
         ["stored queries", "compared (share)", "ours events/s", "mokaccino events/s",
-         "ours / mokaccino", "build s ours", "build s mokaccino", "notifications ours",
-         "notifications mokaccino", "same (event, query) pairs"],
+         "ours / mokaccino", "ours / mokaccino (CPU time)", "build s ours",
+         "build s mokaccino", "notifications ours", "notifications mokaccino",
+         "same (event, query) pairs"],
         [[f"{r['queries']:,}", f"{r['subset_queries']:,} ({100 * r['subset_share']:.0f} %)",
           _n(r["ours_events_per_s"]), _n(r["mokaccino_events_per_s"]), f"{r['ratio']:.2f}",
+          f"{r['cpu_ratio']:.2f}" if "cpu_ratio" in r else "",
           f"{r['ours_build_seconds']:.2f}", f"{r['mokaccino_build_seconds']:.2f}",
           f"{r['ours_notifications']:,}", f"{r['mokaccino_notifications']:,}",
           "yes" if r["agree"] else f"**no** ({r['only_ours']:,} only ours, "
@@ -348,7 +368,7 @@ def render_md(section: dict[str, Any]) -> str:
            "core, with the protocol of the table above: index build timed (mokaccino: "
            "`add_query_id` per query, then `optimized()`), warm-up on the first "
            f"{100 * section['warmup_share']:.0f} % of the events, then all events timed, "
-           f"fastest of {section['repeats']} passes "
+           f"fastest of {section['repeats']} passes, the two engines' passes alternated "
            "(for mokaccino including the event → Document conversion, "
            f"{convert_us:.0f} µs/event, as our analysis is inside `match_batch`). "
            "Each query is parsed by our Lucene parser and translated node by node (keyword "

@@ -30,7 +30,7 @@ class BatchTerms:
         self.events = events
         self.all = (1 << len(events)) - 1
         self._inv: dict[str, dict[str, int]] = {}
-        self._leaf: dict[PLeaf, int] = {}  # prefix/range leaf → mask over the whole batch
+        self._leaf: dict[PLeaf, int] = {}  # leaf → mask over the whole batch, or _NONE
         self._sorted: dict[str, list[str]] = {}  # field → the batch's distinct terms, sorted
         # (values accessor, field) → (sorted values, their event bits, prefix ORs, one value
         # per event), or None when the values do not sort (mixed types, NaN).
@@ -48,20 +48,31 @@ class BatchTerms:
                     inv[t] = get(t, 0) | bit
         return inv
 
+    def leaf_mask(self, leaf: PLeaf) -> int:
+        """The mask of the batch's events matching `leaf` where it has a columnar form (a plain
+        term: its inverted-index entry; a prefix or range: see `_columnar`), else _NONE;
+        memoised per leaf for the batch (leaves are shared by the searches that use them)."""
+        lm = self._leaf.get(leaf)
+        if lm is None:
+            t = leaf.term
+            if t is not None:
+                lm = self.inverted(t[0]).get(t[1], 0)
+            elif leaf.columnar is not None:
+                lm = self._columnar(leaf.columnar)
+            else:
+                lm = _NONE
+            self._leaf[leaf] = lm
+        return lm
+
     def verify(self, node: PNode, cand: int) -> int:
         """Mask of the events in `cand` that match `node`."""
         if type(node) is PLeaf:
-            t = node.term
-            if t is not None:
-                return cand & self.inverted(t[0]).get(t[1], 0)
+            lm = self._leaf.get(node)
+            if lm is None:
+                lm = self.leaf_mask(node)
+            if lm != _NONE:
+                return cand & lm
             fn, evs = node.fn, self.events
-            col = node.columnar
-            if col is not None:
-                lm = self._leaf.get(node)
-                if lm is None:
-                    lm = self._leaf[node] = self._columnar(col)
-                if lm != _NONE:
-                    return cand & lm
             out, m = 0, cand
             while m:
                 low = m & -m
@@ -70,23 +81,16 @@ class BatchTerms:
                 m ^= low
             return out
         if type(node) is PAnd:
-            # Plain terms first, inline (a mask lookup each, no call); the rest after, on the
-            # events still in the mask.
+            # Leaves with a mask over the batch first, inline (a lookup each, no call); the
+            # rest after, on the events still in the mask.
             rest = None
-            inv, leaf_masks = self._inv, self._leaf
+            leaf_masks = self._leaf
             for c in node.children:
                 if type(c) is PLeaf:
-                    t = c.term
-                    if t is not None:
-                        column = inv.get(t[0])
-                        if column is None:
-                            column = self.inverted(t[0])
-                        cand &= column.get(t[1], 0)
-                        if not cand:
-                            return 0
-                        continue
-                    lm = leaf_masks.get(c)  # a prefix or range leaf already over the batch
-                    if lm is not None and lm != _NONE:
+                    lm = leaf_masks.get(c)
+                    if lm is None:
+                        lm = self.leaf_mask(c)
+                    if lm != _NONE:
                         cand &= lm
                         if not cand:
                             return 0

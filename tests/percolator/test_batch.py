@@ -27,6 +27,11 @@ def _check(perc, events: list[dict]) -> None:
     assert sorted((n.position, n.search_id) for n in batch) == scan
     # The batch verifies each event against exactly the per-event presearcher's candidates.
     assert stats.candidates == sum(len(perc.candidates(ev)) for ev in events)
+    # Labels and fields as running every positive clause on the event (match_batch and
+    # match_each take conjunctions' leaves as true without running them: matched_if_true).
+    for n in batch:
+        full = perc._by_id[n.search_id].matched(perc.analyse(events[n.position]))
+        assert (n.matched, n.fields) == full
 
 
 @settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -137,3 +142,22 @@ def test_a_keyword_conjunction_is_anchored_on_the_pair() -> None:
     assert perc.anchor("b") == (("t", "title", "blue"),)  # one keyword term: no pair
     perc.match_batch([{"city": "x", "kind": "loft"}, {"city": "x", "kind": "flat"}])
     assert perc.last_stats.candidates == 1  # "a" for the flat only; "b": no title
+
+
+def test_labels_of_conjunctions_are_taken_only_where_certain() -> None:
+    # A positive leaf under an OR or a NOT is run; one under conjunctions only is not.
+    from percolator import Percolator, Schema
+
+    perc = Percolator.from_searches(
+        [SavedSearch("a", "o", "title:blue AND (title:red OR title:car) AND NOT title:house"),
+         SavedSearch("b", "o", "title:blue AND title:car"),
+         SavedSearch("c", "o", "NOT (NOT title:car OR title:house) AND title:blue")],
+        schema=Schema(default_fields=("title",)))
+    notes = {n.search_id: n for n in perc.match_batch([{"title": "Blue car"}])}
+    assert notes["a"].matched == ("title:blue", "title:car")
+    assert notes["b"].matched == ("title:blue", "title:car")
+    assert notes["c"].matched == ("title:car", "title:blue")
+    assert all(n.fields == ("title",) for n in notes.values())
+    entry = perc._by_id["a"]
+    assert entry.matched_if_true(perc.analyse({"title": "blue car"})) == entry.matched(
+        perc.analyse({"title": "blue car"}))
