@@ -3,7 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
-use crate::expr::{build, Expr};
+use crate::expr::{build, AggSpec, Expr};
 use crate::Unsupported;
 
 pub const FORMAT: &str = "cep-program";
@@ -55,6 +55,8 @@ pub struct Program {
     pub key_field: Option<String>,
     pub fields: Vec<Py<PyString>>,
     pub conds: Vec<Option<Expr>>,
+    /// The aggregates of the conditions, kept per partial match (`Expr::AggSlot`).
+    pub aggs: Vec<AggSpec>,
     pub local: Vec<bool>,
     pub history_free: bool,
     pub table: Vec<StateT>,
@@ -92,6 +94,10 @@ pub fn parse(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Program> {
     let mut conds = Vec::new();
     for c in cond_list.iter() {
         conds.push(if c.is_none() { None } else { Some(build(py, &c, nf)?) });
+    }
+    let mut aggs = Vec::new();
+    for c in conds.iter_mut().flatten() {
+        c.slot_aggs(&mut aggs);
     }
     let local: Vec<bool> = get(d, "local")?.extract()?;
     if conds.len() != nvars || local.len() != nvars {
@@ -179,6 +185,7 @@ pub fn parse(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Program> {
         key_field: get_opt(d, "key_field")?.map(|v| v.extract::<String>()).transpose()?,
         fields,
         conds,
+        aggs,
         local,
         history_free: get(d, "history_free")?.extract()?,
         table,
