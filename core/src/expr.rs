@@ -215,6 +215,10 @@ pub enum Expr {
     Agg { func: AggF, var: Option<u32>, row: Option<Box<Expr>>, cur: bool },
     /// A condition's aggregate, kept per partial match: `Cx::aggs[slot]` (`Program::aggs`).
     AggSlot { slot: u32, cur: bool },
+    /// A part of a condition that reads only the tested event (`ask - bid` in
+    /// `ask - bid > 3 * AVG(calm.ask - calm.bid)`): computed once per event for every partial
+    /// match that tests it (`Cx::rows[slot]`).
+    Local { slot: u32, e: Box<Expr> },
     Neg(Box<Expr>),
     Arith(ArOp, Box<Expr>, Box<Expr>),
     Cmp(CmpOp, Box<Expr>, Box<Expr>),
@@ -241,7 +245,9 @@ impl Expr {
                     r.remap_fields(map);
                 }
             }
-            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } => x.remap_fields(map),
+            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } | Expr::Local { e: x, .. } => {
+                x.remap_fields(map)
+            }
             Expr::Arith(_, l, r) | Expr::Cmp(_, l, r) | Expr::And(l, r) | Expr::Or(l, r) => {
                 l.remap_fields(map);
                 r.remap_fields(map);
@@ -271,7 +277,7 @@ impl Expr {
                 aggs.push(AggSpec { func, var, row: row.map(|r| *r) });
                 *self = Expr::AggSlot { slot: aggs.len() as u32 - 1, cur };
             }
-            Expr::Const(_) | Expr::Field(_) | Expr::Path(..) | Expr::AggSlot { .. } => {}
+            Expr::Const(_) | Expr::Field(_) | Expr::Path(..) | Expr::AggSlot { .. } | Expr::Local { .. } => {}
             // A row expression is evaluated on one event alone: no aggregate inside it reads
             // captures, so it is left as it is.
             Expr::VarRow { .. } | Expr::Prev { .. } => {}
@@ -289,6 +295,52 @@ impl Expr {
                 arg.slot_aggs(aggs);
             }
             Expr::Func(_, args) => args.iter_mut().for_each(|x| x.slot_aggs(aggs)),
+        }
+    }
+}
+
+impl Expr {
+    /// Whether this expression reads nothing but the tested event (no capture, no aggregate).
+    fn reads_event_only(&self) -> bool {
+        match self {
+            Expr::Const(_) | Expr::Field(_) | Expr::Path(..) => true,
+            Expr::VarRow { .. } | Expr::Prev { .. } | Expr::Agg { .. } | Expr::AggSlot { .. } | Expr::Local { .. } => false,
+            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } => x.reads_event_only(),
+            Expr::Arith(_, l, r) | Expr::Cmp(_, l, r) | Expr::And(l, r) | Expr::Or(l, r) => l.reads_event_only() && r.reads_event_only(),
+            Expr::InList { e, items, .. } => e.reads_event_only() && items.iter().all(Expr::reads_event_only),
+            Expr::Str { e, arg, .. } => e.reads_event_only() && arg.reads_event_only(),
+            Expr::Func(_, args) => args.iter().all(Expr::reads_event_only),
+        }
+    }
+
+    /// In a condition that reads captures, wraps each largest part that reads only the tested
+    /// event (and is more than a constant or a field) in `Local`, numbering them from `*next`.
+    pub fn memo_locals(&mut self, next: &mut u32) {
+        if self.reads_event_only() {
+            if !matches!(self, Expr::Const(_) | Expr::Field(_)) {
+                let e = std::mem::replace(self, Expr::Const(Value::Null));
+                *self = Expr::Local { slot: *next, e: Box::new(e) };
+                *next += 1;
+            }
+            return;
+        }
+        match self {
+            Expr::Const(_) | Expr::Field(_) | Expr::Path(..) | Expr::AggSlot { .. } | Expr::Local { .. } => {}
+            Expr::VarRow { .. } | Expr::Prev { .. } | Expr::Agg { .. } => {}
+            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } => x.memo_locals(next),
+            Expr::Arith(_, l, r) | Expr::Cmp(_, l, r) | Expr::And(l, r) | Expr::Or(l, r) => {
+                l.memo_locals(next);
+                r.memo_locals(next);
+            }
+            Expr::InList { e, items, .. } => {
+                e.memo_locals(next);
+                items.iter_mut().for_each(|x| x.memo_locals(next));
+            }
+            Expr::Str { e, arg, .. } => {
+                e.memo_locals(next);
+                arg.memo_locals(next);
+            }
+            Expr::Func(_, args) => args.iter_mut().for_each(|x| x.memo_locals(next)),
         }
     }
 }
@@ -620,6 +672,13 @@ impl Expr {
             }
             Expr::Agg { func, var, row, cur } => agg(cx, *func, *var, row.as_deref(), *cur, e, c)?,
             Expr::AggSlot { slot, cur } => agg_slot(cx, *slot as usize, *cur, e, c)?,
+            Expr::Local { slot, e: x } => match cx.rows.get(*slot as usize) {
+                Some(memo) => match memo.get_or_init(|| x.eval(cx, e, &NO_CAPS).ok()) {
+                    Some(v) => v.clone(),
+                    None => x.eval(cx, e, &NO_CAPS)?, // it raises: as Python raises it
+                },
+                None => x.eval(cx, e, &NO_CAPS)?,
+            },
             Expr::Neg(x) => {
                 let v = x.eval(cx, e, c)?;
                 value::neg(py, cx.ops, &v)?

@@ -332,7 +332,7 @@ impl Core {
         };
         // The row values of the condition aggregates for this event, shared by the partial
         // matches that fold or read them: on the stack for up to 8 aggregates.
-        let nslots = self.p.aggs.len();
+        let nslots = self.p.nmemo;
         let memo_stack: [RowMemo; 8] = Default::default();
         let memo_heap: Vec<RowMemo>;
         let rows: &[RowMemo] = if nslots <= memo_stack.len() {
@@ -389,39 +389,44 @@ impl Core {
 
     pub fn advance(&mut self, py: Python<'_>, state: MState, now: i64, out: &Out) -> PyResult<Option<MState>> {
         let flushing = now == FOREVER;
-        let mut runs = Vec::with_capacity(state.runs.len());
-        for r in state.runs {
-            let mut tpart = r.tpart;
-            let mut kept = Vec::with_capacity(r.entries.len());
-            for entry in r.entries {
-                if entry.pos == DONE {
-                    kept.push(entry);
-                    continue;
-                }
-                let absence = self.p.table[entry.pos as usize].absence;
-                match self.deadline(&entry.caps) {
-                    None => {
-                        if flushing {
-                            if absence {
-                                kept.push(Entry { pos: DONE, caps: entry.caps });
+        let mut state = state;
+        // In place: the entries a deadline ends are removed from their run's vector (no new
+        // vectors per run and call).
+        for r in state.runs.iter_mut() {
+            let mut tpart = r.tpart.take();
+            let entries = &mut r.entries;
+            let mut w = 0;
+            for i in 0..entries.len() {
+                let pos = entries[i].pos;
+                let to = if pos == DONE {
+                    Some(DONE)
+                } else {
+                    let absence = self.p.table[pos as usize].absence;
+                    match self.deadline(&entries[i].caps) {
+                        None if flushing => absence.then_some(DONE),
+                        None => Some(pos),
+                        Some(d) if d <= now => {
+                            if !absence
+                                && self.want_timeouts
+                                && tpart.as_ref().is_none_or(|t| entries[i].caps.len() > t.len())
+                            {
+                                tpart = Some(entries[i].caps.clone());
                             }
-                            continue;
+                            absence.then_some(DONE)
                         }
-                        kept.push(entry);
+                        Some(_) => Some(pos),
                     }
-                    Some(d) if d <= now => {
-                        if absence {
-                            kept.push(Entry { pos: DONE, caps: entry.caps });
-                        } else if self.want_timeouts && tpart.as_ref().is_none_or(|t| entry.caps.len() > t.len()) {
-                            tpart = Some(entry.caps);
-                        }
-                    }
-                    Some(_) => kept.push(entry),
+                };
+                if let Some(to) = to {
+                    entries[i].pos = to;
+                    entries.swap(w, i);
+                    w += 1;
                 }
             }
-            runs.push(Run { start: r.start, entries: kept, tpart, matched: r.matched });
+            entries.truncate(w);
+            r.tpart = tpart;
         }
-        self.settle(py, state.row, runs, out, None)
+        self.settle(py, state.row, state.runs, out, None)
     }
 
     pub fn on_end(&mut self, py: Python<'_>, state: MState, out: &Out) -> PyResult<()> {

@@ -57,6 +57,8 @@ pub struct Program {
     pub conds: Vec<Option<Expr>>,
     /// The aggregates of the conditions, kept per partial match (`Expr::AggSlot`).
     pub aggs: Vec<AggSpec>,
+    /// The memo slots per event (`Cx::rows`): the aggregates' rows, then `Expr::Local`s.
+    pub nmemo: usize,
     pub local: Vec<bool>,
     pub history_free: bool,
     pub table: Vec<StateT>,
@@ -100,6 +102,14 @@ pub fn parse(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Program> {
         c.slot_aggs(&mut aggs);
     }
     let local: Vec<bool> = get(d, "local")?.extract()?;
+    // The memo slots of an event (`Cx::rows`): one per aggregate's row, then one per part of a
+    // condition that reads captures but has parts that read only the event.
+    let mut nmemo = aggs.len() as u32;
+    for (c, &l) in conds.iter_mut().zip(&local) {
+        if let (Some(c), false) = (c, l) {
+            c.memo_locals(&mut nmemo);
+        }
+    }
     if conds.len() != nvars || local.len() != nvars {
         return Err(bad("one condition per variable expected"));
     }
@@ -186,6 +196,7 @@ pub fn parse(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Program> {
         fields,
         conds,
         aggs,
+        nmemo: nmemo as usize,
         local,
         history_free: get(d, "history_free")?.extract()?,
         table,
