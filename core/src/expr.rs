@@ -972,6 +972,23 @@ fn fold_cap(cx: &Cx, acc: &mut [Acc], cap: &Cap, current: bool) {
         if matches!(spec.func, AggF::Count) {
             continue;
         }
+        // A running sum of floats or of ints that stay within 64 bits: added in place (the
+        // value `value::arith` gives; anything else takes `fold_step`).
+        if let (AggF::Sum | AggF::Avg, Fold::Val(sum)) = (spec.func, &mut a.fold) {
+            match (sum, &v) {
+                (Value::Float(x), Value::Float(y)) => {
+                    *x += *y;
+                    continue;
+                }
+                (Value::Int(x), Value::Int(y)) => {
+                    if let Some(z) = x.checked_add(*y) {
+                        *x = z;
+                        continue;
+                    }
+                }
+                _ => {}
+            }
+        }
         match fold_step(cx, spec.func, &a.fold, v) {
             Ok(f) => a.fold = f,
             Err(_) => a.broken = true,
