@@ -62,7 +62,7 @@ pub const NO_CID: u32 = u32::MAX;
 pub struct Loc<'a> {
     own: &'a mut [Option<bool>],
     shared: &'a mut [u8],
-    /// Per condition aggregate, its row's value for this event (`Cx::rows`).
+    /// The memoised values for this event: the aggregates' rows and `Expr::Local`s (`Cx::rows`).
     rows: &'a [RowMemo],
 }
 
