@@ -594,6 +594,11 @@ impl Engine {
                 for (_, m) in p.measures.iter_mut() {
                     m.remap_fields(&map);
                 }
+                for a in p.aggs.iter_mut() {
+                    if let Some(r) = &mut a.row {
+                        r.remap_fields(&map);
+                    }
+                }
             }
             // Identical local conditions (the same text over the same field names) share one
             // id: evaluated once per event for all the group's rules that hold them.

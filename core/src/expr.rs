@@ -114,7 +114,69 @@ pub struct Cap {
     pub ev: Arc<Ev>,
 }
 
-pub type Caps = Arc<Vec<Cap>>;
+/// A partial match's captures, with the running values of its rule's condition aggregates
+/// (`AggSpec`, one `Acc` per slot) folded in as captures are added (`Core::fold`), so that a
+/// condition reads `AVG(a.x)` in constant time instead of going over every capture.
+#[derive(Clone, Default)]
+pub struct CapVec {
+    pub v: Vec<Cap>,
+    /// One per slot of the rule's `aggs`, up to date with `v`; empty when not maintained (a rule
+    /// without condition aggregates, or captures read back from serialised state until their
+    /// next capture): the aggregates are then computed over `v` as before.
+    pub acc: Vec<Acc>,
+}
+
+impl std::ops::Deref for CapVec {
+    type Target = [Cap];
+    #[inline]
+    fn deref(&self) -> &[Cap] {
+        &self.v
+    }
+}
+
+impl From<Vec<Cap>> for CapVec {
+    fn from(v: Vec<Cap>) -> Self {
+        CapVec { v, acc: Vec::new() }
+    }
+}
+
+/// No captures (a row expression is evaluated on one event alone).
+pub static NO_CAPS: CapVec = CapVec { v: Vec::new(), acc: Vec::new() };
+
+pub type Caps = Arc<CapVec>;
+
+/// An aggregate of a rule's conditions, kept per partial match: `func` over `row` evaluated on
+/// the events captured for `var` (every event when None); `row` None is `COUNT(var.*)`.
+pub struct AggSpec {
+    pub func: AggF,
+    pub var: Option<u32>,
+    pub row: Option<Expr>,
+}
+
+/// The fold of an aggregate's non-NULL values so far: none yet, the running sum (SUM, AVG) or
+/// extreme (MIN, MAX), or NULL for good (a step failed: `sum()` / `min()` raised TypeError).
+#[derive(Clone, Default)]
+pub enum Fold {
+    #[default]
+    Empty,
+    Val(Value),
+    Null,
+}
+
+/// One aggregate's running state over a partial match's captures.
+#[derive(Clone, Default)]
+pub struct Acc {
+    /// The values counted: non-NULL row values, or captures for `COUNT(var.*)`.
+    pub n: i64,
+    pub fold: Fold,
+    /// A row or a fold step raised a Python exception: the aggregate is recomputed over the
+    /// captures when read (`Expr::agg`), so the exception is raised when and as Python raises it.
+    pub broken: bool,
+}
+
+/// The value of an aggregate's row expression for the event being fed, per slot, shared by all
+/// the partial matches that fold or read it (`None` in the cell: the row raised).
+pub type RowMemo = std::cell::OnceCell<Option<Value>>;
 
 #[derive(Clone, Copy)]
 pub enum AggF {
@@ -151,6 +213,12 @@ pub enum Expr {
     VarRow { var: u32, first: bool, row: Box<Expr>, cur: bool },
     Prev { row: Box<Expr>, back: usize },
     Agg { func: AggF, var: Option<u32>, row: Option<Box<Expr>>, cur: bool },
+    /// A condition's aggregate, kept per partial match: `Cx::aggs[slot]` (`Program::aggs`).
+    AggSlot { slot: u32, cur: bool },
+    /// A part of a condition that reads only the tested event (`ask - bid` in
+    /// `ask - bid > 3 * AVG(calm.ask - calm.bid)`): computed once per event for every partial
+    /// match that tests it (`Cx::rows[slot]`).
+    Local { slot: u32, e: Box<Expr> },
     Neg(Box<Expr>),
     Arith(ArOp, Box<Expr>, Box<Expr>),
     Cmp(CmpOp, Box<Expr>, Box<Expr>),
@@ -169,7 +237,7 @@ impl Expr {
     /// of a group on one field table, so one projection of an event serves all of them.
     pub fn remap_fields(&mut self, map: &[usize]) {
         match self {
-            Expr::Const(_) => {}
+            Expr::Const(_) | Expr::AggSlot { .. } => {}
             Expr::Field(i) | Expr::Path(i, _) => *i = map[*i],
             Expr::VarRow { row, .. } | Expr::Prev { row, .. } => row.remap_fields(map),
             Expr::Agg { row, .. } => {
@@ -177,7 +245,9 @@ impl Expr {
                     r.remap_fields(map);
                 }
             }
-            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } => x.remap_fields(map),
+            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } | Expr::Local { e: x, .. } => {
+                x.remap_fields(map)
+            }
             Expr::Arith(_, l, r) | Expr::Cmp(_, l, r) | Expr::And(l, r) | Expr::Or(l, r) => {
                 l.remap_fields(map);
                 r.remap_fields(map);
@@ -191,6 +261,86 @@ impl Expr {
                 arg.remap_fields(map);
             }
             Expr::Func(_, args) => args.iter_mut().for_each(|x| x.remap_fields(map)),
+        }
+    }
+}
+
+impl Expr {
+    /// Moves every aggregate of this (condition) expression into `aggs` and leaves an
+    /// `AggSlot` naming it in its place.
+    pub fn slot_aggs(&mut self, aggs: &mut Vec<AggSpec>) {
+        match self {
+            Expr::Agg { .. } => {
+                let Expr::Agg { func, var, row, cur } = std::mem::replace(self, Expr::Const(Value::Null)) else {
+                    unreachable!()
+                };
+                aggs.push(AggSpec { func, var, row: row.map(|r| *r) });
+                *self = Expr::AggSlot { slot: aggs.len() as u32 - 1, cur };
+            }
+            Expr::Const(_) | Expr::Field(_) | Expr::Path(..) | Expr::AggSlot { .. } | Expr::Local { .. } => {}
+            // A row expression is evaluated on one event alone: no aggregate inside it reads
+            // captures, so it is left as it is.
+            Expr::VarRow { .. } | Expr::Prev { .. } => {}
+            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } => x.slot_aggs(aggs),
+            Expr::Arith(_, l, r) | Expr::Cmp(_, l, r) | Expr::And(l, r) | Expr::Or(l, r) => {
+                l.slot_aggs(aggs);
+                r.slot_aggs(aggs);
+            }
+            Expr::InList { e, items, .. } => {
+                e.slot_aggs(aggs);
+                items.iter_mut().for_each(|x| x.slot_aggs(aggs));
+            }
+            Expr::Str { e, arg, .. } => {
+                e.slot_aggs(aggs);
+                arg.slot_aggs(aggs);
+            }
+            Expr::Func(_, args) => args.iter_mut().for_each(|x| x.slot_aggs(aggs)),
+        }
+    }
+}
+
+impl Expr {
+    /// Whether this expression reads nothing but the tested event (no capture, no aggregate).
+    fn reads_event_only(&self) -> bool {
+        match self {
+            Expr::Const(_) | Expr::Field(_) | Expr::Path(..) => true,
+            Expr::VarRow { .. } | Expr::Prev { .. } | Expr::Agg { .. } | Expr::AggSlot { .. } | Expr::Local { .. } => false,
+            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } => x.reads_event_only(),
+            Expr::Arith(_, l, r) | Expr::Cmp(_, l, r) | Expr::And(l, r) | Expr::Or(l, r) => l.reads_event_only() && r.reads_event_only(),
+            Expr::InList { e, items, .. } => e.reads_event_only() && items.iter().all(Expr::reads_event_only),
+            Expr::Str { e, arg, .. } => e.reads_event_only() && arg.reads_event_only(),
+            Expr::Func(_, args) => args.iter().all(Expr::reads_event_only),
+        }
+    }
+
+    /// In a condition that reads captures, wraps each largest part that reads only the tested
+    /// event (and is more than a constant or a field) in `Local`, numbering them from `*next`.
+    pub fn memo_locals(&mut self, next: &mut u32) {
+        if self.reads_event_only() {
+            if !matches!(self, Expr::Const(_) | Expr::Field(_)) {
+                let e = std::mem::replace(self, Expr::Const(Value::Null));
+                *self = Expr::Local { slot: *next, e: Box::new(e) };
+                *next += 1;
+            }
+            return;
+        }
+        match self {
+            Expr::Const(_) | Expr::Field(_) | Expr::Path(..) | Expr::AggSlot { .. } | Expr::Local { .. } => {}
+            Expr::VarRow { .. } | Expr::Prev { .. } | Expr::Agg { .. } => {}
+            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } => x.memo_locals(next),
+            Expr::Arith(_, l, r) | Expr::Cmp(_, l, r) | Expr::And(l, r) | Expr::Or(l, r) => {
+                l.memo_locals(next);
+                r.memo_locals(next);
+            }
+            Expr::InList { e, items, .. } => {
+                e.memo_locals(next);
+                items.iter_mut().for_each(|x| x.memo_locals(next));
+            }
+            Expr::Str { e, arg, .. } => {
+                e.memo_locals(next);
+                arg.memo_locals(next);
+            }
+            Expr::Func(_, args) => args.iter_mut().for_each(|x| x.memo_locals(next)),
         }
     }
 }
@@ -371,6 +521,10 @@ pub struct Cx<'a, 'py> {
     pub py: Python<'py>,
     pub ops: &'a PyOps,
     pub fields: &'a [Py<pyo3::types::PyString>],
+    /// The rule's condition aggregates (`Expr::AggSlot`).
+    pub aggs: &'a [AggSpec],
+    /// Per slot, its row's value for the event being fed (empty: not memoised).
+    pub rows: &'a [RowMemo],
 }
 
 impl Cx<'_, '_> {
@@ -436,7 +590,7 @@ impl Expr {
     /// captured row's field is borrowed in place (no value copied, no reference count touched);
     /// anything else is evaluated.
     #[inline]
-    fn operand<'a>(&'a self, cx: &Cx, e: &'a Ev, c: &'a [Cap]) -> PyResult<std::borrow::Cow<'a, Value>> {
+    fn operand<'a>(&'a self, cx: &Cx, e: &'a Ev, c: &'a CapVec) -> PyResult<std::borrow::Cow<'a, Value>> {
         use std::borrow::Cow;
         match self {
             Expr::Const(v) => Ok(Cow::Borrowed(v)),
@@ -452,8 +606,8 @@ impl Expr {
                 match found {
                     // The same captures `eval` reads: the last (or first) row of the variable
                     // in the match, else the current event when it is being tested for it.
-                    Some(cap) if *first || !*cur => row.operand(cx, &cap.ev, &[]),
-                    None if *cur => row.operand(cx, e, &[]),
+                    Some(cap) if *first || !*cur => row.operand(cx, &cap.ev, &NO_CAPS),
+                    None if *cur => row.operand(cx, e, &NO_CAPS),
                     _ => Ok(Cow::Owned(self.eval(cx, e, c)?)),
                 }
             }
@@ -462,7 +616,7 @@ impl Expr {
     }
 
     /// The value of this expression for event `e` with the match so far `c`.
-    pub fn eval(&self, cx: &Cx, e: &Ev, c: &[Cap]) -> PyResult<Value> {
+    pub fn eval(&self, cx: &Cx, e: &Ev, c: &CapVec) -> PyResult<Value> {
         let py = cx.py;
         Ok(match self {
             Expr::Const(v) => v.clone(),
@@ -488,22 +642,22 @@ impl Expr {
             Expr::VarRow { var, first, row, cur } => {
                 if !*first {
                     if *cur {
-                        return row.eval(cx, e, &[]);
+                        return row.eval(cx, e, &NO_CAPS);
                     }
                     for cap in c.iter().rev() {
                         if cap.var == *var {
-                            return row.eval(cx, &cap.ev, &[]);
+                            return row.eval(cx, &cap.ev, &NO_CAPS);
                         }
                     }
                     Value::Null
                 } else {
-                    for cap in c {
+                    for cap in c.iter() {
                         if cap.var == *var {
-                            return row.eval(cx, &cap.ev, &[]);
+                            return row.eval(cx, &cap.ev, &NO_CAPS);
                         }
                     }
                     if *cur {
-                        row.eval(cx, e, &[])?
+                        row.eval(cx, e, &NO_CAPS)?
                     } else {
                         Value::Null
                     }
@@ -511,12 +665,20 @@ impl Expr {
             }
             Expr::Prev { row, back } => {
                 if c.len() >= *back {
-                    row.eval(cx, &c[c.len() - back].ev, &[])?
+                    row.eval(cx, &c[c.len() - back].ev, &NO_CAPS)?
                 } else {
                     Value::Null
                 }
             }
-            Expr::Agg { func, var, row, cur } => self.agg(cx, *func, *var, row.as_deref(), *cur, e, c)?,
+            Expr::Agg { func, var, row, cur } => agg(cx, *func, *var, row.as_deref(), *cur, e, c)?,
+            Expr::AggSlot { slot, cur } => agg_slot(cx, *slot as usize, *cur, e, c)?,
+            Expr::Local { slot, e: x } => match cx.rows.get(*slot as usize) {
+                Some(memo) => match memo.get_or_init(|| x.eval(cx, e, &NO_CAPS).ok()) {
+                    Some(v) => v.clone(),
+                    None => x.eval(cx, e, &NO_CAPS)?, // it raises: as Python raises it
+                },
+                None => x.eval(cx, e, &NO_CAPS)?,
+            },
             Expr::Neg(x) => {
                 let v = x.eval(cx, e, c)?;
                 value::neg(py, cx.ops, &v)?
@@ -664,67 +826,172 @@ impl Expr {
         })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn agg(
-        &self,
-        cx: &Cx,
-        func: AggF,
-        var: Option<u32>,
-        row: Option<&Expr>,
-        cur: bool,
-        e: &Ev,
-        c: &[Cap],
-    ) -> PyResult<Value> {
-        let py = cx.py;
-        let mut events: Vec<&Ev> = c.iter().filter(|x| var.is_none_or(|v| x.var == v)).map(|x| x.ev.as_ref()).collect();
-        if cur {
-            events.push(e);
+}
+
+/// An aggregate computed over the captures (and the current event when `cur`), as `cep.expr`'s
+/// `Agg` computes it: every row value first, then `sum()` / `min()` / `max()` left to right.
+#[allow(clippy::too_many_arguments)]
+fn agg(cx: &Cx, func: AggF, var: Option<u32>, row: Option<&Expr>, cur: bool, e: &Ev, c: &[Cap]) -> PyResult<Value> {
+    let mut events: Vec<&Ev> = c.iter().filter(|x| var.is_none_or(|v| x.var == v)).map(|x| x.ev.as_ref()).collect();
+    if cur {
+        events.push(e);
+    }
+    let Some(row) = row else {
+        return Ok(Value::Int(events.len() as i64));
+    };
+    let mut vals = Vec::with_capacity(events.len());
+    for ev in events {
+        let v = row.eval(cx, ev, &NO_CAPS)?;
+        if !v.is_null() {
+            vals.push(v);
         }
-        let Some(row) = row else {
-            return Ok(Value::Int(events.len() as i64));
+    }
+    let n = vals.len() as i64;
+    if let AggF::Count = func {
+        return Ok(Value::Int(n));
+    }
+    let mut fold = Fold::Empty;
+    for v in vals {
+        fold = fold_step(cx, func, &fold, v)?;
+        if let Fold::Null = fold {
+            break;
+        }
+    }
+    finish(cx, func, &fold, n)
+}
+
+/// One step of `sum()` (SUM, AVG: `0 + v1 + v2 ...`, left to right as Python 3.11 adds) or of
+/// `min()` / `max()` (the first value, then each value that compares below / above the best so
+/// far), from `fold` with the next non-NULL value `v`. A step Python answers with TypeError (the
+/// core's operators give NULL there) makes the aggregate NULL for good, as `cep.expr` catches it.
+pub fn fold_step(cx: &Cx, func: AggF, fold: &Fold, v: Value) -> PyResult<Fold> {
+    let (py, ops) = (cx.py, cx.ops);
+    let value_or_null = |x: Value| if x.is_null() { Fold::Null } else { Fold::Val(x) };
+    Ok(match (func, fold) {
+        (AggF::Count, _) | (_, Fold::Null) => fold.clone(),
+        (AggF::Sum | AggF::Avg, Fold::Empty) => value_or_null(value::arith(py, ops, ArOp::Add, &Value::Int(0), &v)?),
+        (AggF::Sum | AggF::Avg, Fold::Val(a)) => value_or_null(value::arith(py, ops, ArOp::Add, a, &v)?),
+        (AggF::Min | AggF::Max, Fold::Empty) => Fold::Val(v),
+        (AggF::Min | AggF::Max, Fold::Val(best)) => match value::less(py, ops, &v, best, matches!(func, AggF::Max))? {
+            None => Fold::Null,
+            Some(true) => Fold::Val(v),
+            Some(false) => fold.clone(),
+        },
+    })
+}
+
+/// The aggregate's value from its fold over `n` values (AVG divides the sum by `n`).
+fn finish(cx: &Cx, func: AggF, fold: &Fold, n: i64) -> PyResult<Value> {
+    Ok(match (func, fold) {
+        (AggF::Count, _) => Value::Int(n),
+        (_, Fold::Empty | Fold::Null) => Value::Null,
+        (AggF::Avg, Fold::Val(sum)) => value::arith(cx.py, cx.ops, ArOp::Div, sum, &Value::Int(n))?,
+        (_, Fold::Val(x)) => x.clone(),
+    })
+}
+
+/// A condition aggregate read from the partial match's running state (`CapVec::acc`), combined
+/// with the current event when `cur`; recomputed over the captures (`agg`) when that state is
+/// not kept (captures read back from serialised state) or broken (a Python exception).
+fn agg_slot(cx: &Cx, slot: usize, cur: bool, e: &Ev, c: &CapVec) -> PyResult<Value> {
+    let spec = &cx.aggs[slot];
+    let slow = || agg(cx, spec.func, spec.var, spec.row.as_ref(), cur, e, c);
+    let acc = match c.acc.get(slot) {
+        Some(a) if !a.broken => a,
+        _ => return slow(),
+    };
+    let mut n = acc.n;
+    let mut next = None;
+    if cur {
+        match &spec.row {
+            None => n += 1,
+            Some(row) => {
+                let v = match cx.rows.get(slot) {
+                    Some(memo) => match memo.get_or_init(|| row.eval(cx, e, &NO_CAPS).ok()) {
+                        Some(v) => v.clone(),
+                        None => return slow(), // the row raises: as Python raises it
+                    },
+                    None => row.eval(cx, e, &NO_CAPS)?,
+                };
+                if !v.is_null() {
+                    n += 1;
+                    next = Some(v);
+                }
+            }
+        }
+    }
+    match next {
+        Some(v) if !matches!(spec.func, AggF::Count) => finish(cx, spec.func, &fold_step(cx, spec.func, &acc.fold, v)?, n),
+        _ => finish(cx, spec.func, &acc.fold, n),
+    }
+}
+
+impl CapVec {
+    /// Folds the capture just appended (the event being fed: its row values are read through
+    /// `cx.rows`) into the running aggregates; when they are not kept yet (captures read back
+    /// from state), the earlier captures are folded first.
+    pub fn fold_last(&mut self, cx: &Cx) {
+        let n = cx.aggs.len();
+        if n == 0 || self.v.is_empty() {
+            return;
+        }
+        let last = self.v.len() - 1;
+        if self.acc.len() != n {
+            self.acc = vec![Acc::default(); n];
+            for i in 0..last {
+                fold_cap(cx, &mut self.acc, &self.v[i], false);
+            }
+        }
+        fold_cap(cx, &mut self.acc, &self.v[last], true);
+    }
+}
+
+/// Adds capture `cap` to every aggregate over its variable. A row or a step that raises marks
+/// the aggregate broken (recomputed when read, which raises it then, as Python does).
+fn fold_cap(cx: &Cx, acc: &mut [Acc], cap: &Cap, current: bool) {
+    for (slot, (a, spec)) in acc.iter_mut().zip(cx.aggs).enumerate() {
+        if a.broken || spec.var.is_some_and(|v| v != cap.var) {
+            continue;
+        }
+        let Some(row) = &spec.row else {
+            a.n += 1;
+            continue;
         };
-        let mut vals = Vec::with_capacity(events.len());
-        for ev in events {
-            let v = row.eval(cx, ev, &[])?;
-            if !v.is_null() {
-                vals.push(v);
-            }
+        let v = match (current, cx.rows.get(slot)) {
+            (true, Some(memo)) => memo.get_or_init(|| row.eval(cx, &cap.ev, &NO_CAPS).ok()).clone(),
+            _ => row.eval(cx, &cap.ev, &NO_CAPS).ok(),
+        };
+        let Some(v) = v else {
+            a.broken = true;
+            continue;
+        };
+        if v.is_null() {
+            continue;
         }
-        if let AggF::Count = func {
-            return Ok(Value::Int(vals.len() as i64));
+        a.n += 1;
+        if matches!(spec.func, AggF::Count) {
+            continue;
         }
-        if vals.is_empty() {
-            return Ok(Value::Null);
-        }
-        Ok(match func {
-            AggF::Sum | AggF::Avg => {
-                // Python 3.11's sum(): 0 + v1 + v2 + ... left to right.
-                let mut acc = Value::Int(0);
-                for v in &vals {
-                    acc = value::arith(py, cx.ops, ArOp::Add, &acc, v)?;
-                    if acc.is_null() {
-                        return Ok(Value::Null);
+        // A running sum of floats or of ints that stay within 64 bits: added in place (the
+        // value `value::arith` gives; anything else takes `fold_step`).
+        if let (AggF::Sum | AggF::Avg, Fold::Val(sum)) = (spec.func, &mut a.fold) {
+            match (sum, &v) {
+                (Value::Float(x), Value::Float(y)) => {
+                    *x += *y;
+                    continue;
+                }
+                (Value::Int(x), Value::Int(y)) => {
+                    if let Some(z) = x.checked_add(*y) {
+                        *x = z;
+                        continue;
                     }
                 }
-                if let AggF::Avg = func {
-                    value::arith(py, cx.ops, ArOp::Div, &acc, &Value::Int(vals.len() as i64))?
-                } else {
-                    acc
-                }
+                _ => {}
             }
-            AggF::Min | AggF::Max => {
-                let greater = matches!(func, AggF::Max);
-                let mut best = vals[0].clone();
-                for v in &vals[1..] {
-                    match value::less(py, cx.ops, v, &best, greater)? {
-                        None => return Ok(Value::Null),
-                        Some(true) => best = v.clone(),
-                        Some(false) => {}
-                    }
-                }
-                best
-            }
-            AggF::Count => Value::Null,
-        })
+        }
+        match fold_step(cx, spec.func, &a.fold, v) {
+            Ok(f) => a.fold = f,
+            Err(_) => a.broken = true,
+        }
     }
 }

@@ -43,7 +43,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
 use crate::evcodec::{put_iv, put_str, put_uv, Dec};
-use crate::expr::{Cap, Caps, Cols, Ev, Row};
+use crate::expr::{Cap, CapVec, Caps, Cols, Ev, Row};
 use crate::matcher::{Entry, MState, Run};
 use crate::value::Value;
 
@@ -473,7 +473,7 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str) -> PyResult<Decoded> {
                 let ev = evs.entry(i).or_insert_with(|| Arc::new(src.to_ev(py))).clone();
                 v.push(Cap { var, row, ev });
             }
-            Ok(Arc::new(v))
+            Ok(Arc::new(CapVec::from(v)))
         };
         let mut out_runs = Vec::with_capacity(runs.len());
         for r in runs {

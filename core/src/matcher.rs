@@ -9,7 +9,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
-use crate::expr::{Cap, Caps, Cx, Ev};
+use crate::expr::{Cap, CapVec, Caps, Cx, Ev, RowMemo, NO_CAPS};
 use crate::program::{Conn, Program, SkipK, DONE};
 use crate::value::{PyOps, Value};
 
@@ -62,6 +62,8 @@ pub const NO_CID: u32 = u32::MAX;
 pub struct Loc<'a> {
     own: &'a mut [Option<bool>],
     shared: &'a mut [u8],
+    /// The memoised values for this event: the aggregates' rows and `Expr::Local`s (`Cx::rows`).
+    rows: &'a [RowMemo],
 }
 
 pub struct Core {
@@ -85,6 +87,26 @@ pub struct Core {
     pub stats: Stats,
     /// A spare entry vector for `step` (kept between events: no allocation per step).
     pub spare: Vec<Entry>,
+    /// `step`'s decisions per entry (kept between events).
+    pub acts: Vec<Act>,
+}
+
+/// What `step` does with an entry: its tests are all made first (in order), then the entries
+/// that end are dropped before the others grow, so a capture vector that a dropped entry
+/// shared is grown in place, not copied.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    /// Kept as it is (a complete match waiting).
+    Keep,
+    /// Ends here.
+    Drop,
+    /// Moves to its state's `after` position with the same captures.
+    After,
+    /// An absence that completes.
+    Done,
+    /// Takes the event (captures grown, one entry per next state); `also_after`: and stays
+    /// (ANY contiguity: the event may be skipped as well).
+    Grow { also_after: bool },
 }
 
 /// Results of one call, and the key they are reported under.
@@ -107,22 +129,22 @@ impl<'py> Out<'py> {
     }
 }
 
-/// `caps` with `cap` appended, in a new vector.
-fn grown_caps(caps: &[Cap], cap: Cap) -> Vec<Cap> {
+/// `caps` with `cap` appended, in a new vector (the running aggregates copied).
+fn grown_caps(caps: &CapVec, cap: Cap) -> CapVec {
     let mut grown = Vec::with_capacity(caps.len() + 1);
     grown.extend(caps.iter().cloned());
     grown.push(cap);
-    grown
+    CapVec { v: grown, acc: caps.acc.clone() }
 }
 
 impl Core {
-    fn cx<'a, 'py>(&'a self, py: Python<'py>) -> Cx<'a, 'py> {
-        Cx { py, ops: &self.ops, fields: &self.p.fields }
+    fn cx<'a, 'py>(&'a self, py: Python<'py>, rows: &'a [RowMemo]) -> Cx<'a, 'py> {
+        Cx { py, ops: &self.ops, fields: &self.p.fields, aggs: &self.p.aggs, rows }
     }
 
     // ------------------------------------------------------------------ stepping
 
-    fn test(&self, py: Python<'_>, var: usize, ev: &Ev, caps: &[Cap], local: &mut Loc<'_>) -> PyResult<bool> {
+    fn test(&self, py: Python<'_>, var: usize, ev: &Ev, caps: &CapVec, local: &mut Loc<'_>) -> PyResult<bool> {
         let Some(cond) = &self.p.conds[var] else { return Ok(true) };
         if self.p.local[var] {
             if let Some(v) = local.own[var] {
@@ -137,17 +159,17 @@ impl Core {
                     return Ok(v);
                 }
             }
-            let v = cond.eval(&self.cx(py), ev, caps)?.is_true();
+            let v = cond.eval(&self.cx(py, local.rows), ev, caps)?.is_true();
             local.own[var] = Some(v);
             if let Some(slot) = local.shared.get_mut(cid) {
                 *slot = 1 + v as u8;
             }
             return Ok(v);
         }
-        Ok(cond.eval(&self.cx(py), ev, caps)?.is_true())
+        Ok(cond.eval(&self.cx(py, local.rows), ev, caps)?.is_true())
     }
 
-    fn any(&self, py: Python<'_>, vars: &[usize], ev: &Ev, caps: &[Cap], local: &mut Loc<'_>) -> PyResult<bool> {
+    fn any(&self, py: Python<'_>, vars: &[usize], ev: &Ev, caps: &CapVec, local: &mut Loc<'_>) -> PyResult<bool> {
         for &g in vars {
             if self.test(py, g, ev, caps, local)? {
                 return Ok(true);
@@ -159,8 +181,10 @@ impl Core {
     fn spawn(&self, py: Python<'_>, ev: &Arc<Ev>, row: i64, local: &mut Loc<'_>) -> PyResult<Vec<Entry>> {
         let mut out = Vec::new();
         for (var, nxt) in &self.p.starts {
-            if self.test(py, *var, ev, &[], local)? {
-                let caps: Caps = Arc::new(vec![Cap { var: *var as u32, row, ev: ev.clone() }]);
+            if self.test(py, *var, ev, &NO_CAPS, local)? {
+                let mut caps = CapVec::from(vec![Cap { var: *var as u32, row, ev: ev.clone() }]);
+                caps.fold_last(&self.cx(py, local.rows));
+                let caps: Caps = Arc::new(caps);
                 for &t in nxt {
                     out.push(Entry { pos: t, caps: caps.clone() });
                 }
@@ -170,72 +194,104 @@ impl Core {
     }
 
     /// Steps `entries` over one event, in place: the stepped entries are built in `spare`
-    /// and swapped in (the two vectors' buffers are reused from event to event).
+    /// and swapped in (the two vectors' buffers are reused from event to event). Every test is
+    /// made first, in the entries' order (`decide_step`); then the entries that end are dropped
+    /// and the others built, so captures shared only with an ending entry grow in place.
     #[allow(clippy::too_many_arguments)]
     fn step(
         &self,
         py: Python<'_>,
         entries: &mut Vec<Entry>,
         spare: &mut Vec<Entry>,
+        acts: &mut Vec<Act>,
         ev: &Arc<Ev>,
         row: i64,
         local: &mut Loc<'_>,
     ) -> PyResult<()> {
+        acts.clear();
+        for entry in entries.iter() {
+            acts.push(self.decide_step(py, entry, ev, local)?);
+        }
+        let mut i = 0;
+        entries.retain(|_| {
+            i += 1;
+            acts[i - 1] != Act::Drop
+        });
+        acts.retain(|a| *a != Act::Drop);
         let mut out = std::mem::take(spare);
         out.clear();
         out.reserve(entries.len());
-        for entry in entries.drain(..) {
-            if entry.pos == DONE {
-                out.push(entry);
-                continue;
-            }
-            let st = &self.p.table[entry.pos as usize];
-            if !st.not_next.is_empty() && self.any(py, &st.not_next, ev, &entry.caps, local)? {
-                continue;
-            }
-            if st.absence {
-                if !st.not_followed.is_empty() {
-                    if !self.any(py, &st.not_followed, ev, &entry.caps, local)? {
-                        out.push(Entry { pos: st.after, caps: entry.caps });
+        for (Entry { pos, caps }, &act) in entries.drain(..).zip(acts.iter()) {
+            match act {
+                Act::Keep => out.push(Entry { pos, caps }),
+                Act::Drop => {}
+                Act::Done => out.push(Entry { pos: DONE, caps }),
+                Act::After => out.push(Entry { pos: self.p.table[pos as usize].after, caps }),
+                Act::Grow { also_after } => {
+                    let st = &self.p.table[pos as usize];
+                    let cap = Cap { var: st.var as u32, row, ev: ev.clone() };
+                    if also_after {
+                        let grown: Caps = Arc::new(self.grown(py, &caps, cap, local));
+                        for &t in &st.next {
+                            out.push(Entry { pos: t, caps: grown.clone() });
+                        }
+                        out.push(Entry { pos: st.after, caps });
+                        continue;
                     }
-                } else {
-                    out.push(Entry { pos: DONE, caps: entry.caps });
-                }
-                continue;
-            }
-            let taken = self.test(py, st.var, ev, &entry.caps, local)?;
-            if taken {
-                let cap = Cap { var: st.var as u32, row, ev: ev.clone() };
-                if st.conn != Conn::Any {
                     // The entry itself does not go on: its captures are grown in place when no
                     // other entry shares them (copy on write), else copied.
-                    let mut c = entry.caps;
+                    let mut c = caps;
                     let grown: Caps = match Arc::get_mut(&mut c) {
                         Some(v) => {
-                            v.push(cap);
+                            v.v.push(cap);
+                            v.fold_last(&self.cx(py, local.rows));
                             c
                         }
-                        None => Arc::new(grown_caps(&c, cap)),
+                        None => Arc::new(self.grown(py, &c, cap, local)),
                     };
                     for &t in &st.next {
                         out.push(Entry { pos: t, caps: grown.clone() });
                     }
-                    continue;
                 }
-                let grown: Caps = Arc::new(grown_caps(&entry.caps, cap));
-                for &t in &st.next {
-                    out.push(Entry { pos: t, caps: grown.clone() });
-                }
-            } else if st.conn == Conn::Strict {
-                continue;
             }
-            if !st.not_followed.is_empty() && self.any(py, &st.not_followed, ev, &entry.caps, local)? {
-                continue;
-            }
-            out.push(Entry { pos: st.after, caps: entry.caps });
         }
         *spare = std::mem::replace(entries, out);
         Ok(())
+    }
+
+    /// `caps` with `cap` appended, in a new vector, its aggregates folded.
+    fn grown(&self, py: Python<'_>, caps: &CapVec, cap: Cap, local: &Loc<'_>) -> CapVec {
+        let mut g = grown_caps(caps, cap);
+        g.fold_last(&self.cx(py, local.rows));
+        g
+    }
+
+    /// The tests of `_step` for one entry, in its order, and what becomes of the entry.
+    fn decide_step(&self, py: Python<'_>, entry: &Entry, ev: &Arc<Ev>, local: &mut Loc<'_>) -> PyResult<Act> {
+        if entry.pos == DONE {
+            return Ok(Act::Keep);
+        }
+        let st = &self.p.table[entry.pos as usize];
+        if !st.not_next.is_empty() && self.any(py, &st.not_next, ev, &entry.caps, local)? {
+            return Ok(Act::Drop);
+        }
+        if st.absence {
+            if st.not_followed.is_empty() {
+                return Ok(Act::Done);
+            }
+            return Ok(if self.any(py, &st.not_followed, ev, &entry.caps, local)? { Act::Drop } else { Act::After });
+        }
+        let taken = self.test(py, st.var, ev, &entry.caps, local)?;
+        if taken && st.conn != Conn::Any {
+            return Ok(Act::Grow { also_after: false });
+        }
+        if !taken && st.conn == Conn::Strict {
+            return Ok(Act::Drop);
+        }
+        if !st.not_followed.is_empty() && self.any(py, &st.not_followed, ev, &entry.caps, local)? {
+            return Ok(if taken { Act::Grow { also_after: false } } else { Act::Drop });
+        }
+        Ok(if taken { Act::Grow { also_after: true } } else { Act::After })
     }
 
     /// `_feed`: one event of this key.
@@ -274,7 +330,18 @@ impl Core {
                 &mut heap
             }
         };
-        let local = &mut Loc { own, shared };
+        // The row values of the condition aggregates for this event, shared by the partial
+        // matches that fold or read them: on the stack for up to 8 aggregates.
+        let nslots = self.p.nmemo;
+        let memo_stack: [RowMemo; 8] = Default::default();
+        let memo_heap: Vec<RowMemo>;
+        let rows: &[RowMemo] = if nslots <= memo_stack.len() {
+            &memo_stack[..nslots]
+        } else {
+            memo_heap = (0..nslots).map(|_| RowMemo::new()).collect();
+            &memo_heap
+        };
+        let local = &mut Loc { own, shared, rows };
         let (row, runs) = match state {
             None => {
                 let spawned = self.spawn(py, &ev, 0, local)?;
@@ -287,10 +354,12 @@ impl Core {
                 let row = s.row;
                 // The runs are stepped in place (no new vectors per event).
                 let mut spare = std::mem::take(&mut self.spare);
+                let mut acts = std::mem::take(&mut self.acts);
                 for r in s.runs.iter_mut() {
-                    self.step(py, &mut r.entries, &mut spare, &ev, row, local)?;
+                    self.step(py, &mut r.entries, &mut spare, &mut acts, &ev, row, local)?;
                 }
                 self.spare = spare;
+                self.acts = acts;
                 let spawned = self.spawn(py, &ev, row, local)?;
                 if !spawned.is_empty() {
                     s.runs.push(Run { start: row, entries: spawned, tpart: None, matched: false });
@@ -320,39 +389,44 @@ impl Core {
 
     pub fn advance(&mut self, py: Python<'_>, state: MState, now: i64, out: &Out) -> PyResult<Option<MState>> {
         let flushing = now == FOREVER;
-        let mut runs = Vec::with_capacity(state.runs.len());
-        for r in state.runs {
-            let mut tpart = r.tpart;
-            let mut kept = Vec::with_capacity(r.entries.len());
-            for entry in r.entries {
-                if entry.pos == DONE {
-                    kept.push(entry);
-                    continue;
-                }
-                let absence = self.p.table[entry.pos as usize].absence;
-                match self.deadline(&entry.caps) {
-                    None => {
-                        if flushing {
-                            if absence {
-                                kept.push(Entry { pos: DONE, caps: entry.caps });
+        let mut state = state;
+        // In place: the entries a deadline ends are removed from their run's vector (no new
+        // vectors per run and call).
+        for r in state.runs.iter_mut() {
+            let mut tpart = r.tpart.take();
+            let entries = &mut r.entries;
+            let mut w = 0;
+            for i in 0..entries.len() {
+                let pos = entries[i].pos;
+                let to = if pos == DONE {
+                    Some(DONE)
+                } else {
+                    let absence = self.p.table[pos as usize].absence;
+                    match self.deadline(&entries[i].caps) {
+                        None if flushing => absence.then_some(DONE),
+                        None => Some(pos),
+                        Some(d) if d <= now => {
+                            if !absence
+                                && self.want_timeouts
+                                && tpart.as_ref().is_none_or(|t| entries[i].caps.len() > t.len())
+                            {
+                                tpart = Some(entries[i].caps.clone());
                             }
-                            continue;
+                            absence.then_some(DONE)
                         }
-                        kept.push(entry);
+                        Some(_) => Some(pos),
                     }
-                    Some(d) if d <= now => {
-                        if absence {
-                            kept.push(Entry { pos: DONE, caps: entry.caps });
-                        } else if self.want_timeouts && tpart.as_ref().is_none_or(|t| entry.caps.len() > t.len()) {
-                            tpart = Some(entry.caps);
-                        }
-                    }
-                    Some(_) => kept.push(entry),
+                };
+                if let Some(to) = to {
+                    entries[i].pos = to;
+                    entries.swap(w, i);
+                    w += 1;
                 }
             }
-            runs.push(Run { start: r.start, entries: kept, tpart, matched: r.matched });
+            entries.truncate(w);
+            r.tpart = tpart;
         }
-        self.settle(py, state.row, runs, out, None)
+        self.settle(py, state.row, state.runs, out, None)
     }
 
     pub fn on_end(&mut self, py: Python<'_>, state: MState, out: &Out) -> PyResult<()> {
@@ -592,10 +666,10 @@ impl Core {
         PyTuple::new(py, items)
     }
 
-    fn measures<'py>(&self, py: Python<'py>, caps: &[Cap]) -> PyResult<Bound<'py, PyDict>> {
+    fn measures<'py>(&self, py: Python<'py>, caps: &CapVec) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         let last = &caps[caps.len() - 1].ev;
-        let cx = self.cx(py);
+        let cx = self.cx(py, &[]);
         for (name, (_, e)) in self.measure_names.iter().zip(&self.p.measures) {
             let v: Value = e.eval(&cx, last, caps)?;
             d.set_item(name.bind(py), v.to_py(py)?)?;
@@ -603,7 +677,7 @@ impl Core {
         Ok(d)
     }
 
-    fn emit_match(&mut self, py: Python<'_>, caps: &[Cap], out: &Out) -> PyResult<()> {
+    fn emit_match(&mut self, py: Python<'_>, caps: &CapVec, out: &Out) -> PyResult<()> {
         self.stats.matches += 1;
         let m = self.classes.match_.bind(py).call1((
             self.rule_id_py.clone_ref(py),
@@ -618,7 +692,7 @@ impl Core {
         out.list.append(m)
     }
 
-    fn emit_timeout(&mut self, py: Python<'_>, caps: &[Cap], out: &Out) -> PyResult<()> {
+    fn emit_timeout(&mut self, py: Python<'_>, caps: &CapVec, out: &Out) -> PyResult<()> {
         self.stats.timeouts += 1;
         let deadline = self.deadline(caps).unwrap_or(caps[caps.len() - 1].ev.ts);
         let t = self.classes.timeout.bind(py).call1((

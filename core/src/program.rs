@@ -3,7 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
-use crate::expr::{build, Expr};
+use crate::expr::{build, AggSpec, Expr};
 use crate::Unsupported;
 
 pub const FORMAT: &str = "cep-program";
@@ -55,6 +55,10 @@ pub struct Program {
     pub key_field: Option<String>,
     pub fields: Vec<Py<PyString>>,
     pub conds: Vec<Option<Expr>>,
+    /// The aggregates of the conditions, kept per partial match (`Expr::AggSlot`).
+    pub aggs: Vec<AggSpec>,
+    /// The memo slots per event (`Cx::rows`): the aggregates' rows, then `Expr::Local`s.
+    pub nmemo: usize,
     pub local: Vec<bool>,
     pub history_free: bool,
     pub table: Vec<StateT>,
@@ -93,7 +97,19 @@ pub fn parse(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Program> {
     for c in cond_list.iter() {
         conds.push(if c.is_none() { None } else { Some(build(py, &c, nf)?) });
     }
+    let mut aggs = Vec::new();
+    for c in conds.iter_mut().flatten() {
+        c.slot_aggs(&mut aggs);
+    }
     let local: Vec<bool> = get(d, "local")?.extract()?;
+    // The memo slots of an event (`Cx::rows`): one per aggregate's row, then one per part of a
+    // condition that reads captures but has parts that read only the event.
+    let mut nmemo = aggs.len() as u32;
+    for (c, &l) in conds.iter_mut().zip(&local) {
+        if let (Some(c), false) = (c, l) {
+            c.memo_locals(&mut nmemo);
+        }
+    }
     if conds.len() != nvars || local.len() != nvars {
         return Err(bad("one condition per variable expected"));
     }
@@ -179,6 +195,8 @@ pub fn parse(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Program> {
         key_field: get_opt(d, "key_field")?.map(|v| v.extract::<String>()).transpose()?,
         fields,
         conds,
+        aggs,
+        nmemo: nmemo as usize,
         local,
         history_free: get(d, "history_free")?.extract()?,
         table,

@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::evcodec::{decode_events, put_iv, put_uv, Dec, EvEnc, EvOwned, EvRef};
-use crate::expr::{Cap, Caps, Ev};
+use crate::expr::{Cap, CapVec, Caps, Ev};
 use crate::matcher::{Entry, MState, Run};
 
 pub const MAGIC: &[u8; 5] = b"CEPNS";
@@ -180,7 +180,7 @@ pub fn decode(py: Python<'_>, data: &[u8]) -> PyResult<MState> {
             let ev = events.get(i as usize).ok_or_else(corrupt)?.clone();
             v.push(Cap { var, row, ev });
         }
-        Ok(Arc::new(v))
+        Ok(Arc::new(CapVec::from(v)))
     };
     let mut runs = Vec::with_capacity(raw.len());
     for (start, matched, tpart, entries) in raw {
