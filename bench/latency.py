@@ -381,7 +381,9 @@ class MetricsMonitor(threading.Thread):
             b = q.get("batch")
             if isinstance(b, int) and b not in self.batches:
                 self.batches[b] = {**q, "seen": time.time(),
-                                   "consumed": _consumed(q.get("sources"))}
+                                   "consumed": _consumed(q.get("sources")),
+                                   # cumulative: the operator's stats summed up to this batch
+                                   "counters": dict(m.get("counters") or {})}
             if m:
                 self.last = m
             time.sleep(0.1)
@@ -472,6 +474,7 @@ def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
         "processed_rows_per_s": (round(rows / sum(durations) * 1000) if durations and
                                  sum(durations) > 0 else None),
         "lag_events_start": lag_start, "lag_events_end": lag_end,
+        "batch_detail": _batch_detail(batches, in_phase),
     }
     med = (out["batch_ms_p50"] or 0) / 1000
     lag_s = None if lag_end is None or rate <= 0 else lag_end / rate
@@ -480,6 +483,31 @@ def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
                and lag_end - lag_start > 2 * max(rate, 1))
     out["kept_up"] = (lag_s is not None and lag_s <= max(3.0, 2 * med + 1.5)
                       and not growing and len(arrived) == expected)
+    return out
+
+
+# The operator's per-call stats (summed over a batch's calls, from the job's counters).
+_OP_COUNTERS = ("events", "python_us", "rows_in_us", "prepare_us", "engine_us", "store_us",
+                "state_writes", "state_reads", "state_reloads", "state_compactions",
+                "keys_touched")
+
+
+def _batch_detail(batches: dict[int, dict[str, Any]],
+                  in_phase: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per batch of the phase: rows, Spark's durationMs and the operator's time (the change of
+    the job's counters since the previous batch seen)."""
+    out = []
+    for b in sorted(in_phase, key=lambda x: x["batch"]):
+        prev = batches.get(b["batch"] - 1)
+        now_c, prev_c = b.get("counters") or {}, (prev or {}).get("counters")
+        op = ({k: int(now_c.get(k, 0)) - int(prev_c.get(k, 0)) for k in _OP_COUNTERS}
+              if prev_c is not None else None)
+        out.append({"batch": b["batch"], "input_rows": b.get("input_rows"),
+                    "durations_ms": b.get("durations_ms"), "operator": op,
+                    "state_ms": b.get("state_ms"), "state_custom": b.get("state_custom"),
+                    "delivery": {k: v for k, v in (b.get("last_delivery") or {}).items()
+                                 if k in ("batch_id", "records", "collect_ms", "route_ms",
+                                          "sinks_ms")}})
     return out
 
 

@@ -175,6 +175,12 @@ class Metrics:
                 state_rows=ops[0].get("numRowsTotal"),
                 state_bytes=ops[0].get("memoryUsedBytes"),
                 dropped_by_watermark=ops[0].get("numRowsDroppedByWatermark"),
+                # The state store's share of the batch (ms): writing updates, committing (the
+                # RocksDB changelog), and its own figures (rocksdb* latencies and sizes).
+                state_ms={k: ops[0].get(k) for k in ("allUpdatesTimeMs", "commitTimeMs",
+                                                     "allRemovalsTimeMs")
+                          if ops[0].get(k) is not None},
+                state_custom=ops[0].get("customMetrics"),
                 sources=[{"end": s.get("endOffset")} for s in progress.get("sources", [])],
             )
         log.info("progress %s", json.dumps(self.queries[name], default=str))
