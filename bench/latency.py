@@ -193,10 +193,11 @@ class LiveJob:
         except FileNotFoundError:
             return ""
 
-    def wait_started(self, timeout: float = 180) -> float:
-        """Seconds until the `alerts` query reported itself started."""
+    def wait_started(self, timeout: float | None = 180) -> float:
+        """Seconds until the `alerts` query reported itself started (`timeout` None: for as
+        long as the job runs)."""
         t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
+        while timeout is None or time.monotonic() - t0 < timeout:
             if self.proc is not None and self.proc.poll() is not None:
                 raise LatencyBenchError(
                     f"`cep run` exited {self.proc.returncode} before its query started:\n"
@@ -345,6 +346,7 @@ class RedisReader(threading.Thread):
         # (rule, card, last ts) -> (read wall time, XADD ms from the entry id, emitted_at ms)
         self.arrived: dict[tuple[str, str, int], tuple[float, int, int]] = {}
         self.entries = 0
+        self.reads = 0  # XREAD calls done
 
     def run(self) -> None:
         try:
@@ -360,6 +362,7 @@ class RedisReader(threading.Thread):
                         key = (a["rule_id"], a["key"], int(a["last_ts"]))
                         self.arrived.setdefault(
                             key, (now, int(entry_id.split("-")[0]), int(a.get("emitted_at", 0))))
+                self.reads += 1  # after its entries are recorded
         except BaseException as exc:  # noqa: BLE001
             self.error = exc
 
@@ -545,17 +548,18 @@ def _sleep(seconds: float, job: LiveJob, producer: Producer) -> None:
 
 
 def _warm_up(job: LiveJob, producer: Producer, monitor: MetricsMonitor, variant: Variant,
-             log: Callable[[str], None]) -> dict[str, Any]:
-    """PREWARM_RATE until the job's first micro-batch is done; then the first rate for `warmup`
-    s, and on until the job has finished two micro-batches of that input and caught up (lag
-    under max(3 s, 2 batches + 1.5 s) of input, as `kept_up`), at most WARMUP_EXTRA_S more."""
+             log: Callable[[str], None], patient: bool = False) -> dict[str, Any]:
+    """PREWARM_RATE until the job's first micro-batch is done (at most PREWARM_MAX_S; `patient`:
+    as long as it takes); then the first rate for `warmup` s, and on until the job has finished
+    two micro-batches of that input and caught up (lag under max(3 s, 2 batches + 1.5 s) of
+    input, as `kept_up`), at most WARMUP_EXTRA_S more."""
     rate = variant.rates[0]
     # The first micro-batch takes tens of seconds (Python workers, rules, 64 state stores): at
     # a low rate until it is done, so that the job does not start with a minute of backlog.
     p0 = time.time()
     producer.set_rate(min(PREWARM_RATE, rate))
     while not any(b.get("input_rows") for b in monitor.batches.values()):
-        if time.time() - p0 > PREWARM_MAX_S:
+        if not patient and time.time() - p0 > PREWARM_MAX_S:
             raise LatencyBenchError(f"the job's first micro-batch did not finish within "
                                     f"{PREWARM_MAX_S:.0f} s:\n{job.log_tail()}")
         _sleep(0.5, job, producer)
@@ -583,9 +587,12 @@ def _warm_up(job: LiveJob, producer: Producer, monitor: MetricsMonitor, variant:
 
 def run_variant(services: Services, work: Path, variant: Variant,
                 log: Callable[[str], None] = print, drain_s: float | None = None,
-                ) -> dict[str, Any]:
+                patient: bool = False) -> dict[str, Any]:
     """`drain_s`: after the last rate, wait up to this long for every measured alert whether the
-    job kept up or not (the test's completeness check); None: the benchmark's short drain."""
+    job kept up or not; None: the benchmark's short drain. `patient` (the test's completeness
+    check): no wall-clock bound anywhere (start, first batch, drain); the drain lasts until a
+    finished micro-batch's watermark has passed every measured completing event, i.e. until
+    the job has released them (or the job exits)."""
     import redis
 
     redis.Redis.from_url(services.redis_url).flushdb()
@@ -598,14 +605,14 @@ def run_variant(services: Services, work: Path, variant: Variant,
     phases: list[Phase] = []
     warm: dict[str, Any] = {}
     try:
-        startup = job.wait_started()
+        startup = job.wait_started(None if patient else 180)
         log(f"[latency] {variant.name}: query started after {startup:.1f} s")
         monitor.start()
         reader.start()
         producer = Producer(services.bootstrap, job.topic, variant.name[:3])
         producer.set_rate(variant.rates[0])
         producer.start()
-        warm = _warm_up(job, producer, monitor, variant, log)
+        warm = _warm_up(job, producer, monitor, variant, log, patient)
         behind = False
         for i, rate in enumerate(variant.rates):
             start = time.time()
@@ -626,7 +633,10 @@ def run_variant(services: Services, work: Path, variant: Variant,
         # (A job that is behind will not deliver them in seconds: a short look only.)
         drain_until = time.time() + (drain_s if drain_s is not None
                                      else 5.0 if behind else DRAIN_S)
-        while time.time() < drain_until and not wanted <= set(reader.arrived):
+        if patient:
+            _drain_released(job, producer, reader, monitor, {k[2] for k in wanted})
+        while (not patient and time.time() < drain_until
+               and not wanted <= set(reader.arrived)):
             if reader.error is not None:
                 raise LatencyBenchError(f"Redis reader failed: {reader.error!r}")
             time.sleep(0.2)
@@ -661,6 +671,37 @@ def run_variant(services: Services, work: Path, variant: Variant,
         "job_alerts": counters.get("alerts"), "job_exit": rc,
         "wall_s": round(time.monotonic() - t0, 1),
     }
+
+
+def _watermark_ms(text: Any) -> int | None:
+    """A progress report's watermark (`2026-11-25T18:39:14.893Z`) in epoch ms."""
+    from datetime import datetime
+
+    if not isinstance(text, str) or not text:
+        return None
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def _drain_released(job: LiveJob, producer: Producer, reader: RedisReader,
+                    monitor: MetricsMonitor, completing_ts: set[int]) -> None:
+    """Until the job has released every measured pattern: a micro-batch ran with a watermark
+    past the newest completing event (the engine releases an event once the watermark has
+    passed it, and a batch's alerts are in Redis before Spark reports the batch), then until
+    the Redis reader has read once more. No wall-clock bound: a slow job is waited for; one
+    that exits fails. The input slows to a trickle meanwhile (it must keep flowing: the
+    watermark only moves with new events), so that a job that fell behind catches up."""
+    newest = max(completing_ts, default=0)
+    producer.set_rate(min(PREWARM_RATE, 200))
+    while not any((_watermark_ms(b.get("watermark")) or 0) > newest
+                  for b in list(monitor.batches.values())):
+        _sleep(0.5, job, producer)
+        if reader.error is not None:
+            raise LatencyBenchError(f"Redis reader failed: {reader.error!r}")
+    reads = reader.reads
+    while reader.reads < reads + 2:  # an XREAD that started after the batch was reported
+        _sleep(0.1, job, producer)
+        if reader.error is not None:
+            raise LatencyBenchError(f"Redis reader failed: {reader.error!r}")
 
 
 def probe_trigger(services: Services, work: Path, name: str, trigger: str,
@@ -735,7 +776,9 @@ def plan(rates: tuple[int, ...], seconds: float, warmup: float, quick: bool,
 def run(rates: tuple[int, ...] = (5000, 20000, 50000), seconds: float = 30,
         warmup: float = 20, work: Path | None = None, *, quick: bool = False,
         compare_triggers: bool = False, log: Callable[[str], None] = print,
-        drain_s: float | None = None, default_only: bool = False) -> dict[str, Any]:
+        drain_s: float | None = None, default_only: bool = False,
+        patient: bool = False) -> dict[str, Any]:
+    """`patient`: no wall-clock bound on the job (start, first batch, drain: `run_variant`)."""
     work = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="cep-latency-"))
     work.mkdir(parents=True, exist_ok=True)
     variants, probes = plan(tuple(rates), seconds, warmup, quick, compare_triggers,
@@ -749,7 +792,7 @@ def run(rates: tuple[int, ...] = (5000, 20000, 50000), seconds: float = 30,
     try:
         services.start()
         for v in variants:
-            out["variants"].append(run_variant(services, work, v, log, drain_s))
+            out["variants"].append(run_variant(services, work, v, log, drain_s, patient))
         for name, trig in probes:
             out["probes"].append(probe_trigger(services, work, name, trig))
             log(f"[latency] probe {trig}: {out['probes'][-1]}")
