@@ -376,9 +376,15 @@ class MetricsMonitor(threading.Thread):
         self.stop_flag = threading.Event()
         self.batches: dict[int, dict[str, Any]] = {}
         self.last: dict[str, Any] = {}
+        # (wall time, CPU seconds of the job's process tree so far), every ~0.5 s
+        self.cpu: list[tuple[float, float]] = []
 
     def run(self) -> None:
+        tick = 0
         while not self.stop_flag.is_set():
+            if tick % 5 == 0 and self.job.proc is not None:
+                self.cpu.append((time.time(), _tree_cpu_s(self.job.proc.pid)))
+            tick += 1
             m = self.job.metrics()
             q = (m.get("queries") or {}).get("alerts") or {}
             b = q.get("batch")
@@ -390,6 +396,33 @@ class MetricsMonitor(threading.Thread):
             if m:
                 self.last = m
             time.sleep(0.1)
+
+
+def _tree_cpu_s(session: int) -> float:
+    """CPU seconds (user + system) used so far by the processes of session `session` (the job
+    runs in a session of its own: its JVM, the Python workers), counting their reaped children;
+    a load-robust measure of the work, where wall-clock durations are not on a shared machine."""
+    ticks = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                rest = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(rest[3]) == session:
+            ticks += sum(int(x) for x in rest[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_between(samples: list[tuple[float, float]], t0: float, t1: float) -> float | None:
+    """CPU seconds the job used between wall times t0 and t1 (nearest samples)."""
+    before = [c for t, c in samples if t <= t0]
+    after = [c for t, c in samples if t >= t1]
+    if not before or not after:
+        return None
+    return after[0] - before[-1]
 
 
 def _consumed(sources: Any) -> int | None:
@@ -429,7 +462,8 @@ def _produced_at(producer: Producer, t: float) -> int:
 
 
 def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
-                batches: dict[int, dict[str, Any]], drained_at: float) -> dict[str, Any]:
+                batches: dict[int, dict[str, Any]], drained_at: float,
+                cpu: list[tuple[float, float]] | None = None) -> dict[str, Any]:
     samples: list[tuple[float, bool]] = []
     to_xadd: list[float] = []
     spark_part: list[float] = []
@@ -479,6 +513,12 @@ def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
         "lag_events_start": lag_start, "lag_events_end": lag_end,
         "batch_detail": _batch_detail(batches, in_phase),
     }
+    # The job's CPU over the window, per input row of the batches that ended in it.
+    used = _cpu_between(cpu or [], ph.measure_from, ph.end)
+    out["job_cpu_s"] = None if used is None else round(used, 2)
+    out["job_cpu_cores"] = None if used is None or window <= 0 else round(used / window, 2)
+    out["job_cpu_us_per_row"] = (None if used is None or not rows
+                                 else round(1e6 * used / rows, 1))
     med = (out["batch_ms_p50"] or 0) / 1000
     lag_s = None if lag_end is None or rate <= 0 else lag_end / rate
     out["lag_s_end"] = None if lag_s is None else round(lag_s, 1)
@@ -653,7 +693,8 @@ def run_variant(services: Services, work: Path, variant: Variant,
         reader.stop_flag.set()
         monitor.stop_flag.set()
         rc = job.stop()
-    stats = [phase_stats(ph, producer, reader, monitor.batches, drained_at) for ph in phases]
+    stats = [phase_stats(ph, producer, reader, monitor.batches, drained_at, monitor.cpu)
+             for ph in phases]
     expected_keys = set(producer.completing)
     unexpected = [k for k in reader.arrived if k not in expected_keys]
     counters = final.get("counters") or {}
@@ -661,7 +702,8 @@ def run_variant(services: Services, work: Path, variant: Variant,
         log(f"[latency] {variant.name} @ {s['rate_target']}/s: achieved {s['achieved_rate']}/s, "
             f"{s['alerts_arrived']}/{s['alerts_expected']} alerts, "
             f"p50 {s['latency_s']['p50']}, p99 {s['latency_s']['p99']}, "
-            f"batch p50 {s['batch_ms_p50']} ms, lag {s['lag_s_end']} s, kept up {s['kept_up']}")
+            f"batch p50 {s['batch_ms_p50']} ms, lag {s['lag_s_end']} s, kept up {s['kept_up']}, "
+            f"job CPU {s['job_cpu_cores']} cores = {s['job_cpu_us_per_row']} us/row")
     return {
         "name": variant.name, "lateness": variant.lateness or "5s (bench rules)",
         "trigger": variant.trigger, "command": job.command, "startup_s": round(startup, 1),
