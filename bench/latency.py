@@ -668,7 +668,7 @@ def run_variant(services: Services, work: Path, variant: Variant,
         # Drain: wait for the measured alerts (bounded; a job that fell behind will not catch up).
         # The stream keeps flowing meanwhile, as a live one does: the last patterns are matched
         # once later events move the watermark past them (LATENESS), never without them.
-        wanted = {k for k, sent in list(producer.completing.items())  # it keeps producing
+        wanted = {k for k, sent in _items(producer.completing)  # it keeps producing
                   if any(ph.measure_from <= sent < ph.end for ph in phases)}
         # (A job that is behind will not deliver them in seconds: a short look only.)
         drain_until = time.time() + (drain_s if drain_s is not None
@@ -713,6 +713,15 @@ def run_variant(services: Services, work: Path, variant: Variant,
         "job_alerts": counters.get("alerts"), "job_exit": rc,
         "wall_s": round(time.monotonic() - t0, 1),
     }
+
+
+def _items(d: dict[Any, Any]) -> list[tuple[Any, Any]]:
+    """`d`'s items while another thread adds to it (a copy can meet a resize: try again)."""
+    while True:
+        try:
+            return list(d.items())
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
 
 
 def _watermark_ms(text: Any) -> int | None:
