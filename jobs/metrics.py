@@ -172,7 +172,9 @@ class Metrics:
                 durations_ms=progress.get("durationMs"),
                 watermark=event_time.get("watermark"),
                 max_event_time=event_time.get("max"),
-                state_rows=ops[0].get("numRowsTotal"),
+                # Not counted (`trackTotalNumberOfRows=false`, jobs/session.py): Spark says 0;
+                # shown as unknown, not as an empty state.
+                state_rows=ops[0].get("numRowsTotal") or None,
                 state_bytes=ops[0].get("memoryUsedBytes"),
                 dropped_by_watermark=ops[0].get("numRowsDroppedByWatermark"),
                 # The state store's share of the batch (ms): writing updates, committing (the
