@@ -193,10 +193,11 @@ class LiveJob:
         except FileNotFoundError:
             return ""
 
-    def wait_started(self, timeout: float = 180) -> float:
-        """Seconds until the `alerts` query reported itself started."""
+    def wait_started(self, timeout: float | None = 180) -> float:
+        """Seconds until the `alerts` query reported itself started (`timeout` None: for as
+        long as the job runs)."""
         t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
+        while timeout is None or time.monotonic() - t0 < timeout:
             if self.proc is not None and self.proc.poll() is not None:
                 raise LatencyBenchError(
                     f"`cep run` exited {self.proc.returncode} before its query started:\n"
@@ -345,6 +346,7 @@ class RedisReader(threading.Thread):
         # (rule, card, last ts) -> (read wall time, XADD ms from the entry id, emitted_at ms)
         self.arrived: dict[tuple[str, str, int], tuple[float, int, int]] = {}
         self.entries = 0
+        self.reads = 0  # XREAD calls done
 
     def run(self) -> None:
         try:
@@ -360,6 +362,7 @@ class RedisReader(threading.Thread):
                         key = (a["rule_id"], a["key"], int(a["last_ts"]))
                         self.arrived.setdefault(
                             key, (now, int(entry_id.split("-")[0]), int(a.get("emitted_at", 0))))
+                self.reads += 1  # after its entries are recorded
         except BaseException as exc:  # noqa: BLE001
             self.error = exc
 
@@ -373,18 +376,53 @@ class MetricsMonitor(threading.Thread):
         self.stop_flag = threading.Event()
         self.batches: dict[int, dict[str, Any]] = {}
         self.last: dict[str, Any] = {}
+        # (wall time, CPU seconds of the job's process tree so far), every ~0.5 s
+        self.cpu: list[tuple[float, float]] = []
 
     def run(self) -> None:
+        tick = 0
         while not self.stop_flag.is_set():
+            if tick % 5 == 0 and self.job.proc is not None:
+                self.cpu.append((time.time(), _tree_cpu_s(self.job.proc.pid)))
+            tick += 1
             m = self.job.metrics()
             q = (m.get("queries") or {}).get("alerts") or {}
             b = q.get("batch")
             if isinstance(b, int) and b not in self.batches:
                 self.batches[b] = {**q, "seen": time.time(),
-                                   "consumed": _consumed(q.get("sources"))}
+                                   "consumed": _consumed(q.get("sources")),
+                                   # cumulative: the operator's stats summed up to this batch
+                                   "counters": dict(m.get("counters") or {})}
             if m:
                 self.last = m
             time.sleep(0.1)
+
+
+def _tree_cpu_s(session: int) -> float:
+    """CPU seconds (user + system) used so far by the processes of session `session` (the job
+    runs in a session of its own: its JVM, the Python workers), counting their reaped children;
+    a load-robust measure of the work, where wall-clock durations are not on a shared machine."""
+    ticks = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                rest = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(rest[3]) == session:
+            ticks += sum(int(x) for x in rest[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_between(samples: list[tuple[float, float]], t0: float, t1: float) -> float | None:
+    """CPU seconds the job used between wall times t0 and t1 (nearest samples)."""
+    before = [c for t, c in samples if t <= t0]
+    after = [c for t, c in samples if t >= t1]
+    if not before or not after:
+        return None
+    return after[0] - before[-1]
 
 
 def _consumed(sources: Any) -> int | None:
@@ -424,7 +462,8 @@ def _produced_at(producer: Producer, t: float) -> int:
 
 
 def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
-                batches: dict[int, dict[str, Any]], drained_at: float) -> dict[str, Any]:
+                batches: dict[int, dict[str, Any]], drained_at: float,
+                cpu: list[tuple[float, float]] | None = None) -> dict[str, Any]:
     samples: list[tuple[float, bool]] = []
     to_xadd: list[float] = []
     spark_part: list[float] = []
@@ -472,7 +511,14 @@ def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
         "processed_rows_per_s": (round(rows / sum(durations) * 1000) if durations and
                                  sum(durations) > 0 else None),
         "lag_events_start": lag_start, "lag_events_end": lag_end,
+        "batch_detail": _batch_detail(batches, in_phase),
     }
+    # The job's CPU over the window, per input row of the batches that ended in it.
+    used = _cpu_between(cpu or [], ph.measure_from, ph.end)
+    out["job_cpu_s"] = None if used is None else round(used, 2)
+    out["job_cpu_cores"] = None if used is None or window <= 0 else round(used / window, 2)
+    out["job_cpu_us_per_row"] = (None if used is None or not rows
+                                 else round(1e6 * used / rows, 1))
     med = (out["batch_ms_p50"] or 0) / 1000
     lag_s = None if lag_end is None or rate <= 0 else lag_end / rate
     out["lag_s_end"] = None if lag_s is None else round(lag_s, 1)
@@ -480,6 +526,31 @@ def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
                and lag_end - lag_start > 2 * max(rate, 1))
     out["kept_up"] = (lag_s is not None and lag_s <= max(3.0, 2 * med + 1.5)
                       and not growing and len(arrived) == expected)
+    return out
+
+
+# The operator's per-call stats (summed over a batch's calls, from the job's counters).
+_OP_COUNTERS = ("events", "python_us", "rows_in_us", "prepare_us", "engine_us", "store_us",
+                "state_writes", "state_reads", "state_reloads", "state_compactions",
+                "keys_touched")
+
+
+def _batch_detail(batches: dict[int, dict[str, Any]],
+                  in_phase: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per batch of the phase: rows, Spark's durationMs and the operator's time (the change of
+    the job's counters since the previous batch seen)."""
+    out = []
+    for b in sorted(in_phase, key=lambda x: x["batch"]):
+        prev = batches.get(b["batch"] - 1)
+        now_c, prev_c = b.get("counters") or {}, (prev or {}).get("counters")
+        op = ({k: int(now_c.get(k, 0)) - int(prev_c.get(k, 0)) for k in _OP_COUNTERS}
+              if prev_c is not None else None)
+        out.append({"batch": b["batch"], "input_rows": b.get("input_rows"),
+                    "durations_ms": b.get("durations_ms"), "operator": op,
+                    "state_ms": b.get("state_ms"), "state_custom": b.get("state_custom"),
+                    "delivery": {k: v for k, v in (b.get("last_delivery") or {}).items()
+                                 if k in ("batch_id", "records", "collect_ms", "route_ms",
+                                          "sinks_ms")}})
     return out
 
 
@@ -517,17 +588,18 @@ def _sleep(seconds: float, job: LiveJob, producer: Producer) -> None:
 
 
 def _warm_up(job: LiveJob, producer: Producer, monitor: MetricsMonitor, variant: Variant,
-             log: Callable[[str], None]) -> dict[str, Any]:
-    """PREWARM_RATE until the job's first micro-batch is done; then the first rate for `warmup`
-    s, and on until the job has finished two micro-batches of that input and caught up (lag
-    under max(3 s, 2 batches + 1.5 s) of input, as `kept_up`), at most WARMUP_EXTRA_S more."""
+             log: Callable[[str], None], patient: bool = False) -> dict[str, Any]:
+    """PREWARM_RATE until the job's first micro-batch is done (at most PREWARM_MAX_S; `patient`:
+    as long as it takes); then the first rate for `warmup` s, and on until the job has finished
+    two micro-batches of that input and caught up (lag under max(3 s, 2 batches + 1.5 s) of
+    input, as `kept_up`), at most WARMUP_EXTRA_S more."""
     rate = variant.rates[0]
     # The first micro-batch takes tens of seconds (Python workers, rules, 64 state stores): at
     # a low rate until it is done, so that the job does not start with a minute of backlog.
     p0 = time.time()
     producer.set_rate(min(PREWARM_RATE, rate))
     while not any(b.get("input_rows") for b in monitor.batches.values()):
-        if time.time() - p0 > PREWARM_MAX_S:
+        if not patient and time.time() - p0 > PREWARM_MAX_S:
             raise LatencyBenchError(f"the job's first micro-batch did not finish within "
                                     f"{PREWARM_MAX_S:.0f} s:\n{job.log_tail()}")
         _sleep(0.5, job, producer)
@@ -555,9 +627,12 @@ def _warm_up(job: LiveJob, producer: Producer, monitor: MetricsMonitor, variant:
 
 def run_variant(services: Services, work: Path, variant: Variant,
                 log: Callable[[str], None] = print, drain_s: float | None = None,
-                ) -> dict[str, Any]:
+                patient: bool = False) -> dict[str, Any]:
     """`drain_s`: after the last rate, wait up to this long for every measured alert whether the
-    job kept up or not (the test's completeness check); None: the benchmark's short drain."""
+    job kept up or not; None: the benchmark's short drain. `patient` (the test's completeness
+    check): no wall-clock bound anywhere (start, first batch, drain); the drain lasts until a
+    finished micro-batch's watermark has passed every measured completing event, i.e. until
+    the job has released them (or the job exits)."""
     import redis
 
     redis.Redis.from_url(services.redis_url).flushdb()
@@ -570,14 +645,14 @@ def run_variant(services: Services, work: Path, variant: Variant,
     phases: list[Phase] = []
     warm: dict[str, Any] = {}
     try:
-        startup = job.wait_started()
+        startup = job.wait_started(None if patient else 180)
         log(f"[latency] {variant.name}: query started after {startup:.1f} s")
         monitor.start()
         reader.start()
         producer = Producer(services.bootstrap, job.topic, variant.name[:3])
         producer.set_rate(variant.rates[0])
         producer.start()
-        warm = _warm_up(job, producer, monitor, variant, log)
+        warm = _warm_up(job, producer, monitor, variant, log, patient)
         behind = False
         for i, rate in enumerate(variant.rates):
             start = time.time()
@@ -593,12 +668,15 @@ def run_variant(services: Services, work: Path, variant: Variant,
         # Drain: wait for the measured alerts (bounded; a job that fell behind will not catch up).
         # The stream keeps flowing meanwhile, as a live one does: the last patterns are matched
         # once later events move the watermark past them (LATENESS), never without them.
-        wanted = {k for k, sent in list(producer.completing.items())  # it keeps producing
+        wanted = {k for k, sent in _items(producer.completing)  # it keeps producing
                   if any(ph.measure_from <= sent < ph.end for ph in phases)}
         # (A job that is behind will not deliver them in seconds: a short look only.)
         drain_until = time.time() + (drain_s if drain_s is not None
                                      else 5.0 if behind else DRAIN_S)
-        while time.time() < drain_until and not wanted <= set(reader.arrived):
+        if patient:
+            _drain_released(job, producer, reader, monitor, {k[2] for k in wanted})
+        while (not patient and time.time() < drain_until
+               and not wanted <= set(reader.arrived)):
             if reader.error is not None:
                 raise LatencyBenchError(f"Redis reader failed: {reader.error!r}")
             time.sleep(0.2)
@@ -615,7 +693,8 @@ def run_variant(services: Services, work: Path, variant: Variant,
         reader.stop_flag.set()
         monitor.stop_flag.set()
         rc = job.stop()
-    stats = [phase_stats(ph, producer, reader, monitor.batches, drained_at) for ph in phases]
+    stats = [phase_stats(ph, producer, reader, monitor.batches, drained_at, monitor.cpu)
+             for ph in phases]
     expected_keys = set(producer.completing)
     unexpected = [k for k in reader.arrived if k not in expected_keys]
     counters = final.get("counters") or {}
@@ -623,7 +702,8 @@ def run_variant(services: Services, work: Path, variant: Variant,
         log(f"[latency] {variant.name} @ {s['rate_target']}/s: achieved {s['achieved_rate']}/s, "
             f"{s['alerts_arrived']}/{s['alerts_expected']} alerts, "
             f"p50 {s['latency_s']['p50']}, p99 {s['latency_s']['p99']}, "
-            f"batch p50 {s['batch_ms_p50']} ms, lag {s['lag_s_end']} s, kept up {s['kept_up']}")
+            f"batch p50 {s['batch_ms_p50']} ms, lag {s['lag_s_end']} s, kept up {s['kept_up']}, "
+            f"job CPU {s['job_cpu_cores']} cores = {s['job_cpu_us_per_row']} us/row")
     return {
         "name": variant.name, "lateness": variant.lateness or "5s (bench rules)",
         "trigger": variant.trigger, "command": job.command, "startup_s": round(startup, 1),
@@ -633,6 +713,46 @@ def run_variant(services: Services, work: Path, variant: Variant,
         "job_alerts": counters.get("alerts"), "job_exit": rc,
         "wall_s": round(time.monotonic() - t0, 1),
     }
+
+
+def _items(d: dict[Any, Any]) -> list[tuple[Any, Any]]:
+    """`d`'s items while another thread adds to it (a copy can meet a resize: try again)."""
+    while True:
+        try:
+            return list(d.items())
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+
+
+def _watermark_ms(text: Any) -> int | None:
+    """A progress report's watermark (`2026-11-25T18:39:14.893Z`) in epoch ms."""
+    from datetime import datetime
+
+    if not isinstance(text, str) or not text:
+        return None
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def _drain_released(job: LiveJob, producer: Producer, reader: RedisReader,
+                    monitor: MetricsMonitor, completing_ts: set[int]) -> None:
+    """Until the job has released every measured pattern: a micro-batch ran with a watermark
+    past the newest completing event (the engine releases an event once the watermark has
+    passed it, and a batch's alerts are in Redis before Spark reports the batch), then until
+    the Redis reader has read once more. No wall-clock bound: a slow job is waited for; one
+    that exits fails. The input slows to a trickle meanwhile (it must keep flowing: the
+    watermark only moves with new events), so that a job that fell behind catches up."""
+    newest = max(completing_ts, default=0)
+    producer.set_rate(min(PREWARM_RATE, 200))
+    while not any((_watermark_ms(b.get("watermark")) or 0) > newest
+                  for b in list(monitor.batches.values())):
+        _sleep(0.5, job, producer)
+        if reader.error is not None:
+            raise LatencyBenchError(f"Redis reader failed: {reader.error!r}")
+    reads = reader.reads
+    while reader.reads < reads + 2:  # an XREAD that started after the batch was reported
+        _sleep(0.1, job, producer)
+        if reader.error is not None:
+            raise LatencyBenchError(f"Redis reader failed: {reader.error!r}")
 
 
 def probe_trigger(services: Services, work: Path, name: str, trigger: str,
@@ -707,7 +827,9 @@ def plan(rates: tuple[int, ...], seconds: float, warmup: float, quick: bool,
 def run(rates: tuple[int, ...] = (5000, 20000, 50000), seconds: float = 30,
         warmup: float = 20, work: Path | None = None, *, quick: bool = False,
         compare_triggers: bool = False, log: Callable[[str], None] = print,
-        drain_s: float | None = None, default_only: bool = False) -> dict[str, Any]:
+        drain_s: float | None = None, default_only: bool = False,
+        patient: bool = False) -> dict[str, Any]:
+    """`patient`: no wall-clock bound on the job (start, first batch, drain: `run_variant`)."""
     work = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="cep-latency-"))
     work.mkdir(parents=True, exist_ok=True)
     variants, probes = plan(tuple(rates), seconds, warmup, quick, compare_triggers,
@@ -721,7 +843,7 @@ def run(rates: tuple[int, ...] = (5000, 20000, 50000), seconds: float = 30,
     try:
         services.start()
         for v in variants:
-            out["variants"].append(run_variant(services, work, v, log, drain_s))
+            out["variants"].append(run_variant(services, work, v, log, drain_s, patient))
         for name, trig in probes:
             out["probes"].append(probe_trigger(services, work, name, trig))
             log(f"[latency] probe {trig}: {out['probes'][-1]}")

@@ -82,6 +82,13 @@ def get_spark(
         # snapshots are taken in the background. Spark's guide recommends it for latency, and an
         # existing checkpoint can turn it on or off.
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        # Counting the store's rows makes RocksDB read a key's whole value before every write
+        # of it (`RocksDB.handleMetricsUpdate`: a `get` per put/merge). The live operator's
+        # state is a log (a ListState appended to each batch, docs/native-core.md "Stage 3"),
+        # so each append read the whole log back: bytes read per batch grew with the state
+        # (4 → 24 MB per batch over a two-minute run, bench/results/live_profile.md). The
+        # count is only a metric (a handful of rows per shard here): not kept.
+        .config("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

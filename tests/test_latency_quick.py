@@ -1,10 +1,12 @@
 """The end-to-end latency benchmark (bench/latency.py) in its quick mode, so that it does not rot:
 its own Kafka broker and Redis server, `cep run` as a process, one rate for 10 s. What it checks is
 completeness, not speed: every alert the producer completed arrives in Redis, with a
-positive, finite latency, and nothing else arrives. It waits for them as long as it takes (up to
-10 minutes, a liveness bound far above any latency: a job that falls behind still delivers
-everything); how fast is the benchmark's business (`make bench`: bench/results/latency.md),
-never a test's (issue 14: a loaded CI machine is not a stopwatch)."""
+positive, finite latency, and nothing else arrives. No wall-clock window (issue 14: a loaded CI
+machine is not a stopwatch): the run is `patient`, so the job's start, its first micro-batch and
+the drain are waited for as long as they take, and the drain ends on the job's own progress —
+once a finished micro-batch's watermark has passed every measured completing event, the job has
+released them, and each must then be in Redis. How fast is the benchmark's business
+(`make bench`: bench/results/latency.md), never a test's."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ pytestmark = [pytest.mark.services, pytest.mark.spark, pytest.mark.slow]
 def test_quick_latency_run_sees_alerts_with_positive_finite_latency(tmp_path: Path) -> None:
     from bench.latency import render_md, run
 
-    res = run(rates=(1000,), seconds=10, warmup=10, work=tmp_path, quick=True, drain_s=600)
+    res = run(rates=(1000,), seconds=10, warmup=10, work=tmp_path, quick=True, patient=True)
     (v,) = res["variants"]
     (r,) = v["rates"]
     assert r["alerts_expected"] > 0

@@ -63,7 +63,7 @@ class _Validate(Validate):
     `_one`, in which case the seq is computed from the canonical text)."""
 
     def __init__(self, plan: Plan, max_bytes: int) -> None:
-        super().__init__(plan, (), max_bytes)
+        super().__init__(plan, (), max_bytes, fast=False)  # Prepare has its own fast path
         self.events: list[dict[str, Any] | None] = []
 
     def _one(self, stream: str | None, raw: bytes | None,

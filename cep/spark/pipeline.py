@@ -118,9 +118,16 @@ class Validate:
     Spark never interprets the bytes of an event: they reach Python as they were read, and this
     is the only parse. Good rows carry `ts`, the canonical `data` and the key values (`keys`, in
     the order of the stream's key fields, as the engine spells them: `str()` of non-strings);
-    bad rows carry the `reason` and the `raw` bytes. Other input columns pass through."""
+    bad rows carry the `reason` and the `raw` bytes. Other input columns pass through.
 
-    def __init__(self, plan: Plan, passthrough: tuple[str, ...], max_bytes: int) -> None:
+    `fast` (the live job, `detect`): the rows of an event stream go first through the core's
+    fast path (`_core.validate_fast`, as replay's first step: docs/spark-runtime.md), which
+    accepts only records the Python validator accepts unchanged and gives their time and keys
+    with no Python object per record; every other record (bad input, ISO times, conversions,
+    any doubt) goes to `validate_text`, still the one definition of a valid event."""
+
+    def __init__(self, plan: Plan, passthrough: tuple[str, ...], max_bytes: int,
+                 fast: bool = True) -> None:
         self.schemas = {s.name: EventSchema(s.name, s.time_field,
                                             (s.table_key,) if s.table_key else
                                             tuple(k for k in s.key_fields if k), s.schema)
@@ -130,41 +137,118 @@ class Validate:
                           for s in plan.streams}
         self.passthrough = passthrough
         self.max_bytes = max_bytes
+        # Per event stream: (time field, key order, declared fields) for the fast path. Tables
+        # are left to Python (a tombstone's delete record, `_deleted`).
+        self.fast = ({s.name: (s.time_field, list(self.key_order[s.name]), s.schema)
+                      for s in plan.streams if not s.is_table} if fast else {})
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import numpy as np
         import pyarrow as pa
 
         for batch in batches:
-            ts: list[int | None] = []
-            data: list[str | None] = []
-            keys: list[list[str] | None] = []
-            reasons: list[str | None] = []
-            raws: list[bytes | None] = []
-            for stream, raw in zip(batch.column("stream").to_pylist(),
-                                   batch.column("value").to_pylist(), strict=True):
-                text, event, t, reason = self._one(stream, raw)
-                if event is None or text is None:
-                    ts.append(None)
-                    data.append(None)
-                    keys.append(None)
-                    reasons.append(reason)
-                    raws.append(raw)
+            n = batch.num_rows
+            accepted, slow = self._fast(batch) if self.fast and n else ([], np.arange(n))
+            parts = [*accepted]
+            if len(slow):
+                sub = batch if len(slow) == n else batch.take(pa.array(slow))
+                parts.append((slow, self._slow(sub)))
+            if len(parts) == 1:
+                rows, out = parts[0]
+                yield out  # every row in one part: in the input's order already
+                continue
+            order = np.concatenate([rows for rows, _ in parts])
+            table = pa.Table.from_batches([out for _, out in parts])
+            # Back to the input's order.
+            yield table.take(pa.array(np.argsort(order, kind="stable"))).combine_chunks() \
+                .to_batches()[0]
+
+    def _fast(self, batch: Any) -> tuple[list[tuple[Any, Any]], Any]:
+        """The core's fast path over each event stream's rows: `[(row indices, validated
+        rows)]` for the records it accepted, and the indices of the rest (for `_slow`)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from cep import _core  # type: ignore[attr-defined]
+
+        n = batch.num_rows
+        stream = batch.column("stream")
+        done = np.zeros(n, bool)
+        out: list[tuple[Any, Any]] = []
+        for name, (tf, key_order, fields) in self.fast.items():
+            if len(self.fast) == 1 and pc.all(pc.equal(stream, name)).as_py():
+                idx = None  # the usual batch: one stream
+                sub = batch
+            else:
+                mask = pc.equal(stream, name).fill_null(False)
+                if not pc.any(mask).as_py():
                     continue
-                ts.append(t)
-                data.append(text)
-                keys.append([_key(event.get(k)) if k else "" for k in self.key_order[stream]]
-                            if stream != EOF_STREAM else [""])
-                reasons.append(None)
-                raws.append(None)
-            arrays = [batch.column("stream"), pa.array(ts, pa.int64()),
-                      batch.column("seq"), pa.array(data, pa.string()),
-                      pa.array(keys, pa.list_(pa.string())), pa.array(reasons, pa.string()),
-                      pa.array(raws, pa.binary())]
-            names = ["stream", "ts", "seq", "data", "keys", "reason", "raw"]
-            for c in self.passthrough:
-                arrays.append(batch.column(c))
-                names.append(c)
-            yield pa.RecordBatch.from_arrays(arrays, names=names)
+                idx = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+                sub = batch.take(pa.array(idx))
+            ok_b, ts_b, _, koff, kdata = _core.validate_fast(
+                sub.column("value").to_pylist(), tf, key_order, fields, self.max_bytes)
+            ok = np.frombuffer(ok_b, np.uint8).astype(bool)
+            m, k = len(ok), len(key_order)
+            local = np.flatnonzero(ok)
+            if not len(local):
+                continue
+            rows = local if idx is None else idx[local]
+            done[rows] = True
+            every = len(local) == m
+            take = None if every else pa.array(local)
+            flat = pa.Array.from_buffers(pa.string(), m * k,
+                                         [None, pa.py_buffer(koff), pa.py_buffer(kdata)])
+            if not every:
+                flat = flat.take(pa.array((local[:, None] * k + np.arange(k)).reshape(-1)))
+            keys = pa.ListArray.from_arrays(
+                pa.array(np.arange(0, len(local) * k + 1, k, dtype=np.int32)), flat)
+
+            def col(c: str, take: Any = take, sub: Any = sub) -> Any:
+                return sub.column(c) if take is None else sub.column(c).take(take)
+
+            nulls = len(local)
+            arrays = [col("stream"), pa.array(np.frombuffer(ts_b, np.int64)[local]),
+                      col("seq"), col("value").cast(pa.string()), keys,
+                      pa.nulls(nulls, pa.string()), pa.nulls(nulls, pa.binary())]
+            arrays += [col(c) for c in self.passthrough]
+            out.append((rows, pa.RecordBatch.from_arrays(arrays, names=self._names())))
+        return out, np.flatnonzero(~done)
+
+    def _names(self) -> list[str]:
+        return ["stream", "ts", "seq", "data", "keys", "reason", "raw", *self.passthrough]
+
+    def _slow(self, batch: Any) -> Any:
+        """The Python validator over the rows, one by one."""
+        import pyarrow as pa
+
+        ts: list[int | None] = []
+        data: list[str | None] = []
+        keys: list[list[str] | None] = []
+        reasons: list[str | None] = []
+        raws: list[bytes | None] = []
+        for stream, raw in zip(batch.column("stream").to_pylist(),
+                               batch.column("value").to_pylist(), strict=True):
+            text, event, t, reason = self._one(stream, raw)
+            if event is None or text is None:
+                ts.append(None)
+                data.append(None)
+                keys.append(None)
+                reasons.append(reason)
+                raws.append(raw)
+                continue
+            ts.append(t)
+            data.append(text)
+            keys.append([_key(event.get(k)) if k else "" for k in self.key_order[stream]]
+                        if stream != EOF_STREAM else [""])
+            reasons.append(None)
+            raws.append(None)
+        arrays = [batch.column("stream"), pa.array(ts, pa.int64()),
+                  batch.column("seq"), pa.array(data, pa.string()),
+                  pa.array(keys, pa.list_(pa.string())), pa.array(reasons, pa.string()),
+                  pa.array(raws, pa.binary())]
+        arrays += [batch.column(c) for c in self.passthrough]
+        return pa.RecordBatch.from_arrays(arrays, names=self._names())
 
     def _one(self, stream: str | None, raw: bytes | None,
              ) -> tuple[str | None, dict[str, Any] | None, int | None, str | None]:
