@@ -260,13 +260,18 @@ class Prepare:
             seq = pa.array([content_seq(decoded[j] or {}) if q is None else q
                             for j, q in zip(gidx, seq.to_pylist(), strict=True)], pa.int64())
         keys = rows.column("keys")
+        parent: Any = None  # None: one row per event (one key field), no take needed
         if self.only is not None:
+            import numpy as np
+
             flat = pc.list_flatten(keys)
-            parent = pc.list_parent_indices(keys)
             k = len(self.only)
-            within = pa.array([i % k for i in range(len(flat))], pa.int32()) if k > 1 else \
-                pa.array([0] * len(flat), pa.int32())
-            key_field = pa.array(self.only, pa.string()).take(within)
+            if k > 1 or len(flat) != rows.num_rows:
+                parent = pc.list_parent_indices(keys)
+            within = pa.array(np.arange(len(flat), dtype=np.int32) % k if k > 1
+                              else np.zeros(len(flat), np.int32))
+            key_field = (pa.array(self.only, pa.string()).take(within) if k > 1
+                         else pa.repeat(pa.scalar(self.only[0], pa.string()), len(flat)))
         else:
             parents: list[int] = []
             fields: list[str] = []
@@ -280,15 +285,19 @@ class Prepare:
             parent = pa.array(parents, pa.int32())
             within = pa.array(pos, pa.int32())
             key_field = pa.array(fields, pa.string())
+
+        def per_row(col: Any) -> Any:
+            return col if parent is None else col.take(parent)
+
         n = len(flat)
         primary = pc.equal(within, 0)
         if len(self.tables):
-            stream = rows.column("stream").take(parent)
+            stream = per_row(rows.column("stream"))
             primary = pc.and_(primary, pc.invert(pc.is_in(stream, self.tables)))
         return pa.RecordBatch.from_arrays(
-            [pa.nulls(n, pa.int32()), pa.array([EVENT] * n, pa.string()),
-             rows.column("stream").take(parent), rows.column("ts").take(parent),
-             seq.take(parent), rows.column("data").take(parent), key_field, flat,
+            [pa.nulls(n, pa.int32()), pa.repeat(pa.scalar(EVENT, pa.string()), n),
+             per_row(rows.column("stream")), per_row(rows.column("ts")),
+             per_row(seq), per_row(rows.column("data")), key_field, flat,
              primary], names=_PREPARED_NAMES)
 
 
