@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -95,12 +96,17 @@ def get_spark(
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.driver.memory", os.environ.get("CEP_DRIVER_MEMORY", "2g"))
     )
+    local = settings.spark_master.startswith("local")
+    cache = ClassCache.for_this_jvm() if local else None
+    driver_options = " ".join(o for o in (settings.java_options,
+                                          cache.options() if cache else "") if o)
+    if driver_options:
+        builder = builder.config("spark.driver.extraJavaOptions", driver_options)
     if settings.java_options:
-        builder = (builder.config("spark.driver.extraJavaOptions", settings.java_options)
-                   .config("spark.executor.extraJavaOptions", settings.java_options))
+        builder = builder.config("spark.executor.extraJavaOptions", settings.java_options)
     if kafka:
         builder = builder.config("spark.jars", ",".join(kafka_jars()))
-    if settings.spark_master.startswith("local"):
+    if local:
         # Workers import PySpark from site-packages (bytecode cached) and start with
         # pyspark.worker loaded: see cep/spark/worker_daemon.py.
         builder = builder.config("spark.python.daemon.module", "cep.spark.worker_daemon")
@@ -109,8 +115,142 @@ def get_spark(
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     spark = _start(builder)
+    if cache is not None:
+        cache.started(spark)
     spark.sparkContext.setLogLevel(os.environ.get("CEP_SPARK_LOG_LEVEL", "WARN"))
     return spark
+
+
+class ClassCache:
+    """The driver JVM's class-data-sharing archive (JDK 13+ dynamic CDS): the classes a Spark
+    session loads (~20k, from ~250 jars), stored once as the JVM laid them out, and mapped by
+    every later JVM instead of being found, read, verified and parsed again. Measured on this
+    2-core machine at load 12: session start 12-16 → 6 s, the first small job 8-12 → 3 s
+    (bench/results/replay_batch.md, "cep demo").
+
+    - A session with no archive yet has its JVM write one when it exits
+      (`-XX:ArchiveClassesAtExit`), to a temporary file named after this process, beside a note
+      of the JVM's pid and class path. Only one JVM writes at a time (a note with a live pid
+      stops the others). Writing takes the exiting JVM ~1 min of CPU after this process is gone.
+    - A later session promotes it once that JVM has exited, only if a JVM accepts it: a quick
+      `java -Xshare:on -version` on the same class path (a JVM killed while writing leaves a
+      file that would crash the next JVM, not one that is ignored). Else it is deleted.
+    - One archive per JDK build and PySpark (the key of its name); the JVM itself checks that
+      the class path and jars are unchanged and otherwise runs without it. Its messages go to
+      the JVM's standard error (the Spark log file), never the terminal.
+    - `CEP_JVM_CLASS_CACHE=0` turns it off; local masters only (the driver is the executor).
+    """
+
+    def __init__(self, java: Path, key: str, folder: Path) -> None:
+        self.java = java
+        self.final = folder / f"spark-{key}.jsa"
+        self.writing: Path | None = None
+
+    @classmethod
+    def for_this_jvm(cls) -> ClassCache | None:
+        import hashlib
+        import shutil
+
+        if os.environ.get("CEP_JVM_CLASS_CACHE", "1") == "0":
+            return None
+        home = os.environ.get("JAVA_HOME")
+        found = Path(home) / "bin" / "java" if home else shutil.which("java")
+        if not found or not Path(found).exists():
+            return None
+        java = Path(found).resolve()
+        release = java.parent.parent / "release"
+        try:
+            text = release.read_text()
+        except OSError:
+            return None
+        m = re.search(r'JAVA_VERSION="(\d+)', text)
+        if not m or int(m.group(1)) < 13:
+            return None
+        import pyspark
+
+        key = hashlib.sha256(f"{java}\n{text}\n{pyspark.__version__}\n{pyspark.__file__}"
+                             .encode()).hexdigest()[:16]
+        folder = Path(os.environ.get("CEP_JVM_CACHE_DIR", ROOT / ".cache" / "jvm"))
+        return cls(java, key, folder)
+
+    def options(self) -> str:
+        """The driver JVM's options: use the archive, or write one at exit."""
+        quiet = "-Xlog:disable -Xlog:all=warning:stderr"  # CDS warnings: not on stdout
+        try:
+            self._promote()
+            if self.final.exists():
+                return f"{quiet} -XX:SharedArchiveFile={self.final}"
+            if any(self._alive(n) for n in self.final.parent.glob(self.final.name + ".*.note")):
+                return ""
+            self.final.parent.mkdir(parents=True, exist_ok=True)
+            self.writing = self.final.with_name(f"{self.final.name}.{os.getpid()}.tmp")
+            self.writing.unlink(missing_ok=True)
+            # Until started() names the JVM, this process's pid stands for it.
+            self._note(self.writing, os.getpid(), "")
+        except OSError:
+            return ""
+        return f"{quiet} -XX:ArchiveClassesAtExit={self.writing}"
+
+    def started(self, spark: Any) -> None:
+        """The session is up: note the JVM that will write the archive, and its class path."""
+        if self.writing is None:
+            return
+        try:
+            pid = int(spark.sparkContext._gateway.proc.pid)
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            cp = args[args.index(b"-cp") + 1].decode() if b"-cp" in args else ""
+            self._note(self.writing, pid, cp)
+        except (AttributeError, OSError, ValueError):
+            pass
+
+    @staticmethod
+    def _note(tmp: Path, pid: int, cp: str) -> None:
+        note = tmp.with_name(tmp.name[: -len(".tmp")] + ".note")
+        note.write_text(json.dumps({"pid": pid, "cp": cp}))
+
+    @staticmethod
+    def _alive(note: Path) -> bool:
+        try:
+            pid = int(json.loads(note.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        return Path(f"/proc/{pid}").exists() if Path("/proc").is_dir() else _pid_alive(pid)
+
+    def _promote(self) -> None:
+        import subprocess
+
+        for note in self.final.parent.glob(self.final.name + ".*.note"):
+            if self._alive(note):
+                continue
+            tmp = note.with_name(note.name[: -len(".note")] + ".tmp")
+            try:
+                cp = json.loads(note.read_text()).get("cp") or ""
+            except (OSError, ValueError, AttributeError):
+                cp = ""
+            ok = False
+            if cp and tmp.exists() and tmp.stat().st_size and not self.final.exists():
+                try:
+                    ok = subprocess.run(
+                        [str(self.java), f"-XX:SharedArchiveFile={tmp}", "-Xshare:on",
+                         "-cp", cp, "-version"], stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL, timeout=60).returncode == 0
+                except (OSError, subprocess.TimeoutExpired):
+                    ok = False
+            if ok:
+                os.replace(tmp, self.final)
+            else:
+                tmp.unlink(missing_ok=True)
+            note.unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 TASK_ATTEMPTS = 4  # Spark's default on a cluster (spark.task.maxFailures)
