@@ -53,5 +53,8 @@ def test_alerts_reach_the_sink_once_even_when_a_batch_is_rerun(tmp_path):
     assert sink.records[0].redis_channel == "cep:alerts:card_testing"
     assert [p["key"] for p in sink.payloads("alerts.card_testing")] == ["c1", "c2"]
     assert sink.batches == [0, 0] and sink.closed
+    # Where the batch's delivery time went (collect, routing, sinks), in whole ms.
+    timings = {k: seen[0].pop(k) for k in ("collect_ms", "route_ms", "sinks_ms")}
+    assert all(isinstance(v, int) and v >= 0 for v in timings.values()), timings
     assert seen[0] == {"batch_id": 0, "records": 2, "memory_applied": 2, "memory_duplicates": 0}
     assert seen[1]["memory_duplicates"] == 2
