@@ -40,7 +40,13 @@ from cep.events import MAX_BYTES, dead_letter
 from cep.runtime.alerts import OUTPUT_SCHEMA, output_rows
 from cep.runtime.bind import build_embedded_engine, engine_kind
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, content_seq
-from cep.spark.pipeline import BROADCAST, Plan, Validate, tombstones_as_deletes
+from cep.spark.pipeline import (
+    BROADCAST,
+    Plan,
+    Validate,
+    native_on_this_worker,
+    tombstones_as_deletes,
+)
 
 RAW_COLUMNS = ("stream", "value", "seq", "src", "part", "off", "form")
 PREPARED_SCHEMA = ("shard int, kind string, stream string, ts bigint, seq bigint, data string, "
@@ -106,6 +112,8 @@ class Prepare:
         counted: dict[tuple[str, int], int] = {}  # lines (rows) so far per (file, split start)
         last: int | None = None
         read = dead = 0
+        if self.fast is not None and not native_on_this_worker():
+            self.fast = None
         for batch in batches:
             keep, nums = self._records(batch, counted)
             read += len(keep)

@@ -146,6 +146,8 @@ class Validate:
         import numpy as np
         import pyarrow as pa
 
+        if self.fast and not native_on_this_worker():
+            self.fast = {}
         for batch in batches:
             n = batch.num_rows
             accepted, slow = self._fast(batch) if self.fast and n else ([], np.arange(n))
@@ -278,6 +280,15 @@ def tombstones_as_deletes(value: Any, stream: Any, plan: Plan) -> Any:
         out = F.when((stream == s.name) & value.isNull() & F.col("key").isNotNull(),
                      delete).otherwise(out)
     return out
+
+
+def native_on_this_worker() -> bool:
+    """Whether this Python process can import the native core. On a cluster the package may
+    reach the workers as a zip (`spark.submit.pyFiles`), from which an extension module cannot
+    load: the fast paths then step aside and the Python validator does all the work."""
+    from cep.runtime import native
+
+    return native.available()
 
 
 def _key(value: Any) -> str:
