@@ -98,8 +98,9 @@ def get_spark(
     )
     local = settings.spark_master.startswith("local")
     cache = ClassCache.for_this_jvm() if local else None
-    driver_options = " ".join(o for o in (settings.java_options,
-                                          cache.options() if cache else "") if o)
+    # The cache's options first: its -Xlog settings must not cancel the user's own.
+    driver_options = " ".join(o for o in (cache.options() if cache else "",
+                                          settings.java_options) if o)
     if driver_options:
         builder = builder.config("spark.driver.extraJavaOptions", driver_options)
     if settings.java_options:
@@ -205,20 +206,30 @@ class ClassCache:
 
     @staticmethod
     def _note(tmp: Path, pid: int, cp: str) -> None:
+        """Written whole or not at all (a reader never sees a half-written note)."""
         note = tmp.with_name(tmp.name[: -len(".tmp")] + ".note")
-        note.write_text(json.dumps({"pid": pid, "cp": cp}))
+        part = note.with_name(note.name + ".part")
+        part.write_text(json.dumps({"pid": pid, "cp": cp}))
+        os.replace(part, note)
 
     @staticmethod
     def _alive(note: Path) -> bool:
         try:
             pid = int(json.loads(note.read_text())["pid"])
         except (OSError, ValueError, KeyError, TypeError):
-            return False
+            # Unreadable: being replaced, or left broken; broken once it is old.
+            return _age_s(note) < ORPHAN_S
         return Path(f"/proc/{pid}").exists() if Path("/proc").is_dir() else _pid_alive(pid)
 
     def _promote(self) -> None:
         import subprocess
 
+        # An archive its writer's note no longer names (the note's process died before its JVM
+        # wrote the file): removed once nothing has written to it for a while.
+        for tmp in self.final.parent.glob(self.final.name + ".*.tmp"):
+            note = tmp.with_name(tmp.name[: -len(".tmp")] + ".note")
+            if not note.exists() and _age_s(tmp) > ORPHAN_S:
+                tmp.unlink(missing_ok=True)
         for note in self.final.parent.glob(self.final.name + ".*.note"):
             if self._alive(note):
                 continue
@@ -241,6 +252,18 @@ class ClassCache:
             else:
                 tmp.unlink(missing_ok=True)
             note.unlink(missing_ok=True)
+
+
+ORPHAN_S = 600  # a class-cache file untouched this long has no writer any more
+
+
+def _age_s(path: Path) -> float:
+    import time
+
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _pid_alive(pid: int) -> bool:

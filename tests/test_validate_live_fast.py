@@ -116,3 +116,16 @@ def test_several_streams_a_table_and_a_rule_with_no_key_in_one_batch() -> None:
     assert {len(r["keys"]) for r in tx} == {2} and {r["keys"][1] for r in tx} == {""}
     logins = [r for r in fast if r["stream"] == "logins" and r["reason"] is None]
     assert {r["keys"][0] for r in logins} == {str(i) for i in range(30)}
+
+
+def test_a_null_stream_and_an_empty_batch_are_as_python_sees_them() -> None:
+    """One stream declared: a batch of that stream's records and a null `stream` is not
+    validated whole as that stream (the null row is a dead letter, as in Python); an empty
+    batch gives an empty batch with the output's columns."""
+    plan = plan_for(FRAUD, 8)
+    stream = plan.streams[0].name
+    good = json.dumps({"ts": T, "card": "c1", "amount": 1.0, "merchant": "m"}).encode()
+    batches = [_raw([stream, None], [good, good]), _raw([], [])]
+    fast, slow = _both(plan, batches)
+    assert fast == slow
+    assert [r["reason"] is None for r in fast] == [True, False]

@@ -175,7 +175,7 @@ class Prepare:
 
         assert self.fast is not None
         name, tf, key_order, fields, max_bytes = self.fast
-        if not pc.all(pc.equal(sub.column("stream"), name)).as_py():
+        if not pc.all(pc.equal(sub.column("stream"), name), skip_nulls=False).as_py():
             return sub, keep, nums, None
         ok_b, ts_b, seq_b, koff, kdata = _core.validate_fast(
             sub.column("value").to_pylist(), tf, key_order, fields, max_bytes)

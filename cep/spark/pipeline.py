@@ -150,7 +150,10 @@ class Validate:
             self.fast = {}
         for batch in batches:
             n = batch.num_rows
-            accepted, slow = self._fast(batch) if self.fast and n else ([], np.arange(n))
+            if not n:
+                yield self._slow(batch)  # an empty batch keeps the output's columns
+                continue
+            accepted, slow = self._fast(batch) if self.fast else ([], np.arange(n))
             parts = [*accepted]
             if len(slow):
                 sub = batch if len(slow) == n else batch.take(pa.array(slow))
@@ -179,7 +182,9 @@ class Validate:
         done = np.zeros(n, bool)
         out: list[tuple[Any, Any]] = []
         for name, (tf, key_order, fields) in self.fast.items():
-            if len(self.fast) == 1 and pc.all(pc.equal(stream, name)).as_py():
+            # A null stream is not this stream (Python makes it a dead letter).
+            if len(self.fast) == 1 and pc.all(pc.equal(stream, name),
+                                              skip_nulls=False).as_py():
                 idx = None  # the usual batch: one stream
                 sub = batch
             else:
