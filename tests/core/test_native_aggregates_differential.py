@@ -37,7 +37,7 @@ from cep.compile import CompileErrors, compile_rules
 from cep.runtime import Matcher
 from cep.runtime.engine import Event
 from cep.runtime.native import native_matcher, why_not_native
-from tests.core.test_native_differential import drive
+from tests.core.test_native_differential import drive, timed
 from tests.core.test_native_engine_differential import (
     BATCHES,
     arrow_table,
@@ -198,10 +198,7 @@ def test_native_matcher_aggregates_equal_python(text: str, cases: list) -> None:
     assert native is not None, why_not_native(rule)
     python = Matcher(rule)
     for raw, script in cases:
-        events, ts = [], 0
-        for ev, gap in raw:
-            ts += gap
-            events.append(({**ev, "ts": ts}, ts))
+        events = timed(raw)
         assert drive(native, events, script) == drive(python, events, script), (text, events,
                                                                                  script)
 

@@ -86,6 +86,15 @@ def _result(r):
             measures, *extra)
 
 
+def timed(raw: list) -> list[tuple[dict, int]]:
+    """(event, gap) pairs → (event with its time, time): times are the running sum of gaps."""
+    events, ts = [], 0
+    for ev, gap in raw:
+        ts += gap
+        events.append(({**ev, "ts": ts}, ts))
+    return events
+
+
 def drive(m, events, script):  # type: ignore[no-untyped-def]
     """The same calls for either matcher; a trace of everything observable."""
     batch, ticks, roundtrip, end, key = script
@@ -147,10 +156,7 @@ def test_native_matcher_equals_python_matcher(text: str, cases: list) -> None:
     assert native is not None, why_not_native(rule)
     python = Matcher(rule)
     for raw, script in cases:
-        events, ts = [], 0
-        for ev, gap in raw:
-            ts += gap
-            events.append(({**ev, "ts": ts}, ts))
+        events = timed(raw)
         expected = drive(python, events, script)
         got = drive(native, events, script)
         assert got == expected, (text, events, script)
