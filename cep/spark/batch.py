@@ -44,6 +44,7 @@ from cep.spark.pipeline import (
     BROADCAST,
     Plan,
     Validate,
+    fast_validated,
     native_on_this_worker,
     tombstones_as_deletes,
 )
@@ -171,37 +172,25 @@ class Prepare:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from cep import _core  # type: ignore[attr-defined]
-
         assert self.fast is not None
         name, tf, key_order, fields, max_bytes = self.fast
         if not pc.all(pc.equal(sub.column("stream"), name), skip_nulls=False).as_py():
             return sub, keep, nums, None
-        ok_b, ts_b, seq_b, koff, kdata = _core.validate_fast(
-            sub.column("value").to_pylist(), tf, key_order, fields, max_bytes)
-        ok = np.frombuffer(ok_b, np.uint8).astype(bool)
-        n_ok = int(ok.sum())
+        rows, ts, content_seqs, keys = fast_validated(sub.column("value"), tf, key_order,
+                                                      fields, max_bytes)
+        n_ok, n = len(rows), sub.num_rows
         if not n_ok:
             return sub, keep, nums, None
-        k = len(key_order)
-        n = len(ok)
-        rows = np.flatnonzero(ok)
         take = pa.array(rows)
-        seq = pc.coalesce(sub.column("seq").take(take),
-                          pa.array(np.frombuffer(seq_b, np.int64)[rows]))
-        flat = pa.Array.from_buffers(pa.string(), n * k,
-                                     [None, pa.py_buffer(koff), pa.py_buffer(kdata)])
-        key_idx = (rows[:, None] * k + np.arange(k)[None, :]).reshape(-1)
-        keys = pa.ListArray.from_arrays(pa.array(np.arange(0, n_ok * k + 1, k, dtype=np.int32)),
-                                        flat.take(pa.array(key_idx)))
+        seq = pc.coalesce(sub.column("seq").take(take), pa.array(content_seqs))
         checked = pa.RecordBatch.from_arrays(
-            [sub.column("stream").take(take), pa.array(np.frombuffer(ts_b, np.int64)[rows]),
-             seq, sub.column("value").take(take).cast(pa.string()), keys],
+            [sub.column("stream").take(take), ts, seq,
+             sub.column("value").take(take).cast(pa.string()), keys],
             names=["stream", "ts", "seq", "data", "keys"])
         events = self._fan_out(checked, pa.array(np.ones(n_ok, bool)), n_ok, decoded=[])
         if n_ok == n:
             return sub, [], [], events
-        rest = np.flatnonzero(~ok)
+        rest = np.setdiff1d(np.arange(n), rows, assume_unique=True)
         return (sub.take(pa.array(rest)), [keep[i] for i in rest.tolist()],
                 [nums[i] for i in rest.tolist()], events)
 

@@ -175,8 +175,6 @@ class Validate:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from cep import _core  # type: ignore[attr-defined]
-
         n = batch.num_rows
         stream = batch.column("stream")
         done = np.zeros(n, bool)
@@ -193,30 +191,19 @@ class Validate:
                     continue
                 idx = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
                 sub = batch.take(pa.array(idx))
-            ok_b, ts_b, _, koff, kdata = _core.validate_fast(
-                sub.column("value").to_pylist(), tf, key_order, fields, self.max_bytes)
-            ok = np.frombuffer(ok_b, np.uint8).astype(bool)
-            m, k = len(ok), len(key_order)
-            local = np.flatnonzero(ok)
+            local, ts, _, keys = fast_validated(sub.column("value"), tf, key_order, fields,
+                                                self.max_bytes)
             if not len(local):
                 continue
             rows = local if idx is None else idx[local]
             done[rows] = True
-            every = len(local) == m
-            take = None if every else pa.array(local)
-            flat = pa.Array.from_buffers(pa.string(), m * k,
-                                         [None, pa.py_buffer(koff), pa.py_buffer(kdata)])
-            if not every:
-                flat = flat.take(pa.array((local[:, None] * k + np.arange(k)).reshape(-1)))
-            keys = pa.ListArray.from_arrays(
-                pa.array(np.arange(0, len(local) * k + 1, k, dtype=np.int32)), flat)
+            take = None if len(local) == sub.num_rows else pa.array(local)
 
             def col(c: str, take: Any = take, sub: Any = sub) -> Any:
                 return sub.column(c) if take is None else sub.column(c).take(take)
 
             nulls = len(local)
-            arrays = [col("stream"), pa.array(np.frombuffer(ts_b, np.int64)[local]),
-                      col("seq"), col("value").cast(pa.string()), keys,
+            arrays = [col("stream"), ts, col("seq"), col("value").cast(pa.string()), keys,
                       pa.nulls(nulls, pa.string()), pa.nulls(nulls, pa.binary())]
             arrays += [col(c) for c in self.passthrough]
             out.append((rows, pa.RecordBatch.from_arrays(arrays, names=self._names())))
@@ -285,6 +272,31 @@ def tombstones_as_deletes(value: Any, stream: Any, plan: Plan) -> Any:
         out = F.when((stream == s.name) & value.isNull() & F.col("key").isNotNull(),
                      delete).otherwise(out)
     return out
+
+
+def fast_validated(values: Any, time_field: str, key_order: list[str], fields: Any,
+                   max_bytes: int) -> tuple[Any, Any, Any, Any]:
+    """The core's fast validator (`_core.validate_fast`) over an Arrow column of records:
+    the indices of the records it accepted, and for those their times (int64 array), content
+    seqs (numpy int64) and keys (`list<string>`, in `key_order`). The rest is for Python."""
+    import numpy as np
+    import pyarrow as pa
+
+    from cep import _core  # type: ignore[attr-defined]
+
+    ok_b, ts_b, seq_b, koff, kdata = _core.validate_fast(
+        values.to_pylist(), time_field, key_order, fields, max_bytes)
+    ok = np.frombuffer(ok_b, np.uint8).astype(bool)
+    n, k = len(ok), len(key_order)
+    rows = np.flatnonzero(ok)
+    flat = pa.Array.from_buffers(pa.string(), n * k,
+                                 [None, pa.py_buffer(koff), pa.py_buffer(kdata)])
+    if len(rows) != n:
+        flat = flat.take(pa.array((rows[:, None] * k + np.arange(k)).reshape(-1)))
+    keys = pa.ListArray.from_arrays(pa.array(np.arange(0, len(rows) * k + 1, k,
+                                                       dtype=np.int32)), flat)
+    return (rows, pa.array(np.frombuffer(ts_b, np.int64)[rows]),
+            np.frombuffer(seq_b, np.int64)[rows], keys)
 
 
 def native_on_this_worker() -> bool:
