@@ -54,7 +54,7 @@ class NativeEngine:
         self.groups: dict[str, RuleGroup] = {g.gid: g for g in group_rules(runtimes)}
         self.core = _core.Engine([
             (program, max_partial_matches, r.stream, r.key_field, r.lateness_ms, r.content_hash)
-            for r, program in zip(runtimes, programs, strict=True)])
+            for r, program in zip(runtimes, programs, strict=True)], _declared_fields(runtimes))
 
     @property
     def track_partials(self) -> bool:
@@ -158,6 +158,17 @@ class NativeEngine:
     def _only_stream(self) -> str | None:
         streams = {g.stream for g in self.groups.values()}
         return next(iter(streams)) if len(streams) == 1 else None
+
+
+def _declared_fields(runtimes: Sequence[RuleRuntime]) -> list[list[str]]:
+    """The field names of the rules' declared streams, in order: the core stores an event
+    with exactly these fields without their names (docs/native-core.md, key state v4)."""
+    tables: dict[str, list[str]] = {}
+    for r in runtimes:
+        fields = getattr(getattr(r.meta, "stream", None), "fields", None)
+        if fields:
+            tables[r.stream] = [f.name for f in fields]
+    return list(tables.values())
 
 
 def events_from_batch(batch: Any, stream: str | None = None) -> list[Event]:

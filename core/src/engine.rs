@@ -20,13 +20,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::arrow::read_batch;
-use crate::evcodec::{decode_events, Dec as EvDec, EvOwned};
+use crate::evcodec::{put_iv, put_str, put_uv, Dec as EvDec};
 use crate::json::{parse_row, ColsCache};
 use crate::expr::{Cols, Ev, Row};
 use crate::value::Value;
 use crate::matcher::{Core, MState, Out, NO_CID};
-use crate::keycodec::{self, KeyEnc, Src};
-use crate::{build_core, panic_message, state, CoreError};
+use crate::keycodec::{self, KeyEnc, Known, Src};
+use crate::{build_core, panic_message, CoreError};
 
 /// Hash maps keyed by (group, key) with foldhash (seeded per process, much cheaper than SipHash
 /// on short keys; SipHash was ~5% of the fraud workload's samples).
@@ -37,11 +37,14 @@ pub const EOF_TS: i64 = 253_402_300_799_000;
 pub const AT_END: i64 = EOF_TS - 1;
 pub const KEY_MAGIC: &[u8; 5] = b"CEPNK";
 pub const KEY_VERSION: u16 = keycodec::VERSION;
-/// Key records as the Spark operator stores them (`Engine.export_blobs`): magic, u16 version,
-/// u32 count, then per key its group id and key (u32 length + UTF-8), its wake time (i64) and
-/// its `CEPNK` bytes (u32 length + bytes; none: the key has no state any more).
+/// Key records as the Spark operator stores them (`Engine.export_blobs`), version 2: magic,
+/// u16le version, u32le count of records; the known column tables the records' keys may name
+/// (uv count, per table uv ncols and the names as uv length + UTF-8); the group ids (uv count,
+/// each uv length + UTF-8); then per record: uv group (index in that list), the key (uv length
+/// + UTF-8), iv (wake time - the previous record's; the first from 0) and its `CEPNK` bytes (uv
+/// length + bytes; none: the key has no state any more). Varints as in `evcodec`.
 pub const BLOB_MAGIC: &[u8; 5] = b"CEPNB";
-pub const BLOB_VERSION: u16 = 1;
+pub const BLOB_VERSION: u16 = 2;
 
 /// A buffered event: `(ts, seq, data)` of the Python engine. An event from an Arrow batch has
 /// no Python objects (`seq` and `data` None): `seqi` and `row` hold it.
@@ -102,6 +105,18 @@ pub struct EngineState {
     /// Keys read from the store and not needed since: their `CEPNK` bytes, decoded when an
     /// event or a deadline reaches the key (`Engine.import_blob`, `Engine.export_blobs`).
     raw: HashMap<Sk, Vec<u8>>,
+    /// Decoded keys unchanged since `export_blobs` encoded them: those bytes (reused, not
+    /// re-encoded, by the next export that needs them, e.g. a compaction).
+    enc: HashMap<Sk, Vec<u8>>,
+    /// Keys changed since the last export: their bytes as last exported or read (kept only
+    /// when `track_dirty`): a key whose new bytes are the same needs no record.
+    was: HashMap<Sk, Vec<u8>>,
+    /// Decoded keys stay decoded after an export while their bytes total at most this much
+    /// (the others are held as bytes).
+    keep_decoded: usize,
+    /// Column tables named by fingerprint in the blobs read (`import_blob`): a key read from
+    /// the store may name a table of an earlier declaration of its stream.
+    imported: Known,
 }
 
 impl EngineState {
@@ -151,11 +166,15 @@ impl EngineState {
 #[pymethods]
 impl EngineState {
     /// `track_dirty`: remember which keys each call changed (`Engine.export_blobs`), for a
-    /// store that writes changed keys back (the Spark operator's).
+    /// store that writes changed keys back (the Spark operator's). `keep_decoded`: after an
+    /// export, keys stay decoded (the next call that reaches them does not decode them again,
+    /// the next export does not encode them again unless they changed) while their encoded
+    /// bytes total at most this many; the others are held as bytes. A decoded fraud key takes
+    /// ~16x its bytes in memory.
     #[new]
-    #[pyo3(signature = (track_dirty=false))]
-    fn new(track_dirty: bool) -> Self {
-        Self { track_dirty, ..Self::default() }
+    #[pyo3(signature = (track_dirty=false, keep_decoded=0))]
+    fn new(track_dirty: bool, keep_decoded: usize) -> Self {
+        Self { track_dirty, keep_decoded, ..Self::default() }
     }
 
     /// The number of keys with state.
@@ -258,6 +277,8 @@ pub struct Engine {
     /// Per rule, the change in live partial matches since `take_partials` (when tracked: the
     /// Python engine's `track_partials`, for the live job's metrics).
     partials: Option<Vec<i64>>,
+    /// The declared streams' column tables: a key state names them by fingerprint.
+    known: Known,
 }
 
 #[derive(Default)]
@@ -349,6 +370,11 @@ fn advance_key(
     let loaded = st.states.remove(&sk);
     if st.track_dirty {
         st.dirty.insert(sk.clone());
+        if let Some(b) = st.enc.remove(&sk) {
+            st.was.entry(sk.clone()).or_insert(b);
+        }
+    } else {
+        st.enc.remove(&sk);
     }
     let mut partials = partials;
     let KeyState { mut buffer, parts } = loaded.unwrap_or_default();
@@ -481,8 +507,11 @@ impl Engine {
         let mut counts = Counts::default();
         for sk in due {
             if let Some(raw) = st.raw.remove(&sk) {
-                let ks = decode_key(py, &raw, &sk.1)?;
+                let ks = decode_key(py, &raw, &sk.1, [&self.known, &st.imported])?;
                 st.states.insert(sk.clone(), ks);
+                if st.track_dirty {
+                    st.was.entry(sk.clone()).or_insert(raw);
+                }
             }
             let g = &mut self.groups[sk.0 as usize];
             let safe = if eof { max_ts } else { max_ts.saturating_sub(g.lateness).saturating_sub(1) };
@@ -522,9 +551,11 @@ impl Engine {
 #[pymethods]
 impl Engine {
     /// `rules`: per rule `(program, max_partial_matches, stream, key_field, lateness_ms,
-    /// version)`, in the rule set's order.
+    /// version)`, in the rule set's order. `tables`: the declared streams' field names, in
+    /// order (an event with exactly these fields is stored without them: `keycodec`).
     #[new]
-    fn new(py: Python<'_>, rules: &Bound<'_, PyList>) -> PyResult<Self> {
+    #[pyo3(signature = (rules, tables=Vec::new()))]
+    fn new(py: Python<'_>, rules: &Bound<'_, PyList>, tables: Vec<Vec<String>>) -> PyResult<Self> {
         let mut rs = Vec::new();
         let mut groups: Vec<Group> = Vec::new();
         let mut members: Vec<(String, String)> = Vec::new();
@@ -639,7 +670,11 @@ impl Engine {
         for (r, &gi) in order.iter().enumerate() {
             rank[gi] = r as u32;
         }
-        Ok(Engine { rules: rs, groups, by_stream, rank, partials: None })
+        let mut known = Known::default();
+        for t in tables {
+            known.add(py, t);
+        }
+        Ok(Engine { rules: rs, groups, by_stream, rank, partials: None, known })
     }
 
     /// `Engine.ingest` over a list of `cep.runtime.engine.Event`: returns (results, late as
@@ -872,17 +907,15 @@ impl Engine {
         Ok(v)
     }
 
-    /// A key's state as versioned bytes (None when the key has no state): magic `CEPNK`, u16
-    /// version, per rule (id, version, matcher state in the `State.to_bytes` format), then the
-    /// buffered events as `evcodec` writes them (version 2; version 1, still read, had the
-    /// buffered events' times first and their `(seqs, datas)` pickled last).
+    /// A key's state as versioned bytes (None when the key has no state): `CEPNK` format
+    /// version 4 (`keycodec`).
     fn key_bytes(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<Option<Py<PyAny>>> {
         let gi = self.gid_index(gid)?;
         let st = state.try_borrow()?;
         let sk: Sk = (gi, Arc::from(key));
-        let buf = match (st.states.get(&sk), st.raw.get(&sk)) {
-            (Some(ks), _) => encode_key(py, ks, key)?,
-            (None, Some(raw)) => raw.clone(),
+        let buf = match (st.states.get(&sk), st.enc.get(&sk).or_else(|| st.raw.get(&sk))) {
+            (_, Some(raw)) => raw.clone(),
+            (Some(ks), None) => encode_key(py, ks, key, [&self.known, &st.imported])?,
             (None, None) => return Ok(None),
         };
         Ok(Some(PyBytes::new(py, &buf).into_any().unbind()))
@@ -891,11 +924,12 @@ impl Engine {
     /// Put a key's state read from `key_bytes` (replacing what the key had).
     fn load_key(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str, data: &[u8]) -> PyResult<()> {
         let gi = self.gid_index(gid)?;
-        let ks = decode_key(py, data, key)?;
-        let when = self.wake_of(gi, &ks);
         let mut st = state.try_borrow_mut()?;
+        let ks = decode_key(py, data, key, [&self.known, &st.imported])?;
+        let when = self.wake_of(gi, &ks);
         let sk: Sk = (gi, Arc::from(key));
         st.raw.remove(&sk);
+        st.enc.remove(&sk);
         st.states.insert(sk.clone(), ks);
         st.wake_set(sk, when);
         Ok(())
@@ -908,6 +942,7 @@ impl Engine {
         let sk: Sk = (gi, Arc::from(key));
         st.states.remove(&sk);
         st.raw.remove(&sk);
+        st.enc.remove(&sk);
         st.wake_discard(&sk);
         Ok(())
     }
@@ -917,10 +952,12 @@ impl Engine {
     /// state any more. Blobs are applied in the order they were written. Returns the number of
     /// records dropped because their rule group is not in this engine (its rules were removed
     /// while the job ran).
-    fn import_blob(&self, state: &Bound<'_, EngineState>, blob: &[u8]) -> PyResult<usize> {
+    fn import_blob(&self, py: Python<'_>, state: &Bound<'_, EngineState>, blob: &[u8]) -> PyResult<usize> {
         let corrupt = || PyValueError::new_err("native key-state blob: truncated or corrupt bytes");
+        let text = |b: &[u8]| std::str::from_utf8(b).map(str::to_owned).map_err(|_| corrupt());
         let mut st = state.try_borrow_mut()?;
-        let mut d = EvDec { data: blob, at: 0, var: false };
+        let st = &mut *st;
+        let mut d = EvDec { data: blob, at: 0, var: true };
         if d.take(5)? != BLOB_MAGIC {
             return Err(PyValueError::new_err("not a native key-state blob (cep._core): wrong header"));
         }
@@ -931,19 +968,35 @@ impl Engine {
                  {BLOB_VERSION}: discard the state (reset the checkpoint) or replay the input"
             )));
         }
-        let n = d.u32()? as usize;
+        let n = u32::from_le_bytes(d.take(4)?.try_into().map_err(|_| corrupt())?) as usize;
+        for _ in 0..d.uv()? {
+            let ncols = d.uv()? as usize;
+            let mut names = Vec::with_capacity(ncols.min(1 << 12));
+            for _ in 0..ncols {
+                names.push(text(d.take_n()?)?);
+            }
+            st.imported.add(py, names);
+        }
+        let ngroups = d.uv()? as usize;
+        let mut groups = Vec::with_capacity(ngroups.min(1 << 12));
+        for _ in 0..ngroups {
+            let gid = text(d.take_n()?)?;
+            groups.push(self.groups.iter().position(|g| g.gid == gid));
+        }
         let mut dropped = 0;
+        let mut wake = 0i64;
         for _ in 0..n {
-            let gid = std::str::from_utf8(d.take_n()?).map_err(|_| corrupt())?.to_owned();
+            let gi = *groups.get(d.uv()? as usize).ok_or_else(corrupt)?;
             let key: Arc<str> = Arc::from(std::str::from_utf8(d.take_n()?).map_err(|_| corrupt())?);
-            let wake = d.i64()?;
+            wake = wake.wrapping_add(d.iv()?);
             let bytes = d.take_n()?;
-            let Some(gi) = self.groups.iter().position(|g| g.gid == gid) else {
+            let Some(gi) = gi else {
                 dropped += 1;
                 continue;
             };
             let sk: Sk = (gi as u32, key);
             st.states.remove(&sk);
+            st.enc.remove(&sk);
             if bytes.is_empty() {
                 st.raw.remove(&sk);
                 st.wake_discard(&sk);
@@ -955,25 +1008,53 @@ impl Engine {
         Ok(dropped)
     }
 
-    /// Serialise the keys advanced since the last export and return blobs of key records
-    /// (group id, key, wake time, `CEPNK` bytes; no bytes for a key that has no state any
-    /// more), each at most about `max_bytes`; with `all`, every key with state instead (a
-    /// compaction). Keys in (group, key) order. Afterwards every key is held as raw bytes until
-    /// it is needed again.
+    /// Blobs of key records (group id, key, wake time, `CEPNK` bytes; no bytes for a key that
+    /// has no state any more) for the keys changed since the last export, each blob at most
+    /// about `max_bytes`; with `all`, every key with state instead (a compaction). Keys in
+    /// (group, key) order. Only keys changed since their last encoding are encoded (others
+    /// reuse their bytes), and a changed key whose bytes came out as they were needs no record.
+    /// Afterwards up to `keep_decoded` (`EngineState`) keys stay decoded, the others are held
+    /// as bytes until needed again.
     #[pyo3(signature = (state, all=false, max_bytes=4 << 20))]
     fn export_blobs(&self, py: Python<'_>, state: &Bound<'_, EngineState>, all: bool, max_bytes: usize) -> PyResult<Vec<Py<PyAny>>> {
         let mut st = state.try_borrow_mut()?;
-        let live: Vec<(Sk, KeyState)> = st.states.drain().collect();
-        for (sk, ks) in live {
-            let bytes = encode_key(py, &ks, &sk.1)?;
-            st.raw.insert(sk, bytes);
+        let st = &mut *st;
+        let fresh: Vec<Sk> = st.states.keys().filter(|k| !st.enc.contains_key(*k)).cloned().collect();
+        for sk in fresh {
+            let bytes = encode_key(py, &st.states[&sk], &sk.1, [&self.known, &st.imported])?;
+            st.enc.insert(sk, bytes);
         }
-        let dirty: Vec<Sk> = st.dirty.drain().collect();
-        let mut keys: Vec<Sk> = if all { st.raw.keys().cloned().collect() } else { dirty };
+        let was = std::mem::take(&mut st.was);
+        let mut keys: Vec<Sk> = if all {
+            st.states.keys().chain(st.raw.keys()).cloned().collect()
+        } else {
+            st.dirty.iter().filter(|sk| was.get(*sk).is_none_or(|b| st.enc.get(*sk) != Some(b))).cloned().collect()
+        };
+        // Over the budget: keys not changed in this call are held as bytes first.
+        let mut over = st.enc.values().map(Vec::len).sum::<usize>().saturating_sub(st.keep_decoded);
+        if over > 0 {
+            let (old, new): (Vec<&Sk>, Vec<&Sk>) = st.enc.keys().partition(|sk| !st.dirty.contains(*sk));
+            let mut evict = Vec::new();
+            for sk in old.into_iter().chain(new) {
+                if over == 0 {
+                    break;
+                }
+                over = over.saturating_sub(st.enc[sk].len());
+                evict.push(sk.clone());
+            }
+            for sk in evict {
+                st.states.remove(&sk);
+                if let Some(b) = st.enc.remove(&sk) {
+                    st.raw.insert(sk, b);
+                }
+            }
+        }
+        st.dirty.clear();
         keys.sort_by(|a, b| self.rank[a.0 as usize].cmp(&self.rank[b.0 as usize]).then_with(|| a.1.cmp(&b.1)));
         let mut out = Vec::new();
         let mut blob: Vec<u8> = Vec::new();
         let mut count = 0u32;
+        let mut wake = 0i64;
         let flush = |blob: &mut Vec<u8>, count: &mut u32, out: &mut Vec<Py<PyAny>>| {
             if *count > 0 {
                 blob[7..11].copy_from_slice(&count.to_le_bytes());
@@ -987,15 +1068,28 @@ impl Engine {
                 blob.extend_from_slice(BLOB_MAGIC);
                 blob.extend_from_slice(&BLOB_VERSION.to_le_bytes());
                 blob.extend_from_slice(&0u32.to_le_bytes());
+                let tables = self.known.tables().into_iter().chain(st.imported.tables());
+                let tables: Vec<&Arc<Cols>> = tables.collect();
+                put_uv(&mut blob, tables.len() as u64);
+                for t in tables {
+                    put_uv(&mut blob, t.names.len() as u64);
+                    for n in &t.names {
+                        put_str(&mut blob, n);
+                    }
+                }
+                put_uv(&mut blob, self.groups.len() as u64);
+                for g in &self.groups {
+                    put_str(&mut blob, &g.gid);
+                }
+                wake = 0;
             }
-            let gid = &self.groups[sk.0 as usize].gid;
-            for part in [gid.as_bytes(), sk.1.as_bytes()] {
-                blob.extend_from_slice(&(part.len() as u32).to_le_bytes());
-                blob.extend_from_slice(part);
-            }
-            let bytes: &[u8] = st.raw.get(sk).map_or(&[], Vec::as_slice);
-            blob.extend_from_slice(&st.wake_at.get(sk).copied().unwrap_or(AT_END).to_le_bytes());
-            blob.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            put_uv(&mut blob, u64::from(sk.0));
+            put_str(&mut blob, &sk.1);
+            let bytes: &[u8] = st.enc.get(sk).or_else(|| st.raw.get(sk)).map_or(&[], Vec::as_slice);
+            let w = st.wake_at.get(sk).copied().unwrap_or(AT_END);
+            put_iv(&mut blob, w.wrapping_sub(wake));
+            wake = w;
+            put_uv(&mut blob, bytes.len() as u64);
             blob.extend_from_slice(bytes);
             count += 1;
             if blob.len() >= max_bytes {
@@ -1006,9 +1100,11 @@ impl Engine {
         Ok(out)
     }
 
-    /// The bytes held for the keys' states (raw), a measure of the shard's stored size.
+    /// The bytes of the keys' states as last encoded (held raw, or kept beside the decoded
+    /// key): a measure of the shard's stored size after `export_blobs`.
     fn raw_bytes(&self, state: &Bound<'_, EngineState>) -> PyResult<usize> {
-        Ok(state.try_borrow()?.raw.values().map(Vec::len).sum())
+        let st = state.try_borrow()?;
+        Ok(st.raw.values().chain(st.enc.values()).map(Vec::len).sum())
     }
 
     /// Count per-rule changes in live partial matches (`take_partials`); off by default.
@@ -1044,9 +1140,9 @@ impl Engine {
     }
 }
 
-/// A key's state as `CEPNK` bytes (format version 3, `keycodec`).
-fn encode_key(py: Python<'_>, ks: &KeyState, key: &str) -> PyResult<Vec<u8>> {
-    let mut enc = KeyEnc::new(key);
+/// A key's state as `CEPNK` bytes (format version 4, `keycodec`).
+fn encode_key(py: Python<'_>, ks: &KeyState, key: &str, known: [&Known; 2]) -> PyResult<Vec<u8>> {
+    let mut enc = KeyEnc::new(key, known);
     for p in &ks.parts {
         enc.part(py, p.fp, &p.state)?;
     }
@@ -1060,78 +1156,35 @@ fn encode_key(py: Python<'_>, ks: &KeyState, key: &str) -> PyResult<Vec<u8>> {
     enc.finish(py, ks.parts.len(), buffer)
 }
 
-/// Read `encode_key`'s bytes (format version 3; versions 1 and 2 are still read).
-fn decode_key(py: Python<'_>, data: &[u8], key: &str) -> PyResult<KeyState> {
-        if data.len() < 7 || &data[..5] != KEY_MAGIC {
-            return Err(PyValueError::new_err("not a native engine key state (cep._core): wrong header"));
-        }
-        let version = u16::from_le_bytes([data[5], data[6]]);
-        if version == KEY_VERSION {
-            let dk = keycodec::decode(py, data, key)?;
-            let parts = dk.parts.into_iter().map(|(fp, state)| Part { fp, state }).collect();
-            let mut buffer = Vec::with_capacity(dk.buffer.len());
-            for i in dk.buffer {
-                buffer.push(match &*dk.events[i] {
-                    keycodec::DEv::Row { row, seq, ts } => {
-                        Item { ts: *ts, seqi: Some(*seq), seq: None, data: None, row: Some(row.clone()) }
-                    }
-                    keycodec::DEv::Py { data, seq, ts } => Item {
-                        ts: *ts,
-                        seqi: seq_int(seq.bind(py)),
-                        seq: Some(seq.clone_ref(py)),
-                        data: Some(data.clone_ref(py)),
-                        row: None,
-                    },
-                });
+/// Read `encode_key`'s bytes (format version 4; earlier versions fail with a message).
+fn decode_key(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyResult<KeyState> {
+    if data.len() < 7 || &data[..5] != KEY_MAGIC {
+        return Err(PyValueError::new_err("not a native engine key state (cep._core): wrong header"));
+    }
+    let version = u16::from_le_bytes([data[5], data[6]]);
+    if version != KEY_VERSION {
+        return Err(PyValueError::new_err(format!(
+            "native engine key state format version {version}, but this cep._core reads \
+             version {KEY_VERSION}: the state was written by another release; discard it \
+             (reset the checkpoint) or replay the input"
+        )));
+    }
+    let dk = keycodec::decode(py, data, key, known)?;
+    let parts = dk.parts.into_iter().map(|(fp, state)| Part { fp, state }).collect();
+    let mut buffer = Vec::with_capacity(dk.buffer.len());
+    for i in dk.buffer {
+        buffer.push(match &*dk.events[i] {
+            keycodec::DEv::Row { row, seq, ts } => {
+                Item { ts: *ts, seqi: Some(*seq), seq: None, data: None, row: Some(row.clone()) }
             }
-            return Ok(KeyState { buffer, parts });
-        }
-        if version != 2 && version != 1 {
-            return Err(PyValueError::new_err(format!(
-                "native engine key state format version {version}, but this cep._core reads \
-                 version {KEY_VERSION}: the state was written by another release; discard it \
-                 (reset the checkpoint) or replay the input"
-            )));
-        }
-        let corrupt = || PyValueError::new_err("native engine key state: truncated or corrupt bytes");
-        // Version 1: fixed little-endian integers, the buffered events' times first and their
-        // objects pickled last; version 2: varints, the events as `evcodec` writes them.
-        let mut d = EvDec { data, at: 7, var: version >= 2 };
-        let mut times = Vec::new();
-        if version == 1 {
-            let nbuf = d.u32()? as usize;
-            times.reserve(nbuf.min(1 << 16));
-            for _ in 0..nbuf {
-                times.push(d.i64()?);
-            }
-        }
-        let nparts = d.u32()? as usize;
-        let mut parts = Vec::new();
-        for _ in 0..nparts {
-            let rule = String::from_utf8(d.take_n()?.to_vec()).map_err(|_| corrupt())?;
-            let version = String::from_utf8(d.take_n()?.to_vec()).map_err(|_| corrupt())?;
-            let m = state::decode(py, d.take_n()?)?;
-            parts.push(Part { fp: keycodec::fingerprint(&rule, &version), state: m });
-        }
-        let mut buffer = Vec::with_capacity(times.len());
-        if version == 1 {
-            let loaded = py.import("pickle")?.getattr("loads")?.call1((PyBytes::new(py, &data[d.at..]),))?;
-            let seqs = loaded.get_item(0)?;
-            let datas = loaded.get_item(1)?;
-            for (i, ts) in times.into_iter().enumerate() {
-                let seq = seqs.get_item(i)?;
-                buffer.push(Item { ts, seqi: seq_int(&seq), seq: Some(seq.unbind()), data: Some(datas.get_item(i)?.unbind()), row: None });
-            }
-        } else {
-            for (ts, ev) in decode_events(py, &mut d)? {
-                buffer.push(match ev {
-                    EvOwned::Py { data, seq } => {
-                        let seqi = seq_int(seq.bind(py));
-                        Item { ts, seqi, seq: Some(seq), data: Some(data), row: None }
-                    }
-                    EvOwned::Row { row, seq } => Item { ts, seqi: Some(seq), seq: None, data: None, row: Some(row) },
-                });
-            }
-        }
+            keycodec::DEv::Py { data, seq, ts } => Item {
+                ts: *ts,
+                seqi: seq_int(seq.bind(py)),
+                seq: Some(seq.clone_ref(py)),
+                data: Some(data.clone_ref(py)),
+                row: None,
+            },
+        });
+    }
     Ok(KeyState { buffer, parts })
 }

@@ -1,36 +1,45 @@
-//! A key's state as bytes, format version 3 (`CEPNK` v3; `engine.rs` still reads v1 and v2).
+//! A key's state as bytes, format version 4 (`CEPNK` v4; versions 1-3 fail with a message
+//! that says to discard or replay the state).
 //!
-//! What v2 wrote per rule of a key (its own event table, its own column-name tables, the rule's
-//! id and version as text, fixed deadlines) is shared or shortened here:
+//! One event table per key, shared by every rule's partial matches and the key's buffer; a rule
+//! named by a 32-bit fingerprint of its id and version (FNV-1a); event times and sequence
+//! numbers as deltas from the previous event's. What v4 adds to v3 (docs/native-core.md, "Key
+//! state format version 4"):
 //!
-//! - one event table per key, shared by every rule's partial matches and the key's buffer
-//!   (the rules of a group see the same events: `velocity` and `impossible_travel` hold the
-//!   same last event once, not twice);
-//! - column-name tables deduplicated by content (a key whose events were read back from bytes
-//!   and new events parsed since held two identical tables in v2, one per decode: the state
-//!   grew with every store round trip);
-//! - a rule is named by a 32-bit fingerprint of its id and version (FNV-1a), not their text;
-//! - values: an integer equal to the event's time, a string equal to the key, a float that is
-//!   an exact number of hundredths, and a string already written in this key's bytes each take
-//!   one tag byte (plus a short varint for the last two);
-//! - event times and sequence numbers are deltas from the previous event's (zigzag varints);
-//!   a partial match's captured rows are deltas from the previous capture's.
+//! - a column table equal to a **known table** (a declared stream's fields, in order: `Known`,
+//!   given to the engine with its rules, or carried by the `CEPNB` blob the key came in) is
+//!   written as its 4-byte fingerprint, not as its names (~36 B per fraud key in v3);
+//! - **compact captures**: a partial match's captures that continue the previous one (same
+//!   variable, next row, next event of the table) are counted, not written; a capture list
+//!   equal to the previous list of the part without its first m captures (the overlapping runs
+//!   of `A{5}`: each run holds the next run's captures and one more) is one varint, and one that
+//!   extends a prefix of it writes only the new captures;
+//! - a run with one entry (the usual case) packs the entry's position into its flag byte;
+//! - a deadline a whole number of seconds after the part's first event is written in seconds;
+//! - a row's table and kind share one varint; a string already written in the key is one byte
+//!   (tags 16-255) for the first 240 such strings.
 //!
 //! Layout (integers are LEB128 varints, `iv` signed/zigzag, `uv` unsigned):
 //! ```text
-//! "CEPNK" u16le 3
-//! uv nparts, per part: u32le fingerprint, then the matcher state:
-//!     iv row; uv nruns, per run: iv (row - start), u8 flags (1 matched, 2 has tpart),
-//!     [caps tpart], uv nentries, per entry: uv (pos + 1), caps;
-//!     u8 has deadline, [iv deadline - time of the part's first event, or absolute when none]
-//!   caps: uv n, per capture: uv var, iv (row - previous row; the first from the run start),
-//!     uv event index
-//! column tables: uv n, per table uv ncols and the names (uv length + UTF-8)
-//! events: uv n, per event: iv (ts - previous ts), u8 kind: 0 Python (uv index of its
-//!   (data, seq) in the tail), 1 row (iv seq - previous row seq, uv table, one value per column)
+//! "CEPNK" u16le 4
+//! uv nparts, per part: u32le fingerprint, iv row, uv nruns, per run:
+//!     iv (row - start), u8 h (bit 0 matched, bit 1 has tpart, h >> 2: 0 = uv nentries and per
+//!     entry uv (pos + 1) then caps follow; k >= 1 = one entry at pos = k - 2),
+//!     [tpart caps], the entries' caps;
+//!   then u8 deadline kind (0 none, 1 iv ms, 2 iv s) after the time of the part's first event
+//!   caps: uv h; h & 3 = 0: h >> 2 captures written; 1: the previous caps of the part without
+//!     its first h >> 2; 2: the first h >> 2 of the previous caps, then uv n captures written.
+//!     Written captures go in segments: uv (c << 3 | min(var, 7)), [uv var - 7], iv (row -
+//!     previous row; the first from the run start), iv (event index - previous index - 1),
+//!     then c more captures each continuing the last (same var, row + 1, event index + 1)
+//! column tables: uv n, per table uv h: 0 = u32le fingerprint of a known table; n + 1 = n names
+//!   (uv length + UTF-8)
+//! events: uv n, per event: iv (ts - previous ts), uv kind: 0 Python (uv index of its (data,
+//!   seq) in the tail), t + 1 row of table t (iv seq - previous row seq, one value per column)
 //!   value tags: 0 null, 1 false, 2 true, 3 int iv, 4 f64le, 5 str (uv len + UTF-8),
 //!   6 Python (uv tail index), 7 int = the event's time, 8 str = the key,
-//!   9 float = iv n / 100 (exact), 10 str = the n-th string written before (uv n)
+//!   9 float = iv n / 100 (exact), 10 str = the n-th string written before (uv n),
+//!   16 + n: the n-th string written before (n < 240)
 //! buffer: uv n, per buffered event its uv event index
 //! tail: uv n, then (when not 0) the list of Python objects pickled
 //! ```
@@ -47,16 +56,65 @@ use crate::expr::{Cap, CapVec, Caps, Cols, Ev, Row};
 use crate::matcher::{Entry, MState, Run};
 use crate::value::Value;
 
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 
-/// FNV-1a (32 bits) of a rule's id and version: how a v3 key state names a rule's part.
+fn fnv(h: &mut u32, bytes: &[u8]) {
+    for &b in bytes {
+        *h ^= u32::from(b);
+        *h = h.wrapping_mul(0x0100_0193);
+    }
+}
+
+/// FNV-1a (32 bits) of a rule's id and version: how a key state names a rule's part.
 pub fn fingerprint(rule: &str, version: &str) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
-    for b in rule.bytes().chain(std::iter::once(0xff)).chain(version.bytes()) {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
+    fnv(&mut h, rule.as_bytes());
+    fnv(&mut h, &[0xff]);
+    fnv(&mut h, version.as_bytes());
+    h
+}
+
+/// FNV-1a (32 bits) of a column table's names: how a key state names a known table.
+pub fn table_fingerprint(names: &[String]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for n in names {
+        fnv(&mut h, n.as_bytes());
+        fnv(&mut h, &[0xff]);
     }
     h
+}
+
+/// Column tables a key state may name by fingerprint instead of writing their names.
+#[derive(Default)]
+pub struct Known {
+    by_fp: HashMap<u32, Arc<Cols>>,
+}
+
+impl Known {
+    /// Add a table (one already known by its fingerprint, or colliding with one, is kept).
+    pub fn add(&mut self, py: Python<'_>, names: Vec<String>) {
+        let fp = table_fingerprint(&names);
+        self.by_fp.entry(fp).or_insert_with(|| {
+            Arc::new(Cols { py_names: names.iter().map(|n| PyString::intern(py, n).unbind()).collect(), names })
+        });
+    }
+
+    /// The fingerprint of `cols` when it is a known table.
+    pub fn fp_of(&self, cols: &Cols) -> Option<u32> {
+        let fp = table_fingerprint(&cols.names);
+        self.by_fp.get(&fp).filter(|t| t.names == cols.names).map(|_| fp)
+    }
+
+    pub fn get(&self, fp: u32) -> Option<&Arc<Cols>> {
+        self.by_fp.get(&fp)
+    }
+
+    /// The tables, ordered by fingerprint.
+    pub fn tables(&self) -> Vec<&Arc<Cols>> {
+        let mut v: Vec<(&u32, &Arc<Cols>)> = self.by_fp.iter().collect();
+        v.sort_by_key(|(fp, _)| **fp);
+        v.into_iter().map(|(_, t)| t).collect()
+    }
 }
 
 /// One event of the key's table as the encoder sees it.
@@ -71,11 +129,18 @@ enum Id {
     Py(usize, usize, i64),
 }
 
+/// A capture as written: (variable, row, event index).
+type RawCap = (u32, i64, u32);
+type RawCaps = Vec<RawCap>;
+
 pub struct KeyEnc<'k, 'a> {
     key: &'k str,
+    known: [&'k Known; 2],
     parts: Vec<u8>,
     index: HashMap<Id, u32>,
     events: Vec<Src<'a>>,
+    /// The part's last capture list (what the next one may refer to).
+    prev: RawCaps,
 }
 
 /// What a decoded key gives back: per part (fingerprint, state), the buffer as event indexes,
@@ -108,9 +173,31 @@ impl DEv {
     }
 }
 
+/// Captures written in segments (`caps` in the layout), after a capture at (`row`, `idx`).
+fn put_caps(out: &mut Vec<u8>, caps: &[RawCap], mut row: i64, mut idx: i64) {
+    let mut k = 0;
+    while k < caps.len() {
+        let (var, r, i) = caps[k];
+        let mut c = 0;
+        while k + c + 1 < caps.len() && caps[k + c + 1] == (var, caps[k + c].1 + 1, caps[k + c].2 + 1) {
+            c += 1;
+        }
+        put_uv(out, ((c as u64) << 3) | u64::from(var.min(7)));
+        if var >= 7 {
+            put_uv(out, u64::from(var - 7));
+        }
+        put_iv(out, r.wrapping_sub(row));
+        put_iv(out, i64::from(i) - idx - 1);
+        row = caps[k + c].1;
+        idx = i64::from(caps[k + c].2);
+        k += c + 1;
+    }
+}
+
 impl<'k, 'a> KeyEnc<'k, 'a> {
-    pub fn new(key: &'k str) -> Self {
-        KeyEnc { key, parts: Vec::with_capacity(64), index: HashMap::new(), events: Vec::new() }
+    /// `known`: the tables written by fingerprint (the engine's, and those of blobs read).
+    pub fn new(key: &'k str, known: [&'k Known; 2]) -> Self {
+        KeyEnc { key, known, parts: Vec::with_capacity(64), index: HashMap::new(), events: Vec::new(), prev: Vec::new() }
     }
 
     /// The index of an event in the key's table (added when new).
@@ -136,19 +223,30 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
     }
 
     fn caps(&mut self, py: Python<'_>, caps: &'a [Cap], start: i64, first_ts: &mut Option<i64>) -> PyResult<()> {
-        put_uv(&mut self.parts, caps.len() as u64);
-        let mut prev = start;
+        let mut cur: RawCaps = Vec::with_capacity(caps.len());
         for c in caps {
             let src = Self::ev_src(py, &c.ev)?;
-            let i = self.event(src);
             if first_ts.is_none() {
                 *first_ts = Some(c.ev.ts);
             }
-            put_uv(&mut self.parts, u64::from(c.var));
-            put_iv(&mut self.parts, c.row.wrapping_sub(prev));
-            put_uv(&mut self.parts, u64::from(i));
-            prev = c.row;
+            cur.push((c.var, c.row, self.event(src)));
         }
+        let prev = &self.prev;
+        let out = &mut self.parts;
+        if !cur.is_empty() && cur.len() <= prev.len() && prev[prev.len() - cur.len()..] == cur[..] {
+            put_uv(out, (((prev.len() - cur.len()) as u64) << 2) | 1);
+        } else {
+            let p = prev.iter().zip(&cur).take_while(|(a, b)| a == b).count();
+            if p > 0 {
+                put_uv(out, ((p as u64) << 2) | 2);
+                put_uv(out, (cur.len() - p) as u64);
+                put_caps(out, &cur[p..], cur[p - 1].1, i64::from(cur[p - 1].2));
+            } else {
+                put_uv(out, (cur.len() as u64) << 2);
+                put_caps(out, &cur, start, -1);
+            }
+        }
+        self.prev = cur;
         Ok(())
     }
 
@@ -157,24 +255,39 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
         self.parts.extend_from_slice(&fp.to_le_bytes());
         put_iv(&mut self.parts, s.row);
         put_uv(&mut self.parts, s.runs.len() as u64);
+        self.prev.clear();
         let mut first_ts = None;
         for r in &s.runs {
             put_iv(&mut self.parts, s.row.wrapping_sub(r.start));
-            self.parts.push(u8::from(r.matched) | (u8::from(r.tpart.is_some()) << 1));
+            let one = match r.entries.as_slice() {
+                [e] if (-1..62).contains(&e.pos) => (e.pos + 2) as u8,
+                _ => 0,
+            };
+            self.parts.push(u8::from(r.matched) | (u8::from(r.tpart.is_some()) << 1) | (one << 2));
             if let Some(t) = &r.tpart {
                 self.caps(py, t, r.start, &mut first_ts)?;
             }
-            put_uv(&mut self.parts, r.entries.len() as u64);
+            if one == 0 {
+                put_uv(&mut self.parts, r.entries.len() as u64);
+            }
             for e in &r.entries {
-                put_uv(&mut self.parts, (i64::from(e.pos) + 1) as u64);
+                if one == 0 {
+                    put_uv(&mut self.parts, (i64::from(e.pos) + 1) as u64);
+                }
                 self.caps(py, &e.caps, r.start, &mut first_ts)?;
             }
         }
         match s.deadline {
             None => self.parts.push(0),
             Some(d) => {
-                self.parts.push(1);
-                put_iv(&mut self.parts, d.wrapping_sub(first_ts.unwrap_or(0)));
+                let x = d.wrapping_sub(first_ts.unwrap_or(0));
+                if x % 1000 == 0 {
+                    self.parts.push(2);
+                    put_iv(&mut self.parts, x / 1000);
+                } else {
+                    self.parts.push(1);
+                    put_iv(&mut self.parts, x);
+                }
             }
         }
         Ok(())
@@ -183,12 +296,12 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
     /// The whole key: `nparts` parts written, then the buffer's events (indexes in the table).
     pub fn finish(mut self, py: Python<'_>, nparts: usize, buffer: Vec<Src<'a>>) -> PyResult<Vec<u8>> {
         let buf_idx: Vec<u32> = buffer.into_iter().map(|s| self.event(s)).collect();
-        let mut out = Vec::with_capacity(self.parts.len() + 32 + 24 * self.events.len());
+        let mut out = Vec::with_capacity(self.parts.len() + 32 + 16 * self.events.len());
         out.extend_from_slice(crate::engine::KEY_MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
         put_uv(&mut out, nparts as u64);
         out.extend_from_slice(&self.parts);
-        // Column tables, by content.
+        // Column tables, by content: a known one by its fingerprint.
         let mut tables: Vec<&Arc<Cols>> = Vec::new();
         let mut table_of: HashMap<usize, u32> = HashMap::new();
         for e in &self.events {
@@ -209,9 +322,17 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
         }
         put_uv(&mut out, tables.len() as u64);
         for t in &tables {
-            put_uv(&mut out, t.names.len() as u64);
-            for n in &t.names {
-                put_str(&mut out, n);
+            match self.known.iter().find_map(|k| k.fp_of(t)) {
+                Some(fp) => {
+                    out.push(0);
+                    out.extend_from_slice(&fp.to_le_bytes());
+                }
+                None => {
+                    put_uv(&mut out, t.names.len() as u64 + 1);
+                    for n in &t.names {
+                        put_str(&mut out, n);
+                    }
+                }
             }
         }
         put_uv(&mut out, self.events.len() as u64);
@@ -231,10 +352,9 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
                 Src::Row { row, seq, ts } => {
                     put_iv(&mut out, ts.wrapping_sub(pts));
                     pts = *ts;
-                    out.push(1);
+                    put_uv(&mut out, u64::from(table_of[&(Arc::as_ptr(&row.cols) as usize)]) + 1);
                     put_iv(&mut out, seq.wrapping_sub(pseq));
                     pseq = *seq;
-                    put_uv(&mut out, u64::from(table_of[&(Arc::as_ptr(&row.cols) as usize)]));
                     for v in &row.vals {
                         put_value(py, &mut out, v, *ts, self.key, &mut strings, &mut tail);
                     }
@@ -285,6 +405,7 @@ fn put_value<'s>(
         }
         Value::Str(s) if **s == *key => out.push(8),
         Value::Str(s) => match strings.get(&**s) {
+            Some(&n) if n < 240 => out.push(16 + n as u8),
             Some(&n) => {
                 out.push(10);
                 put_uv(out, u64::from(n));
@@ -308,8 +429,6 @@ fn corrupt() -> PyErr {
     PyValueError::new_err("native engine key state: truncated or corrupt bytes")
 }
 
-type RawCaps = Vec<(u32, i64, u32)>;
-
 struct RawRun {
     start: i64,
     matched: bool,
@@ -317,18 +436,52 @@ struct RawRun {
     entries: Vec<(i32, RawCaps)>,
 }
 
-fn raw_caps(d: &mut Dec<'_>, start: i64) -> PyResult<RawCaps> {
-    let n = d.uv()? as usize;
-    let mut v = Vec::with_capacity(n.min(1 << 12));
-    let mut prev = start;
-    for _ in 0..n {
-        let var = u32::try_from(d.uv()?).map_err(|_| corrupt())?;
-        let row = prev.wrapping_add(d.iv()?);
-        let i = u32::try_from(d.uv()?).map_err(|_| corrupt())?;
-        v.push((var, row, i));
-        prev = row;
+/// `n` captures written in segments after a capture at (`row`, `idx`), appended to `v`.
+fn read_caps(d: &mut Dec<'_>, n: usize, mut row: i64, mut idx: i64, v: &mut RawCaps) -> PyResult<()> {
+    let end = v.len() + n;
+    while v.len() < end {
+        let h = d.uv()?;
+        let mut var = u32::try_from(h & 7).map_err(|_| corrupt())?;
+        if var == 7 {
+            var = u32::try_from(d.uv()? + 7).map_err(|_| corrupt())?;
+        }
+        let more = usize::try_from(h >> 3).map_err(|_| corrupt())?;
+        if more >= end - v.len() {
+            return Err(corrupt());
+        }
+        row = row.wrapping_add(d.iv()?);
+        idx = idx.wrapping_add(d.iv()?).wrapping_add(1);
+        for k in 0..=more as i64 {
+            let i = u32::try_from(idx + k).map_err(|_| corrupt())?;
+            v.push((var, row.wrapping_add(k), i));
+        }
+        row = row.wrapping_add(more as i64);
+        idx += more as i64;
     }
-    Ok(v)
+    Ok(())
+}
+
+fn raw_caps(d: &mut Dec<'_>, start: i64, prev: &mut RawCaps) -> PyResult<RawCaps> {
+    let h = d.uv()?;
+    let m = usize::try_from(h >> 2).map_err(|_| corrupt())?;
+    let caps = match h & 3 {
+        0 => {
+            let mut v = Vec::with_capacity(m.min(1 << 12));
+            read_caps(d, m, start, -1, &mut v)?;
+            v
+        }
+        1 => prev.get(m..).filter(|s| !s.is_empty()).ok_or_else(corrupt)?.to_vec(),
+        2 => {
+            let mut v = prev.get(..m).filter(|s| !s.is_empty()).ok_or_else(corrupt)?.to_vec();
+            let n = d.uv()? as usize;
+            let (row, idx) = (v[m - 1].1, i64::from(v[m - 1].2));
+            read_caps(d, n, row, idx, &mut v)?;
+            v
+        }
+        _ => return Err(corrupt()),
+    };
+    prev.clone_from(&caps);
+    Ok(caps)
 }
 
 fn val(d: &mut Dec<'_>, ts: i64, key: &Arc<str>, strings: &mut Vec<Arc<str>>, py_at: &mut Vec<usize>) -> PyResult<Value> {
@@ -352,12 +505,14 @@ fn val(d: &mut Dec<'_>, ts: i64, key: &Arc<str>, strings: &mut Vec<Arc<str>>, py
         8 => Value::Str(key.clone()),
         9 => Value::Float(d.iv()? as f64 / 100.0),
         10 => Value::Str(strings.get(d.uv()? as usize).ok_or_else(corrupt)?.clone()),
+        t @ 16..=255 => Value::Str(strings.get(usize::from(t - 16)).ok_or_else(corrupt)?.clone()),
         _ => return Err(corrupt()),
     })
 }
 
-/// Read `KeyEnc`'s bytes (the caller checked the magic and the version).
-pub fn decode(py: Python<'_>, data: &[u8], key: &str) -> PyResult<Decoded> {
+/// Read `KeyEnc`'s bytes (the caller checked the magic and the version); `known`: the tables a
+/// key may name by fingerprint.
+pub fn decode(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyResult<Decoded> {
     // One `Arc` for the key's text, shared by every column value equal to it (tag 8).
     let key: Arc<str> = Arc::from(key);
     let mut d = Dec { data, at: 7, var: true };
@@ -368,27 +523,48 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str) -> PyResult<Decoded> {
         let row = d.iv()?;
         let nruns = d.uv()? as usize;
         let mut runs = Vec::with_capacity(nruns.min(1 << 12));
+        let mut prev = Vec::new();
         for _ in 0..nruns {
             let start = row.wrapping_sub(d.iv()?);
             let flags = d.u8()?;
-            let tpart = if flags & 2 != 0 { Some(raw_caps(&mut d, start)?) } else { None };
-            let n = d.uv()? as usize;
+            let tpart = if flags & 2 != 0 { Some(raw_caps(&mut d, start, &mut prev)?) } else { None };
+            let one = flags >> 2;
+            let n = if one == 0 { d.uv()? as usize } else { 1 };
             let mut entries = Vec::with_capacity(n.min(1 << 12));
             for _ in 0..n {
-                let pos = i32::try_from(d.uv()? as i64 - 1).map_err(|_| corrupt())?;
-                entries.push((pos, raw_caps(&mut d, start)?));
+                let pos = if one == 0 { d.uv()? as i64 - 1 } else { i64::from(one) - 2 };
+                let pos = i32::try_from(pos).map_err(|_| corrupt())?;
+                entries.push((pos, raw_caps(&mut d, start, &mut prev)?));
             }
             runs.push(RawRun { start, matched: flags & 1 != 0, tpart, entries });
         }
-        let deadline = if d.u8()? == 0 { None } else { Some(d.iv()?) };
+        let deadline = match d.u8()? {
+            0 => None,
+            1 => Some(d.iv()?),
+            2 => Some(d.iv()?.wrapping_mul(1000)),
+            _ => return Err(corrupt()),
+        };
         raw_parts.push((fp, row, runs, deadline));
     }
     let ntables = d.uv()? as usize;
     let mut tables = Vec::with_capacity(ntables.min(1 << 10));
     for _ in 0..ntables {
         let n = d.uv()? as usize;
-        let mut names = Vec::with_capacity(n.min(1 << 12));
-        for _ in 0..n {
+        if n == 0 {
+            let fp = u32::from_le_bytes(d.take(4)?.try_into().map_err(|_| corrupt())?);
+            let t = known.iter().find_map(|k| k.get(fp)).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "native engine key state: its events name column table {fp:08x}, which is \
+                     neither a stream of these rules nor in the state read: the state was \
+                     written for another declaration of the stream; discard it (reset the \
+                     checkpoint) or replay the input"
+                ))
+            })?;
+            tables.push(t.clone());
+            continue;
+        }
+        let mut names = Vec::with_capacity((n - 1).min(1 << 12));
+        for _ in 1..n {
             let len = d.uv()? as usize;
             names.push(std::str::from_utf8(d.take(len)?).map_err(|_| corrupt())?.to_owned());
         }
@@ -397,7 +573,7 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str) -> PyResult<Decoded> {
     let nev = d.uv()? as usize;
     enum Slot {
         Py(i64, usize),
-        Row(i64, i64, u32, Vec<Value>, Vec<(usize, usize)>),
+        Row(i64, i64, usize, Vec<Value>, Vec<(usize, usize)>),
     }
     let mut slots = Vec::with_capacity(nev.min(1 << 16));
     let mut strings: Vec<Arc<str>> = Vec::new();
@@ -405,13 +581,13 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str) -> PyResult<Decoded> {
     for _ in 0..nev {
         let ts = pts.wrapping_add(d.iv()?);
         pts = ts;
-        match d.u8()? {
+        match d.uv()? as usize {
             0 => slots.push(Slot::Py(ts, d.uv()? as usize)),
-            1 => {
+            t => {
+                let t = t - 1;
                 let seq = pseq.wrapping_add(d.iv()?);
                 pseq = seq;
-                let t = u32::try_from(d.uv()?).map_err(|_| corrupt())?;
-                let ncols = tables.get(t as usize).ok_or_else(corrupt)?.names.len();
+                let ncols = tables.get(t).ok_or_else(corrupt)?.names.len();
                 let mut vals = Vec::with_capacity(ncols);
                 let mut py_at = Vec::new();
                 for c in 0..ncols {
@@ -421,7 +597,6 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str) -> PyResult<Decoded> {
                 }
                 slots.push(Slot::Row(ts, seq, t, vals, py_at));
             }
-            _ => return Err(corrupt()),
         }
     }
     let nbuf = d.uv()? as usize;
@@ -454,7 +629,7 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str) -> PyResult<Decoded> {
                 for (c, i) in py_at {
                     vals[c] = Value::Py(Arc::new(get(i)?));
                 }
-                DEv::Row { row: Arc::new(Row { cols: tables[t as usize].clone(), vals }), seq, ts }
+                DEv::Row { row: Arc::new(Row { cols: tables[t].clone(), vals }), seq, ts }
             }
         }));
     }

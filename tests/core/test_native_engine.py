@@ -234,6 +234,12 @@ def test_native_engine_key_state_bytes_are_versioned() -> None:
                         data[:5] + (9).to_bytes(2, "little") + data[7:])
     with pytest.raises(ValueError, match="wrong header"):
         engine.load_key(MemoryKeyStore(), "s:k", "K", b"nonsense")
+    # Versions 1-3 (earlier releases) are not read: discard or replay, says the error.
+    for old in (1, 2, 3):
+        with pytest.raises(ValueError, match=f"format version {old}, but this cep._core reads "
+                                             "version 4: .* discard it"):
+            engine.load_key(MemoryKeyStore(), "s:k", "K",
+                            data[:5] + old.to_bytes(2, "little") + data[7:])
     # The same state read back continues exactly as the original.
     again = MemoryKeyStore()
     engine.load_key(again, "s:k", "K", data)
@@ -245,19 +251,19 @@ def test_native_engine_key_state_bytes_are_versioned() -> None:
 def test_a_panic_in_the_native_engine_is_an_exception_naming_the_rule() -> None:
     engine, store = _probe_with_a_partial_match()
     data = engine.key_bytes(store, "s:k", "K")
-    # CEPNK v3 (core/src/keycodec.rs): magic, version, parts, then the part's fingerprint (4
-    # bytes) and matcher state: row, runs, the first run's row offset, flags (no timeout part
-    # here), entries, then the first entry's position + 1: replaced by 1000 (state 999).
-    assert data[5:7] == (3).to_bytes(2, "little")
+    # CEPNK v4 (core/src/keycodec.rs): magic, version, parts, then the part's fingerprint (4
+    # bytes) and matcher state: row, runs, the first run's row offset, then its flag byte, which
+    # holds the position + 2 of the run's one entry in bits 2-7: rewritten in the general form
+    # (entries 1, position + 1 = 1000: state 999, which the rule does not have).
+    assert data[5:7] == (4).to_bytes(2, "little")
     _, at = _varint(data, 7)  # parts
     at += 4
     _, at = _varint(data, at)  # row
     _, at = _varint(data, at)  # runs
     _, at = _varint(data, at)  # row - start
-    assert data[at] & 2 == 0
-    _, at = _varint(data, at + 1)  # entries
-    _, end = _varint(data, at)
-    data = data[:at] + bytes([0xE8, 0x07]) + data[end:]
+    flags = data[at]
+    assert flags & 2 == 0 and flags >> 2 != 0  # no timeout part; one entry
+    data = data[:at] + bytes([flags & 3, 1, 0xE8, 0x07]) + data[at + 1:]
     broken = MemoryKeyStore()
     engine.load_key(broken, "s:k", "K", data)
     with pytest.raises(_core.CoreError, match="rule probe"):
@@ -313,3 +319,50 @@ def test_a_key_state_of_another_rule_version_is_reset_as_in_the_python_engine() 
     assert out.keys_reset == 1 and out.matches == []
     end = new.advance(moved, 2, end_of_input=2)
     assert end.matches == [] and new.live_keys(moved) == 0
+
+
+def _declared(fields: str) -> Any:
+    """A native engine on a declared stream `s (fields)`, LATENESS 10 ms: events stay buffered."""
+    return build_embedded_engine(compile_rules(
+        f"STREAM s ({fields}) TIME BY ts LATENESS 10ms;\nRULE probe FROM s PARTITION BY k "
+        "PATTERN (a b) DEFINE a AS v = 1, b AS v = 2 WITHIN 5ms EMIT 'm';", "d.cep"))
+
+
+def test_a_declared_streams_field_names_are_not_written_per_key() -> None:
+    """Key state v4: rows whose columns are a declared stream's fields name that table by a
+    fingerprint; a blob carries the tables its keys name, so a key read back by an engine whose
+    stream declaration changed still has its events' fields."""
+    import pyarrow as pa
+
+    fields = "ts INT, k STRING, v INT, note STRING"
+    engine, later = _declared(fields), _declared(fields + ", extra INT")
+    batch = pa.RecordBatch.from_pydict({"stream": ["s", "s"], "ts": [0, 1], "seq": [0, 1],
+                                        "k": ["K", "K"], "v": [1, 2], "note": ["n1", "n2"]})
+    store = MemoryKeyStore()
+    assert engine.ingest_batch(store, batch, NEG_INF).matches == []
+    data = engine.key_bytes(store, "s:k", "K")
+    assert b"note" not in data and b"n1" in data
+    # The same engine reads it back, and matches as the original does.
+    again = MemoryKeyStore()
+    engine.load_key(again, "s:k", "K", data)
+    want = [alert_record(engine, r) for r in engine.advance(store, 1, end_of_input=1).matches]
+    assert [alert_record(engine, r) for r in engine.advance(again, 1, end_of_input=1).matches
+            ] == want
+    assert [e["event"] for e in want[0]["events"]] == [
+        {"ts": 0, "k": "K", "v": 1, "note": "n1"}, {"ts": 1, "k": "K", "v": 2, "note": "n2"}]
+    # An engine whose declaration differs does not know the table: a clear error, never a misread.
+    with pytest.raises(ValueError, match="column table .* another declaration of the stream"):
+        later.load_key(MemoryKeyStore(), "s:k", "K", data)
+    # Through a blob (what the Spark operator stores) it has the table.
+    store = MemoryKeyStore()
+    engine.ingest_batch(store, batch, NEG_INF)
+    blobs = engine.core.export_blobs(engine.state_of(store), True)
+    moved = MemoryKeyStore()
+    for blob in blobs:
+        assert later.core.import_blob(later.state_of(moved), blob) == 0
+    got = [alert_record(later, r) for r in later.advance(moved, 1, end_of_input=1).matches]
+    assert [e["event"] for e in got[0]["events"]] == [e["event"] for e in want[0]["events"]]
+    with pytest.raises(ValueError, match="blob format version 1, but this cep._core reads "
+                                         "version 2: discard"):
+        later.core.import_blob(later.state_of(MemoryKeyStore()),
+                               blobs[0][:5] + (1).to_bytes(2, "little") + blobs[0][7:])

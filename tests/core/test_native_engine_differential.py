@@ -304,6 +304,8 @@ def drive_operator_store(engine, table, batch: int, seed: int) -> list:  # type:
     def call(rb, max_ts, eoi=None):  # type: ignore[no-untyped-def]
         store = NativeShardStore(buckets, meta, held)
         store.COMPACT_ROWS = 3  # compact often
+        # Keys kept decoded between calls: none, some (the rest held as bytes), all.
+        store.KEEP_DECODED = rnd.choice((0, 200, 1 << 20))
         store.begin(shard, engine)
         if rb is None:
             out = engine.advance(store, max_ts, end_of_input=eoi)
