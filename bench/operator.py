@@ -98,14 +98,17 @@ class _Value:
 class _List:
     def __init__(self, s: ShardState) -> None:
         self.s = s
+        self.written = 0  # bytes handed to `put` / `appendList`
 
     def get(self) -> Iterator[Any]:
         return iter(list(self.s.lists.get(self.s.at, [])))
 
     def put(self, rows: list[Any]) -> None:
+        self.written += sum(len(r[0]) for r in rows)
         self.s.lists[self.s.at] = list(rows)
 
     def appendList(self, rows: list[Any]) -> None:  # noqa: N802
+        self.written += sum(len(r[0]) for r in rows)
         self.s.lists.setdefault(self.s.at, []).extend(rows)
 
     def clear(self) -> None:
@@ -115,6 +118,7 @@ class _List:
 class Handle:
     def __init__(self, s: ShardState) -> None:
         self.s = s
+        self.lists: list[_List] = []
 
     def getMapState(self, *args: Any) -> _Map:  # noqa: N802
         return _Map(self.s)
@@ -123,7 +127,8 @@ class Handle:
         return _Value(self.s, name)
 
     def getListState(self, *args: Any) -> _List:  # noqa: N802
-        return _List(self.s)
+        self.lists.append(_List(self.s))
+        return self.lists[-1]
 
     def listTimers(self) -> list[int]:  # noqa: N802
         return sorted(self.s.timers.get(self.s.at, ()))
@@ -148,10 +153,39 @@ def stored_bytes(s: ShardState) -> int:
     return maps + sum(len(r[0]) for rows in s.lists.values() for r in rows)
 
 
+def _cpu_meters() -> dict[str, float]:
+    """CPU seconds spent in the native loop's engine call (`ingest_batch`) and state write
+    (`NativeShardStore.flush`: `export_blobs` and the log append), reset per batch by
+    `run_loop` (wrappers on the classes, set once per process)."""
+    from cep.runtime import native_engine, state_store
+
+    for cls, name, key in ((native_engine.NativeEngine, "ingest_batch", "engine"),
+                           (state_store.NativeShardStore, "flush", "flush")):
+        fn = getattr(cls, name)
+        if getattr(fn, "_metered", False):
+            continue
+
+        def metered(*a: Any, _fn: Any = fn, _key: str = key, **k: Any) -> Any:
+            t = time.process_time()
+            try:
+                return _fn(*a, **k)
+            finally:
+                _CPU[_key] += time.process_time() - t
+
+        metered._metered = True  # type: ignore[attr-defined]
+        setattr(cls, name, metered)
+    return _CPU
+
+
+_CPU = {"engine": 0.0, "flush": 0.0}
+
+
 def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
              ) -> list[dict[str, Any]]:
     """One engine loop ("native" or "python") over `batches` micro-batches of `batch_s`
-    seconds of events at `rate` events/s; per batch: CPU µs per event, stored bytes, keys."""
+    seconds of events at `rate` events/s; per batch: CPU µs per event, stored bytes, keys, and
+    from the operator's stats rows the engine's and the state write's time (`engine_ms`,
+    `store_ms`: the log append or compaction, `export_blobs` in it) and the bytes written."""
 
     os.environ["CEP_ENGINE"] = loop
     from cep.engines import RulesEngineFactory
@@ -160,9 +194,11 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
 
     op._ENGINES.clear()
     op._HELD.clear()
+    cpu_in = _cpu_meters()
     shard = ShardState()
     proc = op.CepProcessor(RulesEngineFactory.from_path(RULES), output_rows, DELAY_MS)
-    proc.init(Handle(shard))  # type: ignore[arg-type]
+    handle = Handle(shard)
+    proc.init(handle)  # type: ignore[arg-type]
     cards = rate * 20  # each card every 20 s: velocity's 5-in-1-minute never fits
     t0, i, wm, out = 1_700_000_000_000, 0, 0, []
     n = int(rate * batch_s)
@@ -178,10 +214,15 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
             i += 1
         frames = {s: pack_frame(rows) for s, rows in by_shard.items()}
         cpu = time.process_time()
+        cpu_in.update({k: 0.0 for k in cpu_in})
+        written = sum(x.written for x in handle.lists)
+        us = {"engine_us": 0, "store_us": 0}
         for s, frame in sorted(frames.items()):
             shard.at = (s,)
-            for _ in proc.handleInputRows((s,), iter([frame]), Watermark(wm)):
-                pass
+            for res in proc.handleInputRows((s,), iter([frame]), Watermark(wm)):
+                stats = json.loads(res[res["kind"] == "stats"]["payload"].iloc[-1])
+                for k in us:
+                    us[k] += stats.get(k, 0)
         for key, ts_set in sorted(shard.timers.items()):
             expired = {t for t in ts_set if t <= wm}
             if expired:
@@ -192,11 +233,16 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
         cpu = time.process_time() - cpu
         wm = t0 + int((b + 1) * n * 1000 / rate) - DELAY_MS
         keys = (sum(len(h.state) for h in op._HELD.values()) if loop == "native" else None)
-        # After a call every held key is raw `CEPNK` bytes: the key states' own size.
+        # After a call every held key has its `CEPNK` bytes (held as bytes, or kept beside the
+        # decoded key): the key states' own size.
         key_bytes = (sum(h.engine.core.raw_bytes(h.state) for h in op._HELD.values())
                      if loop == "native" else None)
         out.append({"batch": b, "events": n, "cpu_us_per_event": round(1e6 * cpu / n, 1),
-                    "stored_bytes": stored_bytes(shard), "keys": keys, "key_bytes": key_bytes})
+                    "stored_bytes": stored_bytes(shard), "keys": keys, "key_bytes": key_bytes,
+                    "engine_ms": us["engine_us"] // 1000, "store_ms": us["store_us"] // 1000,
+                    "engine_cpu_ms": round(1e3 * cpu_in["engine"]),
+                    "flush_cpu_ms": round(1e3 * cpu_in["flush"]),
+                    "written_bytes": sum(x.written for x in handle.lists) - written})
     return out
 
 
@@ -214,11 +260,13 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_loop("native", a.rate, a.batch_s, a.batches, a.shards)
         print(f"load {load[0]:.1f} → {os.getloadavg()[0]:.1f}; {a.rate} ev/s, {a.batch_s} s "
               f"batches, {a.shards} shards; native loop only")
-        print("| batch | µs/event (CPU) | keys | key state B per key (`Engine.raw_bytes`) |")
-        print("|---|---|---|---|")
+        print("| batch | µs/event (CPU) | keys | key state B per key (`Engine.raw_bytes`) | "
+              "engine CPU ms | state write CPU ms | MB written |")
+        print("|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['batch']} | {r['cpu_us_per_event']} | {r['keys']} | "
-                  f"{r['key_bytes'] / max(r['keys'], 1):.0f} |")
+                  f"{r['key_bytes'] / max(r['keys'], 1):.0f} | {r['engine_cpu_ms']} | "
+                  f"{r['flush_cpu_ms']} | {r['written_bytes'] / 1e6:.2f} |")
         return 0
     res = {loop: run_loop(loop, a.rate, a.batch_s, a.batches, a.shards)
            for loop in ("python", "native")}

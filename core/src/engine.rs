@@ -41,8 +41,8 @@ pub const KEY_VERSION: u16 = keycodec::VERSION;
 /// u16le version, u32le count of records; the known column tables the records' keys may name
 /// (uv count, per table uv ncols and the names as uv length + UTF-8); the group ids (uv count,
 /// each uv length + UTF-8); then per record: uv group (index in that list), the key (uv length
-/// + UTF-8), iv (wake time - the previous record's; the first from 0) and its `CEPNK` bytes (uv
-/// length + bytes; none: the key has no state any more). Varints as in `evcodec`.
+/// and UTF-8), iv (wake time - the previous record's; the first from 0) and its `CEPNK` bytes
+/// (uv length and bytes; none: the key has no state any more). Varints as in `evcodec`.
 pub const BLOB_MAGIC: &[u8; 5] = b"CEPNB";
 pub const BLOB_VERSION: u16 = 2;
 
