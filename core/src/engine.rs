@@ -929,7 +929,7 @@ impl Engine {
         let when = self.wake_of(gi, &ks);
         let sk: Sk = (gi, Arc::from(key));
         st.raw.remove(&sk);
-        st.enc.remove(&sk);
+        st.enc.insert(sk.clone(), data.to_vec());
         st.states.insert(sk.clone(), ks);
         st.wake_set(sk, when);
         Ok(())
@@ -1019,7 +1019,12 @@ impl Engine {
     fn export_blobs(&self, py: Python<'_>, state: &Bound<'_, EngineState>, all: bool, max_bytes: usize) -> PyResult<Vec<Py<PyAny>>> {
         let mut st = state.try_borrow_mut()?;
         let st = &mut *st;
-        let fresh: Vec<Sk> = st.states.keys().filter(|k| !st.enc.contains_key(*k)).cloned().collect();
+        // Decoded keys without bytes: when tracked, only keys advanced since the last export.
+        let fresh: Vec<Sk> = if all || !st.track_dirty {
+            st.states.keys().filter(|k| !st.enc.contains_key(*k)).cloned().collect()
+        } else {
+            st.dirty.iter().filter(|k| st.states.contains_key(*k) && !st.enc.contains_key(*k)).cloned().collect()
+        };
         for sk in fresh {
             let bytes = encode_key(py, &st.states[&sk], &sk.1, [&self.known, &st.imported])?;
             st.enc.insert(sk, bytes);

@@ -44,7 +44,6 @@
 //! tail: uv n, then (when not 0) the list of Python objects pickled
 //! ```
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
@@ -57,6 +56,9 @@ use crate::matcher::{Entry, MState, Run};
 use crate::value::Value;
 
 pub const VERSION: u16 = 4;
+
+/// foldhash, as the engine's maps: the encoder's per-key maps are small and short-lived.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 fn fnv(h: &mut u32, bytes: &[u8]) {
     for &b in bytes {
@@ -100,7 +102,10 @@ impl Known {
     }
 
     /// The fingerprint of `cols` when it is a known table.
-    pub fn fp_of(&self, cols: &Cols) -> Option<u32> {
+    pub fn fp_of(&self, cols: &Arc<Cols>) -> Option<u32> {
+        if let Some((fp, _)) = self.by_fp.iter().find(|(_, t)| Arc::ptr_eq(t, cols)) {
+            return Some(*fp);
+        }
         let fp = table_fingerprint(&cols.names);
         self.by_fp.get(&fp).filter(|t| t.names == cols.names).map(|_| fp)
     }
@@ -197,7 +202,7 @@ fn put_caps(out: &mut Vec<u8>, caps: &[RawCap], mut row: i64, mut idx: i64) {
 impl<'k, 'a> KeyEnc<'k, 'a> {
     /// `known`: the tables written by fingerprint (the engine's, and those of blobs read).
     pub fn new(key: &'k str, known: [&'k Known; 2]) -> Self {
-        KeyEnc { key, known, parts: Vec::with_capacity(64), index: HashMap::new(), events: Vec::new(), prev: Vec::new() }
+        KeyEnc { key, known, parts: Vec::with_capacity(64), index: HashMap::default(), events: Vec::new(), prev: Vec::new() }
     }
 
     /// The index of an event in the key's table (added when new).
@@ -303,7 +308,7 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
         out.extend_from_slice(&self.parts);
         // Column tables, by content: a known one by its fingerprint.
         let mut tables: Vec<&Arc<Cols>> = Vec::new();
-        let mut table_of: HashMap<usize, u32> = HashMap::new();
+        let mut table_of: HashMap<usize, u32> = HashMap::default();
         for e in &self.events {
             if let Src::Row { row, .. } = e {
                 let p = Arc::as_ptr(&row.cols) as usize;
@@ -337,7 +342,7 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
         }
         put_uv(&mut out, self.events.len() as u64);
         let mut tail: Vec<Py<PyAny>> = Vec::new();
-        let mut strings: HashMap<&str, u32> = HashMap::new();
+        let mut strings: HashMap<&str, u32> = HashMap::default();
         let (mut pts, mut pseq) = (0i64, 0i64);
         for e in &self.events {
             match e {
@@ -636,7 +641,7 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
     let mut parts = Vec::with_capacity(raw_parts.len());
     for (fp, row, runs, deadline) in raw_parts {
         // One `Ev` per event and part (a rule projects rows on its own fields).
-        let mut evs: HashMap<u32, Arc<Ev>> = HashMap::new();
+        let mut evs: HashMap<u32, Arc<Ev>> = HashMap::default();
         let mut first_ts = None;
         let mut caps = |r: &RawCaps| -> PyResult<Caps> {
             let mut v = Vec::with_capacity(r.len());
