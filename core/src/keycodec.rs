@@ -122,6 +122,44 @@ impl Known {
     }
 }
 
+/// A map for the encoder's per-key lookups: a key holds a few events, tables and strings, so
+/// a linear scan of a vector, without hashing or a table's allocation, up to 16 entries.
+struct Small<K, V> {
+    v: Vec<(K, V)>,
+    map: Option<HashMap<K, V>>,
+}
+
+impl<K: std::hash::Hash + Eq + Copy, V: Copy> Small<K, V> {
+    fn new() -> Self {
+        Small { v: Vec::new(), map: None }
+    }
+
+    fn get(&self, k: &K) -> Option<V> {
+        match &self.map {
+            Some(m) => m.get(k).copied(),
+            None => self.v.iter().find(|(x, _)| x == k).map(|(_, v)| *v),
+        }
+    }
+
+    fn insert(&mut self, k: K, v: V) {
+        match &mut self.map {
+            Some(m) => {
+                m.insert(k, v);
+            }
+            None if self.v.len() < 16 => self.v.push((k, v)),
+            None => {
+                let mut m: HashMap<K, V> = self.v.drain(..).collect();
+                m.insert(k, v);
+                self.map = Some(m);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.map.as_ref().map_or(self.v.len(), HashMap::len)
+    }
+}
+
 /// One event of the key's table as the encoder sees it.
 pub enum Src<'a> {
     Row { row: &'a Arc<Row>, seq: i64, ts: i64 },
@@ -142,7 +180,7 @@ pub struct KeyEnc<'k, 'a> {
     key: &'k str,
     known: [&'k Known; 2],
     parts: Vec<u8>,
-    index: HashMap<Id, u32>,
+    index: Small<Id, u32>,
     events: Vec<Src<'a>>,
     /// The part's last capture list (what the next one may refer to).
     prev: RawCaps,
@@ -202,7 +240,7 @@ fn put_caps(out: &mut Vec<u8>, caps: &[RawCap], mut row: i64, mut idx: i64) {
 impl<'k, 'a> KeyEnc<'k, 'a> {
     /// `known`: the tables written by fingerprint (the engine's, and those of blobs read).
     pub fn new(key: &'k str, known: [&'k Known; 2]) -> Self {
-        KeyEnc { key, known, parts: Vec::with_capacity(64), index: HashMap::default(), events: Vec::new(), prev: Vec::new() }
+        KeyEnc { key, known, parts: Vec::with_capacity(64), index: Small::new(), events: Vec::new(), prev: Vec::new() }
     }
 
     /// The index of an event in the key's table (added when new).
@@ -211,7 +249,7 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
             Src::Row { row, seq, ts } => Id::Row(Arc::as_ptr(row) as usize, *seq, *ts),
             Src::Py { data, seq, ts } => Id::Py(data.as_ptr() as usize, seq.as_ptr() as usize, *ts),
         };
-        if let Some(&i) = self.index.get(&id) {
+        if let Some(i) = self.index.get(&id) {
             return i;
         }
         let i = self.events.len() as u32;
@@ -308,11 +346,11 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
         out.extend_from_slice(&self.parts);
         // Column tables, by content: a known one by its fingerprint.
         let mut tables: Vec<&Arc<Cols>> = Vec::new();
-        let mut table_of: HashMap<usize, u32> = HashMap::default();
+        let mut table_of: Small<usize, u32> = Small::new();
         for e in &self.events {
             if let Src::Row { row, .. } = e {
                 let p = Arc::as_ptr(&row.cols) as usize;
-                if table_of.contains_key(&p) {
+                if table_of.get(&p).is_some() {
                     continue;
                 }
                 let t = match tables.iter().position(|t| t.names == row.cols.names) {
@@ -342,7 +380,7 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
         }
         put_uv(&mut out, self.events.len() as u64);
         let mut tail: Vec<Py<PyAny>> = Vec::new();
-        let mut strings: HashMap<&str, u32> = HashMap::default();
+        let mut strings: Small<&str, u32> = Small::new();
         let (mut pts, mut pseq) = (0i64, 0i64);
         for e in &self.events {
             match e {
@@ -357,7 +395,7 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
                 Src::Row { row, seq, ts } => {
                     put_iv(&mut out, ts.wrapping_sub(pts));
                     pts = *ts;
-                    put_uv(&mut out, u64::from(table_of[&(Arc::as_ptr(&row.cols) as usize)]) + 1);
+                    put_uv(&mut out, u64::from(table_of.get(&(Arc::as_ptr(&row.cols) as usize)).unwrap_or(0)) + 1);
                     put_iv(&mut out, seq.wrapping_sub(pseq));
                     pseq = *seq;
                     for v in &row.vals {
@@ -386,7 +424,7 @@ fn put_value<'s>(
     v: &'s Value,
     ts: i64,
     key: &str,
-    strings: &mut HashMap<&'s str, u32>,
+    strings: &mut Small<&'s str, u32>,
     tail: &mut Vec<Py<PyAny>>,
 ) {
     match v {
@@ -409,9 +447,9 @@ fn put_value<'s>(
             }
         }
         Value::Str(s) if **s == *key => out.push(8),
-        Value::Str(s) => match strings.get(&**s) {
-            Some(&n) if n < 240 => out.push(16 + n as u8),
-            Some(&n) => {
+        Value::Str(s) => match strings.get(&&**s) {
+            Some(n) if n < 240 => out.push(16 + n as u8),
+            Some(n) => {
                 out.push(10);
                 put_uv(out, u64::from(n));
             }
