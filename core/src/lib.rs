@@ -10,6 +10,7 @@
 mod arrow;
 mod engine;
 mod evcodec;
+mod family;
 mod expr;
 mod json;
 mod keycodec;
