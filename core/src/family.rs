@@ -10,9 +10,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::engine::{canon, RuleE, NO_FAM};
-use crate::expr::{Cap, CapVec, Caps, Ev, RowMemo, NO_CAPS};
+use crate::expr::{Cap, CapVec, Caps, Ev, Expr, RowMemo, NO_CAPS};
 use crate::matcher::{Core, Entry, Loc, MState, Out, Run, FOREVER, NO_CID};
 use crate::program::{get, get_opt, Conn, DONE};
+use crate::value::{self, CmpOp, Value};
 
 /// How a variable's condition differs between the members.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -25,10 +26,26 @@ pub enum Vary {
     Other,
 }
 
+/// A varying local condition that is `field op constant` in every member (or `constant op
+/// field`): the field is read once per event and compared with each member's constant.
+pub struct Thresh {
+    op: CmpOp,
+    field: usize,
+    const_left: bool,
+    consts: Vec<Value>,
+}
+
 pub struct Family {
-    /// The members' rule indexes in the engine (bit `i` is `members[i]`), in rule order.
+    /// The members' rule indexes in the engine (bit `i` is `members[i]`), ordered by their time
+    /// limits (each rule's results are put back in rule order by `FOut`).
     pub members: Vec<usize>,
     pub vary: Vec<Vary>,
+    /// Per variable, its `Thresh` form when it has one.
+    thresh: Vec<Option<Thresh>>,
+    /// Every member's deadline is at most the next member's (WITHIN and STEP WITHIN both
+    /// non-decreasing with the bit): the earliest of a mask is its lowest bit's, and the
+    /// members that expired are a prefix.
+    mono: bool,
     pub within: Vec<Option<i64>>,
     pub step: Vec<Option<i64>>,
     /// Some member has a time limit (then all have: presence is part of the shape).
@@ -112,6 +129,13 @@ struct FAct {
     after: u64,
 }
 
+/// Vectors kept from event to event of a key (`step` builds into `spare` and swaps).
+#[derive(Default)]
+struct Scratch {
+    acts: Vec<FAct>,
+    spare: Vec<FEntry>,
+}
+
 impl FAct {
     fn any(&self) -> bool {
         self.keep | self.done | self.grow | self.after != 0
@@ -172,8 +196,11 @@ impl Family {
     }
 
     fn min_deadline(&self, mask: u64, caps: &[Cap]) -> Option<i64> {
-        if !self.timed {
+        if !self.timed || mask == 0 {
             return None;
+        }
+        if self.mono {
+            return self.deadline_of(mask.trailing_zeros() as usize, caps);
         }
         bits(mask).filter_map(|i| self.deadline_of(i, caps)).min()
     }
@@ -182,6 +209,20 @@ impl Family {
     fn expired(&self, mask: u64, caps: &[Cap], now: i64) -> u64 {
         if !self.timed {
             return if now == FOREVER { mask } else { 0 };
+        }
+        if self.mono {
+            let passed = |i: usize| self.deadline_of(i, caps).is_some_and(|d| d <= now);
+            let (mut lo, mut hi) = (0, self.members.len());
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if passed(mid) {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            let prefix = if lo == 64 { u64::MAX } else { (1u64 << lo) - 1 };
+            return mask & prefix;
         }
         bits(mask).filter(|&i| self.deadline_of(i, caps).is_some_and(|d| d <= now)).fold(0, |m, i| m | 1 << i)
     }
@@ -199,9 +240,22 @@ impl Family {
             Vary::Local => {
                 if t.known & (1 << var) == 0 {
                     let mut r = 0u64;
-                    for (i, &ri) in self.members.iter().enumerate() {
-                        if local_test(&rules[ri].core, py, var, ev, t.loc.shared)? {
-                            r |= 1 << i;
+                    if let Some(th) = &self.thresh[var] {
+                        let rep = self.rep(rules);
+                        let a = rep.cx(py, &[]).field(ev, th.field)?;
+                        if !a.is_null() {
+                            for (i, c) in th.consts.iter().enumerate() {
+                                let (l, rr) = if th.const_left { (c, &a) } else { (&a, c) };
+                                if !c.is_null() && value::compare(py, &rep.ops, th.op, l, rr)?.is_true() {
+                                    r |= 1 << i;
+                                }
+                            }
+                        }
+                    } else {
+                        for (i, &ri) in self.members.iter().enumerate() {
+                            if local_test(&rules[ri].core, py, var, ev, t.loc.shared)? {
+                                r |= 1 << i;
+                            }
                         }
                     }
                     t.masks[var] = r;
@@ -299,7 +353,8 @@ impl Family {
     /// `Core::step` on masks: every test first, then the entries built (captures shared only
     /// with an ending entry grow in place).
     #[allow(clippy::too_many_arguments)]
-    fn step(&self, rules: &[RuleE], py: Python<'_>, entries: &mut Vec<FEntry>, acts: &mut Vec<FAct>, ev: &Arc<Ev>, row: i64, t: &mut Tests<'_>) -> PyResult<()> {
+    fn step(&self, rules: &[RuleE], py: Python<'_>, entries: &mut Vec<FEntry>, sc: &mut Scratch, ev: &Arc<Ev>, row: i64, t: &mut Tests<'_>) -> PyResult<()> {
+        let acts = &mut sc.acts;
         acts.clear();
         for e in entries.iter() {
             acts.push(self.decide(rules, py, e, ev, t)?);
@@ -311,7 +366,8 @@ impl Family {
         });
         acts.retain(FAct::any);
         let rep = self.rep(rules);
-        let mut out = Vec::with_capacity(entries.len() + 2);
+        let mut out = std::mem::take(&mut sc.spare);
+        out.clear();
         for (FEntry { pos, caps, .. }, a) in entries.drain(..).zip(acts.iter()) {
             if a.keep != 0 {
                 out.push(FEntry { pos, mask: a.keep, caps });
@@ -345,12 +401,13 @@ impl Family {
                 out.push(FEntry { pos: st.after, mask: a.after, caps });
             }
         }
-        *entries = out;
+        sc.spare = std::mem::replace(entries, out);
         Ok(())
     }
 
     /// `Core::feed` for the family: one event of this key.
-    pub fn feed(&self, rules: &mut [RuleE], py: Python<'_>, state: Option<FState>, ev: &Arc<Ev>, shared: &mut [u8], out: &mut FOut<'_>) -> PyResult<Option<FState>> {
+    #[allow(clippy::too_many_arguments)]
+    fn feed(&self, rules: &mut [RuleE], py: Python<'_>, state: Option<FState>, ev: &Arc<Ev>, shared: &mut [u8], sc: &mut Scratch, out: &mut FOut<'_>) -> PyResult<Option<FState>> {
         let ts = ev.ts;
         let mut state = state;
         if state.as_ref().is_some_and(|s| s.deadline.is_some_and(|d| d < ts)) {
@@ -376,9 +433,8 @@ impl Family {
                     (0, vec![FRun { start: 0, entries: spawned }])
                 }
                 Some(mut s) => {
-                    let mut acts = Vec::new();
                     for r in s.runs.iter_mut() {
-                        self.step(rules, py, &mut r.entries, &mut acts, ev, s.row, &mut t)?;
+                        self.step(rules, py, &mut r.entries, sc, ev, s.row, &mut t)?;
                     }
                     let spawned = self.spawn(rules, py, ev, s.row, &mut t)?;
                     if !spawned.is_empty() {
@@ -632,8 +688,9 @@ impl Family {
         out: &mut FOut<'_>,
     ) -> PyResult<Option<FState>> {
         let mut s = state;
+        let mut sc = Scratch::default();
         for (k, ev) in evs.iter().enumerate() {
-            s = self.feed(rules, py, s, ev, &mut shared[k * ncids..(k + 1) * ncids], out)?;
+            s = self.feed(rules, py, s, ev, &mut shared[k * ncids..(k + 1) * ncids], &mut sc, out)?;
         }
         if s.as_ref().and_then(|m| m.deadline).is_some_and(|d| d <= safe) {
             if let Some(m) = s.take() {
@@ -797,6 +854,8 @@ pub fn build(rules: &[RuleE], groups: &[&[usize]], shapes: &[Option<Shape>]) -> 
             }
         }
         for (_, bucket) in buckets {
+            let mut bucket = bucket;
+            bucket.sort_by_key(|&ri| (rules[ri].core.p.within, rules[ri].core.p.step));
             for members in bucket.chunks(64).filter(|c| c.len() >= 2) {
                 let cond = |ri: usize, v: usize| shapes[ri].as_ref().map_or("", |s| s.conds[v].as_str());
                 let rep = &rules[members[0]].core;
@@ -816,8 +875,11 @@ pub fn build(rules: &[RuleE], groups: &[&[usize]], shapes: &[Option<Shape>]) -> 
                 for &ri in members {
                     fam_of[ri] = fi;
                 }
+                let steps: Vec<Option<i64>> = members.iter().map(|&ri| rules[ri].core.p.step).collect();
                 fams.push(Family {
                     members: members.to_vec(),
+                    thresh: (0..nvars).map(|v| if vary[v] == Vary::Local { thresh(rules, members, v) } else { None }).collect(),
+                    mono: steps.windows(2).all(|w| w[0] <= w[1]),
                     vary,
                     within: members.iter().map(|&ri| rules[ri].core.p.within).collect(),
                     step: members.iter().map(|&ri| rules[ri].core.p.step).collect(),
@@ -828,4 +890,24 @@ pub fn build(rules: &[RuleE], groups: &[&[usize]], shapes: &[Option<Shape>]) -> 
         }
     }
     (fams, fam_of)
+}
+
+/// `Thresh` of variable `v` when every member's condition is `field op constant` (or `constant op
+/// field`) with one operator and one field.
+fn thresh(rules: &[RuleE], members: &[usize], v: usize) -> Option<Thresh> {
+    let mut th: Option<Thresh> = None;
+    for &ri in members {
+        let Some(Expr::Cmp(op, l, r)) = &rules[ri].core.p.conds[v] else { return None };
+        let (field, c, const_left) = match (&**l, &**r) {
+            (Expr::Field(f), Expr::Const(c)) => (*f, c, false),
+            (Expr::Const(c), Expr::Field(f)) => (*f, c, true),
+            _ => return None,
+        };
+        match &mut th {
+            None => th = Some(Thresh { op: *op, field, const_left, consts: vec![c.clone()] }),
+            Some(t) if t.op == *op && t.field == field && t.const_left == const_left => t.consts.push(c.clone()),
+            Some(_) => return None,
+        }
+    }
+    th
 }
