@@ -33,6 +33,48 @@ pub struct Thresh {
     field: usize,
     const_left: bool,
     consts: Vec<Value>,
+    /// For an ordering (`<`, `<=`, `>`, `>=`) over numeric constants (no NaN): the members in
+    /// ascending order of their constant, and `pre[k]`, the mask of the first `k` of them. A
+    /// number compared with ascending constants holds on a prefix or a suffix of them, so the
+    /// mask is found with a binary search (the same comparisons, fewer of them).
+    sorted: Option<(Vec<usize>, Vec<u64>)>,
+}
+
+impl Thresh {
+    fn holds(&self, py: Python<'_>, ops: &value::PyOps, a: &Value, k: usize) -> PyResult<bool> {
+        let c = &self.consts[k];
+        let (l, r) = if self.const_left { (c, a) } else { (a, c) };
+        Ok(!c.is_null() && value::compare(py, ops, self.op, l, r)?.is_true())
+    }
+
+    /// The members whose `field op constant` holds for field value `a` (not NULL).
+    fn mask(&self, py: Python<'_>, ops: &value::PyOps, a: &Value) -> PyResult<u64> {
+        if let (Some((order, pre)), Value::Int(_) | Value::Float(_)) = (&self.sorted, a) {
+            let n = order.len();
+            let first = self.holds(py, ops, a, order[0])?;
+            if first == self.holds(py, ops, a, order[n - 1])? {
+                return Ok(if first { pre[n] } else { 0 });
+            }
+            // The first k (in ascending order) where the comparison gives `!first`.
+            let (mut lo, mut hi) = (1, n - 1);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if self.holds(py, ops, a, order[mid])? == first {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            return Ok(if first { pre[lo] } else { pre[n] & !pre[lo] });
+        }
+        let mut r = 0u64;
+        for k in 0..self.consts.len() {
+            if self.holds(py, ops, a, k)? {
+                r |= 1 << k;
+            }
+        }
+        Ok(r)
+    }
 }
 
 pub struct Family {
@@ -244,12 +286,7 @@ impl Family {
                         let rep = self.rep(rules);
                         let a = rep.cx(py, &[]).field(ev, th.field)?;
                         if !a.is_null() {
-                            for (i, c) in th.consts.iter().enumerate() {
-                                let (l, rr) = if th.const_left { (c, &a) } else { (&a, c) };
-                                if !c.is_null() && value::compare(py, &rep.ops, th.op, l, rr)?.is_true() {
-                                    r |= 1 << i;
-                                }
-                            }
+                            r = th.mask(py, &rep.ops, &a)?;
                         }
                     } else {
                         for (i, &ri) in self.members.iter().enumerate() {
@@ -904,10 +941,32 @@ fn thresh(rules: &[RuleE], members: &[usize], v: usize) -> Option<Thresh> {
             _ => return None,
         };
         match &mut th {
-            None => th = Some(Thresh { op: *op, field, const_left, consts: vec![c.clone()] }),
+            None => th = Some(Thresh { op: *op, field, const_left, consts: vec![c.clone()], sorted: None }),
             Some(t) if t.op == *op && t.field == field && t.const_left == const_left => t.consts.push(c.clone()),
             Some(_) => return None,
         }
     }
-    th
+    let mut th = th?;
+    let num = |v: &Value| match v {
+        Value::Int(x) => Some(*x as f64),
+        Value::Float(x) if !x.is_nan() => Some(*x),
+        _ => None,
+    };
+    let ordering = matches!(th.op, CmpOp::Lt | CmpOp::Le | CmpOp::Gt | CmpOp::Ge);
+    // Sorted by an exact comparison (ints and floats compared as Python compares them).
+    let exact = |a: &Value, b: &Value| match (a, b) {
+        (Value::Int(x), Value::Int(y)) => x.cmp(y),
+        _ => num(a).partial_cmp(&num(b)).unwrap_or(std::cmp::Ordering::Equal),
+    };
+    let ints_fit = th.consts.iter().all(|c| !matches!(c, Value::Int(x) if x.unsigned_abs() > 1 << 53));
+    if ordering && ints_fit && th.consts.iter().all(|c| num(c).is_some()) {
+        let mut order: Vec<usize> = (0..th.consts.len()).collect();
+        order.sort_by(|&a, &b| exact(&th.consts[a], &th.consts[b]));
+        let mut pre = vec![0u64];
+        for &k in &order {
+            pre.push(pre[pre.len() - 1] | 1 << k);
+        }
+        th.sorted = Some((order, pre));
+    }
+    Some(th)
 }
