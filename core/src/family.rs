@@ -577,7 +577,7 @@ impl Family {
             let e = &mut rest[0];
             let mut m = e.mask & !done;
             let is_done = e.pos == DONE;
-            if m != 0 && !(is_done && !all) {
+            if m != 0 && (all || !is_done) {
                 for k in before.iter() {
                     if k.mask & m != 0 && rep.same_key(k.pos, &k.caps, e.pos, &e.caps) {
                         m &= !k.mask;
