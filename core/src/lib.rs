@@ -11,6 +11,7 @@ mod arrow;
 mod engine;
 mod evcodec;
 mod family;
+mod family_build;
 mod expr;
 mod json;
 mod keycodec;

@@ -623,7 +623,6 @@ impl Core {
             dropped += r.entries.len() - self.cap;
             r.entries.truncate(self.cap);
         }
-        self.stats.dropped += dropped as u64;
         let mut key = py.None();
         for r in &runs {
             if let Some(e) = r.entries.first() {
@@ -631,6 +630,13 @@ impl Core {
                 break;
             }
         }
+        self.emit_dropped(py, key, dropped, ts, out)?;
+        Ok(runs)
+    }
+
+    /// The `Dropped` result for `dropped` partial matches (a rule family's too, `family.rs`).
+    pub(crate) fn emit_dropped(&mut self, py: Python<'_>, key: Py<PyAny>, dropped: usize, ts: Option<i64>, out: &Out) -> PyResult<()> {
+        self.stats.dropped += dropped as u64;
         let d = self.classes.dropped.bind(py).call1((
             self.rule_id_py.clone_ref(py),
             self.version_py.clone_ref(py),
@@ -638,8 +644,7 @@ impl Core {
             dropped,
             ts.unwrap_or(0),
         ))?;
-        out.list.append(d)?;
-        Ok(runs)
+        out.list.append(d)
     }
 
     // ------------------------------------------------------------------ results
