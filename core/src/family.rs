@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PyTuple};
 
 use crate::engine::RuleE;
 use crate::expr::{Cap, CapVec, Caps, Ev, RowMemo, NO_CAPS};
@@ -535,9 +535,21 @@ impl Family {
         run.entries.retain(|e| e.mask != 0);
     }
 
-    fn emit(&self, rules: &mut [RuleE], py: Python<'_>, i: usize, caps: &CapVec, out: &mut FOut<'_>) -> PyResult<()> {
+    /// Member `i`'s match. Members matching the same captures (one shared entry) share the
+    /// match's events tuple (`shared`: the last captures and their tuple; the members' variable
+    /// names are the same).
+    #[allow(clippy::too_many_arguments)]
+    fn emit<'py>(&self, rules: &mut [RuleE], py: Python<'py>, i: usize, caps: &Caps, shared: &mut Option<(Caps, Bound<'py, PyTuple>)>, out: &mut FOut<'_>) -> PyResult<()> {
         let ri = self.members[i];
-        rules[ri].core.emit_match(py, caps, &out.out)?;
+        let events = match shared {
+            Some((c, t)) if Arc::ptr_eq(c, caps) => t.clone(),
+            _ => {
+                let t = rules[ri].core.events(py, caps)?;
+                *shared = Some((caps.clone(), t.clone()));
+                t
+            }
+        };
+        rules[ri].core.emit_match_with(py, caps, events, &out.out)?;
         out.tags.push(ri);
         Ok(())
     }
@@ -556,6 +568,7 @@ impl Family {
             return Ok(());
         }
         let all = self.rep(rules).all_matches;
+        let mut shared = None;
         for i in bits(dmask) {
             let b = 1u64 << i;
             if all {
@@ -563,7 +576,7 @@ impl Family {
                     for k in 0..r.entries.len() {
                         if r.entries[k].pos == DONE && r.entries[k].mask & b != 0 {
                             let caps = r.entries[k].caps.clone();
-                            self.emit(rules, py, i, &caps, out)?;
+                            self.emit(rules, py, i, &caps, &mut shared, out)?;
                             r.entries[k].mask &= !b;
                         }
                     }
@@ -581,7 +594,7 @@ impl Family {
                 if head {
                     if first.pos == DONE {
                         let caps = first.caps.clone();
-                        self.emit(rules, py, i, &caps, out)?;
+                        self.emit(rules, py, i, &caps, &mut shared, out)?;
                         floor = rules[self.members[i]].core.resume(&caps);
                         clear(r, b);
                         continue;

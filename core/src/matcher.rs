@@ -662,7 +662,7 @@ impl Core {
         }
     }
 
-    fn events<'py>(&self, py: Python<'py>, caps: &[Cap]) -> PyResult<Bound<'py, PyTuple>> {
+    pub(crate) fn events<'py>(&self, py: Python<'py>, caps: &[Cap]) -> PyResult<Bound<'py, PyTuple>> {
         let cls = self.classes.matched_event.bind(py);
         let mut items = Vec::with_capacity(caps.len());
         for c in caps {
@@ -688,13 +688,20 @@ impl Core {
     }
 
     pub(crate) fn emit_match(&mut self, py: Python<'_>, caps: &CapVec, out: &Out) -> PyResult<()> {
+        let events = self.events(py, caps)?;
+        self.emit_match_with(py, caps, events, out)
+    }
+
+    /// `emit_match` with the match's events built already (the rules of a family that match the
+    /// same captures share them, `family.rs`).
+    pub(crate) fn emit_match_with(&mut self, py: Python<'_>, caps: &CapVec, events: Bound<'_, PyTuple>, out: &Out) -> PyResult<()> {
         self.stats.matches += 1;
         let m = self.classes.match_.bind(py).call1((
             self.rule_id_py.clone_ref(py),
             self.version_py.clone_ref(py),
             self.emit_py.clone_ref(py),
             self.key(py, caps, out)?,
-            self.events(py, caps)?,
+            events,
             caps[0].ev.ts,
             caps[caps.len() - 1].ev.ts,
             self.measures(py, caps)?,
