@@ -14,7 +14,9 @@ ending with the end of input. Three comparisons, everything observable after eve
 - families on vs families off (`CEP_RULE_FAMILIES=0`), same calls;
 - an engine that switches between families on and off at every call, its key states carried as
   bytes from one to the other (the family state written as per-rule parts and regrouped from the
-  other engine's parts), vs the Python engine.
+  other engine's parts), vs the Python engine;
+- as the Spark operator runs the core (JSON batches, key states as blobs in a shard store,
+  dropped and reloaded at random): families on vs off.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from tests.core.test_native_engine_differential import (
     both_engines,
     compile_valid,
     drive,
+    drive_operator_store,
+    json_batches,
     make_events,
     ruleset_text,
     same_results,
@@ -148,6 +152,10 @@ def test_rule_families_equal_python_engine(text: tuple[str, list[str]], cases: l
             if batch in (1, 3):
                 assert (drive_switching((native, off), events, batch)
                         == drive(python, events, batch, False)), (text, batch)
+                jtable = json_batches(events)
+                if jtable is not None:  # as the Spark operator runs it: blobs in a shard store
+                    assert (drive_operator_store(native, jtable, batch, seed)
+                            == drive_operator_store(off, jtable, batch, seed)), (text, batch)
             if batch >= len(events):
                 break
 
