@@ -1,8 +1,10 @@
 """Many rules on the native engine: bench/rules/fraud.cep's 3 rules against 96 rules that differ
 only in their constants (32 copies of each rule: thresholds and windows shifted per copy), same
-events, same run, engine only from Arrow batches (bench/native_flink.py's loop).
+events, same run, engine only from Arrow batches (bench/native_flink.py's loop). The 96 rules run
+twice: with rule families (docs/rule-families.md: copies that differ only in constants share one
+set of NFA runs) and without (`CEP_RULE_FAMILIES=0`, every rule its own pass), for A/B.
 
-    python -m bench.native_rules [--events 100000] [--keys 10000] [--copies 32]
+    python -m bench.native_rules [--events 100000] [--keys 10000] [--copies 32] [--no-off]
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--copies", type=int, default=32)
     ap.add_argument("--batch", type=int, default=100_000)
+    ap.add_argument("--no-off", action="store_true", help="skip the run without families")
     a = ap.parse_args(argv)
     path = rules_path(RULES, "fraud")
     base = load_rules(path)
@@ -55,15 +58,25 @@ def main(argv: list[str] | None = None) -> int:
     n = len(events)
     load = os.getloadavg()
     res = {}
-    runs = (("3 rules", base), (f"{len(many.rules)} rules", many), ("3 rules again", base))
-    for name, rs in runs:
+    nm = f"{len(many.rules)} rules"
+    runs = [("3 rules", base, True), (nm, many, True), ("3 rules again", base, True)]
+    if not a.no_off:
+        runs.insert(2, (f"{nm} without families", many, False))
+    before = os.environ.get("CEP_RULE_FAMILIES")
+    for name, rs, families in runs:
+        os.environ["CEP_RULE_FAMILIES"] = "1" if families else "0"
         wall, cpu, results = native_run(rs, batches)
         res[name] = cpu
         print(f"{name}: {n / wall:,.0f} ev/s wall, {n / cpu:,.0f} ev/s CPU, {len(results)} results")
+    if before is None:
+        del os.environ["CEP_RULE_FAMILIES"]
+    else:
+        os.environ["CEP_RULE_FAMILIES"] = before
     three = min(res["3 rules"], res["3 rules again"])
-    ratio = three / res[f"{len(many.rules)} rules"]
-    print(f"ratio {len(many.rules)} rules / 3 rules (CPU): {ratio:.3f}"
-          f"; load {load[0]:.1f} → {os.getloadavg()[0]:.1f}")
+    for name in res:
+        if name.startswith(nm):
+            print(f"ratio {name} / 3 rules (CPU): {three / res[name]:.3f}")
+    print(f"load {load[0]:.1f} → {os.getloadavg()[0]:.1f}")
     return 0
 
 

@@ -19,6 +19,7 @@ bytes (`key_bytes` / `load_key`), for the Spark operator's key store (not wired 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -47,14 +48,23 @@ class NativeEngine:
     program (`cep.program.export_program`)."""
 
     def __init__(self, runtimes: Sequence[RuleRuntime], programs: Sequence[dict[str, Any]],
-                 *, max_partial_matches: int | None = None) -> None:
+                 *, max_partial_matches: int | None = None, families: bool | None = None) -> None:
+        """`families`: run rules that differ only in constants together (docs/rule-families.md);
+        default on unless the environment sets `CEP_RULE_FAMILIES=0` (for A/B runs)."""
         if _core is None:
             raise RuntimeError("the native core (cep._core) is not built")
+        if families is None:
+            families = os.environ.get("CEP_RULE_FAMILIES", "1") != "0"
         self.rules = {r.rule_id: r for r in runtimes}
         self.groups: dict[str, RuleGroup] = {g.gid: g for g in group_rules(runtimes)}
         self.core = _core.Engine([
             (program, max_partial_matches, r.stream, r.key_field, r.lateness_ms, r.content_hash)
-            for r, program in zip(runtimes, programs, strict=True)], _declared_fields(runtimes))
+            for r, program in zip(runtimes, programs, strict=True)], _declared_fields(runtimes), families)
+
+    @property
+    def families(self) -> list[list[str]]:
+        """The rule families the core runs together: per family, its rules' ids."""
+        return [list(f) for f in self.core.families()]
 
     @property
     def track_partials(self) -> bool:

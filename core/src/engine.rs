@@ -24,6 +24,7 @@ use crate::evcodec::{put_iv, put_str, put_uv, Dec as EvDec};
 use crate::json::{parse_row, ColsCache};
 use crate::expr::{Cols, Ev, Row};
 use crate::value::Value;
+use crate::family::{self, FOut, FState, Family};
 use crate::matcher::{Core, MState, Out, NO_CID};
 use crate::keycodec::{self, KeyEnc, Known, Src};
 use crate::{build_core, panic_message, CoreError};
@@ -84,6 +85,9 @@ struct Part {
 struct KeyState {
     buffer: Vec<Item>,
     parts: Vec<Part>,
+    /// The states of the engine's rule families (`family.rs`) by family index; written to
+    /// bytes as their members' parts.
+    fams: Vec<(u32, FState)>,
 }
 
 /// (group index, key).
@@ -220,11 +224,11 @@ impl<'a> LateFor<'a> {
     }
 }
 
-struct RuleE {
-    core: Core,
-    id: String,
+pub(crate) struct RuleE {
+    pub(crate) core: Core,
+    pub(crate) id: String,
     /// `keycodec::fingerprint(id, version)`: what names the rule's part of a key state.
-    fp: u32,
+    pub(crate) fp: u32,
 }
 
 #[derive(Default)]
@@ -279,7 +283,13 @@ pub struct Engine {
     partials: Option<Vec<i64>>,
     /// The declared streams' column tables: a key state names them by fingerprint.
     known: Known,
+    /// Rules that differ only in constants, run together (`family.rs`), and each rule's
+    /// family (`NO_FAM`: none).
+    families: Vec<Family>,
+    fam_of: Vec<u32>,
 }
+
+pub(crate) const NO_FAM: u32 = u32::MAX;
 
 #[derive(Default)]
 struct Counts {
@@ -327,10 +337,15 @@ fn key_text(key: &Bound<'_, PyAny>) -> PyResult<Arc<str>> {
 
 /// A condition's exported form with field indexes replaced by field names: equal strings
 /// mean the same condition whatever the rule's field table (`Engine::new` shares them).
-fn canon(obj: &Bound<'_, PyAny>, names: &[String], out: &mut String) -> PyResult<()> {
+/// With `mask`, every constant is written as `const?` (the shape of rule families).
+pub(crate) fn canon(obj: &Bound<'_, PyAny>, names: &[String], out: &mut String, mask: bool) -> PyResult<()> {
     if let Ok(l) = obj.downcast::<PyList>() {
         let tag: Option<String> = l.get_item(0).ok().and_then(|t| t.extract().ok());
         let is_field = matches!(tag.as_deref(), Some("field" | "path"));
+        if mask && tag.as_deref() == Some("const") {
+            out.push_str("const?");
+            return Ok(());
+        }
         out.push('[');
         for (k, it) in l.iter().enumerate() {
             match (k, is_field, it.extract::<usize>()) {
@@ -338,7 +353,7 @@ fn canon(obj: &Bound<'_, PyAny>, names: &[String], out: &mut String) -> PyResult
                     out.push_str("field:");
                     out.push_str(&format!("{:?}", names[i]));
                 }
-                _ => canon(&it, names, out)?,
+                _ => canon(&it, names, out, mask)?,
             }
             out.push(',');
         }
@@ -357,6 +372,7 @@ fn canon(obj: &Bound<'_, PyAny>, names: &[String], out: &mut String) -> PyResult
 fn advance_key(
     py: Python<'_>,
     rules: &mut [RuleE],
+    fams: (&[Family], &[u32]),
     partials: Option<&mut [i64]>,
     g: &mut Group,
     st: &mut EngineState,
@@ -377,7 +393,7 @@ fn advance_key(
         st.enc.remove(&sk);
     }
     let mut partials = partials;
-    let KeyState { mut buffer, parts } = loaded.unwrap_or_default();
+    let KeyState { mut buffer, parts, fams: mut fstates } = loaded.unwrap_or_default();
     if let Some(new) = new {
         if buffer.is_empty() {
             buffer = new;
@@ -414,7 +430,51 @@ fn advance_key(
     let mut parts: Vec<Option<Part>> = parts.into_iter().map(Some).collect();
     let mut cursor = 0;
     let mut due = buffer.first().map(|x| x.ts);
+    let mut kept_fams = Vec::new();
+    let mut fam_outs: Vec<Option<FOut>> = fams.0.iter().map(|_| None).collect();
     for &ri in &g.rules {
+        let fi = fams.1[ri];
+        if fi != NO_FAM {
+            let fi = fi as usize;
+            if fam_outs[fi].is_none() {
+                let fam = &fams.0[fi];
+                let mut fout = FOut::new(py, sk.1.clone());
+                let fs = family_state(fam, rules, &mut fstates, &mut parts, fi);
+                let before: Vec<i64> = match &partials {
+                    Some(_) => (0..fam.members.len()).map(|i| fam.partials(fs.as_ref(), i)).collect(),
+                    None => Vec::new(),
+                };
+                let r = catch_unwind(AssertUnwindSafe(|| {
+                    fam.run_key(rules, py, fs, &evs, &mut shared, ncids, safe, eof, &mut fout)
+                }));
+                let fs = match r {
+                    Ok(r) => r?,
+                    Err(p) => {
+                        return Err(CoreError::new_err(format!(
+                            "rule {}: the native engine failed: {}",
+                            rules[fam.members[0]].id,
+                            panic_message(p)
+                        )))
+                    }
+                };
+                if let Some(p) = partials.as_deref_mut() {
+                    for (i, &m) in fam.members.iter().enumerate() {
+                        p[m] += fam.partials(fs.as_ref(), i) - before[i];
+                    }
+                }
+                if let Some(f) = fs {
+                    if let Some(d) = f.deadline {
+                        due = Some(due.map_or(d, |x| x.min(d)));
+                    }
+                    kept_fams.push((fi as u32, f));
+                }
+                fam_outs[fi] = Some(fout);
+            }
+            if let Some(fo) = &fam_outs[fi] {
+                fo.append_rule(ri, matches)?;
+            }
+            continue;
+        }
         let rule = &mut rules[ri];
         // A part of another version of the rule has another fingerprint: it stays in `parts`
         // and is counted as reset below.
@@ -473,12 +533,12 @@ fn advance_key(
     }
     counts.reset += parts.iter().filter(|p| p.is_some()).count();
     counts.touched += 1;
-    if buffer.is_empty() && kept.is_empty() {
+    if buffer.is_empty() && kept.is_empty() && kept_fams.is_empty() {
         st.wake_discard(&sk);
         counts.released += 1;
         return Ok(());
     }
-    st.states.insert(sk.clone(), KeyState { buffer, parts: kept });
+    st.states.insert(sk.clone(), KeyState { buffer, parts: kept, fams: kept_fams });
     let when = match due {
         None => AT_END,
         Some(d) => d.saturating_add(g.lateness).saturating_add(1),
@@ -517,7 +577,8 @@ impl Engine {
             let safe = if eof { max_ts } else { max_ts.saturating_sub(g.lateness).saturating_sub(1) };
             let new = pending.remove(&sk);
             let partials = self.partials.as_deref_mut();
-            advance_key(py, &mut self.rules, partials, g, st, sk, new, safe, eof, &matches, &mut counts)?;
+            let fams = (&self.families[..], &self.fam_of[..]);
+            advance_key(py, &mut self.rules, fams, partials, g, st, sk, new, safe, eof, &matches, &mut counts)?;
         }
         Ok((matches, counts))
     }
@@ -536,10 +597,8 @@ impl Engine {
 
     fn wake_of(&self, gi: u32, ks: &KeyState) -> i64 {
         let mut due = ks.buffer.first().map(|x| x.ts);
-        for p in &ks.parts {
-            if let Some(d) = p.state.deadline {
-                due = Some(due.map_or(d, |x| x.min(d)));
-            }
+        for d in ks.parts.iter().map(|p| p.state.deadline).chain(ks.fams.iter().map(|f| f.1.deadline)).flatten() {
+            due = Some(due.map_or(d, |x| x.min(d)));
         }
         match due {
             None => AT_END,
@@ -553,9 +612,11 @@ impl Engine {
     /// `rules`: per rule `(program, max_partial_matches, stream, key_field, lateness_ms,
     /// version)`, in the rule set's order. `tables`: the declared streams' field names, in
     /// order (an event with exactly these fields is stored without them: `keycodec`).
+    /// `families`: run rules that differ only in constants together (docs/rule-families.md;
+    /// off for A/B runs).
     #[new]
-    #[pyo3(signature = (rules, tables=Vec::new()))]
-    fn new(py: Python<'_>, rules: &Bound<'_, PyList>, tables: Vec<Vec<String>>) -> PyResult<Self> {
+    #[pyo3(signature = (rules, tables=Vec::new(), families=true))]
+    fn new(py: Python<'_>, rules: &Bound<'_, PyList>, tables: Vec<Vec<String>>, families: bool) -> PyResult<Self> {
         let mut rs = Vec::new();
         let mut groups: Vec<Group> = Vec::new();
         let mut members: Vec<(String, String)> = Vec::new();
@@ -596,6 +657,8 @@ impl Engine {
             rs.push(RuleE { core, id, fp });
             programs.push(program);
         }
+        let mut shapes = Vec::with_capacity(rs.len());
+        shapes.resize_with(rs.len(), || None);
         // One field table per group (the union of its rules' tables, in order of first use):
         // every rule of a group reads the same projection of an event, so an event is projected
         // and wrapped once per group, not once per rule.
@@ -644,7 +707,7 @@ impl Engine {
                     let cid = match (p.local[v], &p.conds[v], conds) {
                         (true, Some(_), Some(cl)) => {
                             let mut text = String::new();
-                            canon(&cl.get_item(v)?, &own, &mut text)?;
+                            canon(&cl.get_item(v)?, &own, &mut text, false)?;
                             let n = ids.len() as u32;
                             *ids.entry(text).or_insert(n)
                         }
@@ -653,6 +716,9 @@ impl Engine {
                     cids.push(cid);
                 }
                 rs[ri].core.cids = cids;
+                if families {
+                    shapes[ri] = family::shape(programs[ri].downcast::<PyDict>()?, &own)?;
+                }
             }
             g.ncids = ids.len();
             for &ri in &g.rules {
@@ -674,7 +740,9 @@ impl Engine {
         for t in tables {
             known.add(py, t);
         }
-        Ok(Engine { rules: rs, groups, by_stream, rank, partials: None, known })
+        let group_rules: Vec<&[usize]> = groups.iter().map(|g| &g.rules[..]).collect();
+        let (families, fam_of) = family::build(&rs, &group_rules, &shapes);
+        Ok(Engine { rules: rs, groups, by_stream, rank, partials: None, known, families, fam_of })
     }
 
     /// `Engine.ingest` over a list of `cep.runtime.engine.Event`: returns (results, late as
@@ -915,7 +983,7 @@ impl Engine {
         let sk: Sk = (gi, Arc::from(key));
         let buf = match (st.states.get(&sk), st.enc.get(&sk).or_else(|| st.raw.get(&sk))) {
             (_, Some(raw)) => raw.clone(),
-            (Some(ks), None) => encode_key(py, ks, key, [&self.known, &st.imported])?,
+            (Some(ks), None) => encode_key(py, ks, key, [&self.known, &st.imported], &self.families, &self.rules)?,
             (None, None) => return Ok(None),
         };
         Ok(Some(PyBytes::new(py, &buf).into_any().unbind()))
@@ -1026,7 +1094,7 @@ impl Engine {
             st.dirty.iter().filter(|k| st.states.contains_key(*k) && !st.enc.contains_key(*k)).cloned().collect()
         };
         for sk in fresh {
-            let bytes = encode_key(py, &st.states[&sk], &sk.1, [&self.known, &st.imported])?;
+            let bytes = encode_key(py, &st.states[&sk], &sk.1, [&self.known, &st.imported], &self.families, &self.rules)?;
             st.enc.insert(sk, bytes);
         }
         let was = std::mem::take(&mut st.was);
@@ -1138,6 +1206,11 @@ impl Engine {
         self.rules.iter().map(|r| r.core.cids.iter().map(|&c| (c != NO_CID).then_some(c)).collect()).collect()
     }
 
+    /// The rule families (docs/rule-families.md): per family, its rules' ids.
+    fn families(&self) -> Vec<Vec<String>> {
+        self.families.iter().map(|f| f.members.iter().map(|&ri| self.rules[ri].id.clone()).collect()).collect()
+    }
+
     /// The group ids, in the engine's order.
     #[getter]
     fn group_ids(&self) -> Vec<String> {
@@ -1146,10 +1219,19 @@ impl Engine {
 }
 
 /// A key's state as `CEPNK` bytes (format version 4, `keycodec`).
-fn encode_key(py: Python<'_>, ks: &KeyState, key: &str, known: [&Known; 2]) -> PyResult<Vec<u8>> {
+fn encode_key(py: Python<'_>, ks: &KeyState, key: &str, known: [&Known; 2], fams: &[Family], rules: &[RuleE]) -> PyResult<Vec<u8>> {
+    // A family's state is written as its members' own states (the format is per rule).
+    let mut own = Vec::new();
+    for (fi, fs) in &ks.fams {
+        let fam = &fams[*fi as usize];
+        for (i, &ri) in fam.members.iter().enumerate() {
+            own.extend(fam.project(fs, i).map(|m| (rules[ri].fp, m)));
+        }
+    }
     let mut enc = KeyEnc::new(key, known);
-    for p in &ks.parts {
-        enc.part(py, p.fp, &p.state)?;
+    let nparts = ks.parts.len() + own.len();
+    for (fp, state) in ks.parts.iter().map(|p| (p.fp, &p.state)).chain(own.iter().map(|(fp, m)| (*fp, m))) {
+        enc.part(py, fp, state)?;
     }
     let mut buffer = Vec::with_capacity(ks.buffer.len());
     for x in &ks.buffer {
@@ -1158,7 +1240,7 @@ fn encode_key(py: Python<'_>, ks: &KeyState, key: &str, known: [&Known; 2]) -> P
             _ => Src::Py { data: x.data_obj(py)?, seq: x.seq_obj(py)?, ts: x.ts },
         });
     }
-    enc.finish(py, ks.parts.len(), buffer)
+    enc.finish(py, nparts, buffer)
 }
 
 /// Read `encode_key`'s bytes (format version 4; earlier versions fail with a message).
@@ -1191,5 +1273,24 @@ fn decode_key(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
             },
         });
     }
-    Ok(KeyState { buffer, parts })
+    Ok(KeyState { buffer, parts, fams: Vec::new() })
+}
+
+/// A family's state for a key: the one kept in memory, regrouped with its members' own parts
+/// when the key was read from bytes (`Family::regroup`).
+fn family_state(fam: &Family, rules: &[RuleE], fstates: &mut Vec<(u32, FState)>, parts: &mut [Option<Part>], fi: usize) -> Option<FState> {
+    let fs = fstates.iter().position(|f| f.0 as usize == fi).map(|k| fstates.swap_remove(k).1);
+    let mut own = Vec::new();
+    for (i, &ri) in fam.members.iter().enumerate() {
+        if let Some(p) = parts.iter_mut().find(|p| p.as_ref().is_some_and(|p| p.fp == rules[ri].fp)) {
+            own.extend(p.take().map(|p| (i, p.state)));
+        }
+    }
+    if own.is_empty() {
+        return fs;
+    }
+    if let Some(f) = &fs {
+        own.extend((0..fam.members.len()).filter_map(|i| fam.project(f, i).map(|m| (i, m))));
+    }
+    fam.regroup(own)
 }

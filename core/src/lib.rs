@@ -10,6 +10,8 @@
 mod arrow;
 mod engine;
 mod evcodec;
+mod family;
+mod family_build;
 mod expr;
 mod json;
 mod keycodec;

@@ -60,10 +60,10 @@ pub const NO_CID: u32 = u32::MAX;
 /// those shared by the engine's rules (`shared`, per distinct condition: 0 unknown, 1 false,
 /// 2 true; empty outside the engine).
 pub struct Loc<'a> {
-    own: &'a mut [Option<bool>],
-    shared: &'a mut [u8],
+    pub(crate) own: &'a mut [Option<bool>],
+    pub(crate) shared: &'a mut [u8],
     /// The memoised values for this event: the aggregates' rows and `Expr::Local`s (`Cx::rows`).
-    rows: &'a [RowMemo],
+    pub(crate) rows: &'a [RowMemo],
 }
 
 pub struct Core {
@@ -138,13 +138,13 @@ fn grown_caps(caps: &CapVec, cap: Cap) -> CapVec {
 }
 
 impl Core {
-    fn cx<'a, 'py>(&'a self, py: Python<'py>, rows: &'a [RowMemo]) -> Cx<'a, 'py> {
+    pub(crate) fn cx<'a, 'py>(&'a self, py: Python<'py>, rows: &'a [RowMemo]) -> Cx<'a, 'py> {
         Cx { py, ops: &self.ops, fields: &self.p.fields, aggs: &self.p.aggs, rows }
     }
 
     // ------------------------------------------------------------------ stepping
 
-    fn test(&self, py: Python<'_>, var: usize, ev: &Ev, caps: &CapVec, local: &mut Loc<'_>) -> PyResult<bool> {
+    pub(crate) fn test(&self, py: Python<'_>, var: usize, ev: &Ev, caps: &CapVec, local: &mut Loc<'_>) -> PyResult<bool> {
         let Some(cond) = &self.p.conds[var] else { return Ok(true) };
         if self.p.local[var] {
             if let Some(v) = local.own[var] {
@@ -260,7 +260,7 @@ impl Core {
     }
 
     /// `caps` with `cap` appended, in a new vector, its aggregates folded.
-    fn grown(&self, py: Python<'_>, caps: &CapVec, cap: Cap, local: &Loc<'_>) -> CapVec {
+    pub(crate) fn grown(&self, py: Python<'_>, caps: &CapVec, cap: Cap, local: &Loc<'_>) -> CapVec {
         let mut g = grown_caps(caps, cap);
         g.fold_last(&self.cx(py, local.rows));
         g
@@ -486,13 +486,18 @@ impl Core {
     /// position and, unless the rule is history-free, the same (row, variable) captures; with
     /// STEP WITHIN, history-free entries also need the same last row.
     fn same(&self, a: &Entry, b: &Entry) -> bool {
-        if a.pos != b.pos {
+        self.same_key(a.pos, &a.caps, b.pos, &b.caps)
+    }
+
+    /// `same` on (position, captures) pairs (rule families keep entries of their own).
+    pub(crate) fn same_key(&self, apos: i32, a: &[Cap], bpos: i32, b: &[Cap]) -> bool {
+        if apos != bpos {
             return false;
         }
-        if a.pos != DONE && self.history_free {
-            return self.p.step.is_none() || a.caps[a.caps.len() - 1].row == b.caps[b.caps.len() - 1].row;
+        if apos != DONE && self.history_free {
+            return self.p.step.is_none() || a[a.len() - 1].row == b[b.len() - 1].row;
         }
-        a.caps.len() == b.caps.len() && a.caps.iter().zip(b.caps.iter()).all(|(x, y)| x.row == y.row && x.var == y.var)
+        a.len() == b.len() && a.iter().zip(b.iter()).all(|(x, y)| x.row == y.row && x.var == y.var)
     }
 
     fn prune(&self, run: &mut Run) {
@@ -584,7 +589,7 @@ impl Core {
         Ok(kept)
     }
 
-    fn resume(&self, caps: &[Cap]) -> i64 {
+    pub(crate) fn resume(&self, caps: &[Cap]) -> i64 {
         let start = caps[0].row;
         match self.p.skip {
             SkipK::PastLastRow => caps[caps.len() - 1].row + 1,
@@ -618,7 +623,6 @@ impl Core {
             dropped += r.entries.len() - self.cap;
             r.entries.truncate(self.cap);
         }
-        self.stats.dropped += dropped as u64;
         let mut key = py.None();
         for r in &runs {
             if let Some(e) = r.entries.first() {
@@ -626,6 +630,13 @@ impl Core {
                 break;
             }
         }
+        self.emit_dropped(py, key, dropped, ts, out)?;
+        Ok(runs)
+    }
+
+    /// The `Dropped` result for `dropped` partial matches (a rule family's too, `family.rs`).
+    pub(crate) fn emit_dropped(&mut self, py: Python<'_>, key: Py<PyAny>, dropped: usize, ts: Option<i64>, out: &Out) -> PyResult<()> {
+        self.stats.dropped += dropped as u64;
         let d = self.classes.dropped.bind(py).call1((
             self.rule_id_py.clone_ref(py),
             self.version_py.clone_ref(py),
@@ -633,13 +644,12 @@ impl Core {
             dropped,
             ts.unwrap_or(0),
         ))?;
-        out.list.append(d)?;
-        Ok(runs)
+        out.list.append(d)
     }
 
     // ------------------------------------------------------------------ results
 
-    fn key(&self, py: Python<'_>, caps: &[Cap], out: &Out) -> PyResult<Py<PyAny>> {
+    pub(crate) fn key(&self, py: Python<'_>, caps: &[Cap], out: &Out) -> PyResult<Py<PyAny>> {
         if let Some(k) = &out.key {
             return Ok(k.clone_ref(py));
         }
@@ -652,7 +662,7 @@ impl Core {
         }
     }
 
-    fn events<'py>(&self, py: Python<'py>, caps: &[Cap]) -> PyResult<Bound<'py, PyTuple>> {
+    pub(crate) fn events<'py>(&self, py: Python<'py>, caps: &[Cap]) -> PyResult<Bound<'py, PyTuple>> {
         let cls = self.classes.matched_event.bind(py);
         let mut items = Vec::with_capacity(caps.len());
         for c in caps {
@@ -677,14 +687,21 @@ impl Core {
         Ok(d)
     }
 
-    fn emit_match(&mut self, py: Python<'_>, caps: &CapVec, out: &Out) -> PyResult<()> {
+    pub(crate) fn emit_match(&mut self, py: Python<'_>, caps: &CapVec, out: &Out) -> PyResult<()> {
+        let events = self.events(py, caps)?;
+        self.emit_match_with(py, caps, events, out)
+    }
+
+    /// `emit_match` with the match's events built already (the rules of a family that match the
+    /// same captures share them, `family.rs`).
+    pub(crate) fn emit_match_with(&mut self, py: Python<'_>, caps: &CapVec, events: Bound<'_, PyTuple>, out: &Out) -> PyResult<()> {
         self.stats.matches += 1;
         let m = self.classes.match_.bind(py).call1((
             self.rule_id_py.clone_ref(py),
             self.version_py.clone_ref(py),
             self.emit_py.clone_ref(py),
             self.key(py, caps, out)?,
-            self.events(py, caps)?,
+            events,
             caps[0].ev.ts,
             caps[caps.len() - 1].ev.ts,
             self.measures(py, caps)?,

@@ -1,0 +1,782 @@
+//! Rule families (docs/rule-families.md): the rules of a group whose programs differ only in
+//! constants, WITHIN / STEP WITHIN and what they emit share one set of NFA runs per key. Every
+//! entry carries a mask of the members for which it is alive; member `i`'s own state is the
+//! projection on bit `i`, and every step below keeps "projection of the family step = the
+//! per-rule step (`matcher.rs`) of the projection".
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::engine::RuleE;
+use crate::expr::{Cap, CapVec, Caps, Ev, RowMemo, NO_CAPS};
+pub use crate::family_build::{build, shape, Thresh};
+use crate::matcher::{Core, Entry, Loc, MState, Out, Run, FOREVER, NO_CID};
+use crate::program::{Conn, DONE};
+
+/// How a variable's condition differs between the members.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Vary {
+    /// The same in every member: evaluated once, with the first member's program.
+    Same,
+    /// Reads only the event and differs: each member's evaluated once per event (a mask).
+    Local,
+    /// Reads captures and differs: evaluated per member of an entry's mask.
+    Other,
+}
+
+pub struct Family {
+    /// The members' rule indexes in the engine (bit `i` is `members[i]`), ordered by their time
+    /// limits (each rule's results are put back in rule order by `FOut`).
+    pub members: Vec<usize>,
+    pub vary: Vec<Vary>,
+    /// Per variable, its `Thresh` form when it has one.
+    pub thresh: Vec<Option<Thresh>>,
+    /// Every member's deadline is at most the next member's (WITHIN and STEP WITHIN both
+    /// non-decreasing with the bit): the earliest of a mask is its lowest bit's, and the
+    /// members that expired are a prefix.
+    pub mono: bool,
+    pub within: Vec<Option<i64>>,
+    pub step: Vec<Option<i64>>,
+    /// Some member has a time limit (then all have: presence is part of the shape).
+    pub timed: bool,
+    /// The smallest partial-match cap of the members.
+    pub min_cap: usize,
+}
+
+#[derive(Clone)]
+pub struct FEntry {
+    pub pos: i32,
+    pub mask: u64,
+    pub caps: Caps,
+}
+
+#[derive(Clone)]
+pub struct FRun {
+    pub start: i64,
+    pub entries: Vec<FEntry>,
+}
+
+#[derive(Clone, Default)]
+pub struct FState {
+    pub row: i64,
+    pub runs: Vec<FRun>,
+    pub deadline: Option<i64>,
+}
+
+/// A family's results for one key, each tagged with its member's rule index, in the order each
+/// member emitted them (`Engine` appends a rule's results at that rule's turn).
+pub struct FOut<'py> {
+    pub out: Out<'py>,
+    pub tags: Vec<usize>,
+}
+
+impl<'py> FOut<'py> {
+    pub fn new(py: Python<'py>, key: Arc<str>) -> Self {
+        FOut { out: Out::lazy(PyList::empty(py), key), tags: Vec::new() }
+    }
+
+    /// Rule `ri`'s results, appended to `to` in order.
+    pub fn append_rule(&self, ri: usize, to: &Bound<'py, PyList>) -> PyResult<()> {
+        if self.tags.is_empty() {
+            return Ok(());
+        }
+        for (item, &tag) in self.out.list.iter().zip(&self.tags) {
+            if tag == ri {
+                to.append(item)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The bits of `m`, lowest first.
+fn bits(mut m: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (m != 0).then(|| {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            i
+        })
+    })
+}
+
+/// The per-event caches: the first member's local conditions (and the group's shared ones) and
+/// the masks of the varying local conditions.
+struct Tests<'a> {
+    loc: Loc<'a>,
+    masks: [u64; 8],
+    known: u8,
+}
+
+/// What one entry becomes: kept as it is (a complete match waiting), complete (an absence), its
+/// grown entries for the members that took the event, its stay/skip entry.
+#[derive(Clone, Copy, Default)]
+struct FAct {
+    keep: u64,
+    done: u64,
+    grow: u64,
+    after: u64,
+}
+
+/// Vectors kept from event to event of a key (`step` builds into `spare` and swaps).
+#[derive(Default)]
+struct Scratch {
+    acts: Vec<FAct>,
+    spare: Vec<FEntry>,
+}
+
+impl FAct {
+    fn any(&self) -> bool {
+        self.keep | self.done | self.grow | self.after != 0
+    }
+}
+
+fn count(runs: &[FRun], b: u64) -> usize {
+    runs.iter().map(|r| r.entries.iter().filter(|e| e.mask & b != 0).count()).sum()
+}
+
+fn clear(run: &mut FRun, b: u64) {
+    for e in run.entries.iter_mut() {
+        e.mask &= !b;
+    }
+}
+
+fn tidy(runs: &mut Vec<FRun>) {
+    for r in runs.iter_mut() {
+        r.entries.retain(|e| e.mask != 0);
+    }
+    runs.retain(|r| !r.entries.is_empty());
+}
+
+/// `caps` with every row moved by `shift`.
+fn shifted(caps: &Caps, shift: i64) -> Caps {
+    if shift == 0 {
+        return caps.clone();
+    }
+    let v = caps.iter().map(|c| Cap { var: c.var, row: c.row + shift, ev: c.ev.clone() }).collect();
+    Arc::new(CapVec { v, acc: caps.acc.clone() })
+}
+
+fn same_caps(a: &[Cap], b: &[Cap]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.row == y.row && x.var == y.var)
+}
+
+impl Family {
+    fn rep<'r>(&self, rules: &'r [RuleE]) -> &'r Core {
+        &rules[self.members[0]].core
+    }
+
+    fn full(&self) -> u64 {
+        if self.members.len() == 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.members.len()) - 1
+        }
+    }
+
+    /// Member `i`'s deadline for a partial match with these captures (`Core::deadline`).
+    fn deadline_of(&self, i: usize, caps: &[Cap]) -> Option<i64> {
+        let mut d = self.within[i].map(|w| caps[0].ev.ts.saturating_add(w));
+        if let Some(s) = self.step[i] {
+            let s = caps[caps.len() - 1].ev.ts.saturating_add(s);
+            d = Some(d.map_or(s, |x| x.min(s)));
+        }
+        d
+    }
+
+    fn min_deadline(&self, mask: u64, caps: &[Cap]) -> Option<i64> {
+        if !self.timed || mask == 0 {
+            return None;
+        }
+        if self.mono {
+            return self.deadline_of(mask.trailing_zeros() as usize, caps);
+        }
+        bits(mask).filter_map(|i| self.deadline_of(i, caps)).min()
+    }
+
+    /// The earliest deadline of the runs' partial matches (the state's `deadline`).
+    fn earliest(&self, runs: &[FRun]) -> Option<i64> {
+        runs.iter().flat_map(|r| &r.entries).filter(|e| e.pos != DONE).filter_map(|e| self.min_deadline(e.mask, &e.caps)).min()
+    }
+
+    /// The members of `mask` whose deadline has passed at `now` (all at `FOREVER`).
+    fn expired(&self, mask: u64, caps: &[Cap], now: i64) -> u64 {
+        if !self.timed {
+            return if now == FOREVER { mask } else { 0 };
+        }
+        if self.mono {
+            let passed = |i: usize| self.deadline_of(i, caps).is_some_and(|d| d <= now);
+            let (mut lo, mut hi) = (0, self.members.len());
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if passed(mid) {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            let prefix = if lo == 64 { u64::MAX } else { (1u64 << lo) - 1 };
+            return mask & prefix;
+        }
+        bits(mask).filter(|&i| self.deadline_of(i, caps).is_some_and(|d| d <= now)).fold(0, |m, i| m | 1 << i)
+    }
+
+    // ------------------------------------------------------------------ tests
+
+    /// The members of `m` for which variable `var`'s condition holds.
+    #[allow(clippy::too_many_arguments)]
+    fn tmask(&self, rules: &[RuleE], py: Python<'_>, var: usize, ev: &Ev, caps: &CapVec, m: u64, t: &mut Tests<'_>) -> PyResult<u64> {
+        if m == 0 {
+            return Ok(0);
+        }
+        match self.vary[var] {
+            Vary::Same => Ok(if self.rep(rules).test(py, var, ev, caps, &mut t.loc)? { m } else { 0 }),
+            Vary::Local => {
+                if t.known & (1 << var) == 0 {
+                    let mut r = 0u64;
+                    if let Some(th) = &self.thresh[var] {
+                        let rep = self.rep(rules);
+                        let a = rep.cx(py, &[]).field(ev, th.field)?;
+                        if !a.is_null() {
+                            r = th.mask(py, &rep.ops, &a)?;
+                        }
+                    } else {
+                        for (i, &ri) in self.members.iter().enumerate() {
+                            if local_test(&rules[ri].core, py, var, ev, t.loc.shared)? {
+                                r |= 1 << i;
+                            }
+                        }
+                    }
+                    t.masks[var] = r;
+                    t.known |= 1 << var;
+                }
+                Ok(t.masks[var] & m)
+            }
+            Vary::Other => {
+                let mut r = 0u64;
+                for i in bits(m) {
+                    let c = &rules[self.members[i]].core;
+                    let holds = match &c.p.conds[var] {
+                        None => true,
+                        Some(cond) => cond.eval(&c.cx(py, &[]), ev, caps)?.is_true(),
+                    };
+                    if holds {
+                        r |= 1 << i;
+                    }
+                }
+                Ok(r)
+            }
+        }
+    }
+
+    /// The members of `m` for which one of `vars` holds (`Core::any`).
+    #[allow(clippy::too_many_arguments)]
+    fn any(&self, rules: &[RuleE], py: Python<'_>, vars: &[usize], ev: &Ev, caps: &CapVec, m: u64, t: &mut Tests<'_>) -> PyResult<u64> {
+        let mut r = 0u64;
+        for &g in vars {
+            r |= self.tmask(rules, py, g, ev, caps, m & !r, t)?;
+            if r == m {
+                break;
+            }
+        }
+        Ok(r)
+    }
+
+    // ------------------------------------------------------------------ stepping
+
+    fn spawn(&self, rules: &[RuleE], py: Python<'_>, ev: &Arc<Ev>, row: i64, t: &mut Tests<'_>) -> PyResult<Vec<FEntry>> {
+        let rep = self.rep(rules);
+        let mut out = Vec::new();
+        for (var, nxt) in &rep.p.starts {
+            let m = self.tmask(rules, py, *var, ev, &NO_CAPS, self.full(), t)?;
+            if m != 0 {
+                let mut caps = CapVec::from(vec![Cap { var: *var as u32, row, ev: ev.clone() }]);
+                caps.fold_last(&rep.cx(py, t.loc.rows));
+                let caps: Caps = Arc::new(caps);
+                for &p in nxt {
+                    out.push(FEntry { pos: p, mask: m, caps: caps.clone() });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `Core::decide_step` on masks.
+    fn decide(&self, rules: &[RuleE], py: Python<'_>, e: &FEntry, ev: &Ev, t: &mut Tests<'_>) -> PyResult<FAct> {
+        let mut a = FAct::default();
+        if e.pos == DONE {
+            a.keep = e.mask;
+            return Ok(a);
+        }
+        let st = &self.rep(rules).p.table[e.pos as usize];
+        let mut m = e.mask;
+        if !st.not_next.is_empty() {
+            m &= !self.any(rules, py, &st.not_next, ev, &e.caps, m, t)?;
+        }
+        if m == 0 {
+            return Ok(a);
+        }
+        if st.absence {
+            if st.not_followed.is_empty() {
+                a.done = m;
+            } else {
+                a.after = m & !self.any(rules, py, &st.not_followed, ev, &e.caps, m, t)?;
+            }
+            return Ok(a);
+        }
+        let taken = self.tmask(rules, py, st.var, ev, &e.caps, m, t)?;
+        a.grow = taken;
+        let rest = match st.conn {
+            Conn::Strict => 0,
+            Conn::Relaxed => m & !taken,
+            Conn::Any => m,
+        };
+        a.after = if rest != 0 && !st.not_followed.is_empty() {
+            rest & !self.any(rules, py, &st.not_followed, ev, &e.caps, rest, t)?
+        } else {
+            rest
+        };
+        Ok(a)
+    }
+
+    /// `Core::step` on masks: every test first, then the entries built (captures shared only
+    /// with an ending entry grow in place).
+    #[allow(clippy::too_many_arguments)]
+    fn step(&self, rules: &[RuleE], py: Python<'_>, entries: &mut Vec<FEntry>, sc: &mut Scratch, ev: &Arc<Ev>, row: i64, t: &mut Tests<'_>) -> PyResult<()> {
+        let acts = &mut sc.acts;
+        acts.clear();
+        for e in entries.iter() {
+            acts.push(self.decide(rules, py, e, ev, t)?);
+        }
+        let mut i = 0;
+        entries.retain(|_| {
+            i += 1;
+            acts[i - 1].any()
+        });
+        acts.retain(FAct::any);
+        let rep = self.rep(rules);
+        let mut out = std::mem::take(&mut sc.spare);
+        out.clear();
+        for (FEntry { pos, caps, .. }, a) in entries.drain(..).zip(acts.iter()) {
+            if a.keep != 0 {
+                out.push(FEntry { pos, mask: a.keep, caps });
+                continue;
+            }
+            if a.done != 0 {
+                out.push(FEntry { pos: DONE, mask: a.done, caps });
+                continue;
+            }
+            let st = &rep.p.table[pos as usize];
+            if a.grow != 0 {
+                let cap = Cap { var: st.var as u32, row, ev: ev.clone() };
+                let grown: Caps = if a.after != 0 {
+                    Arc::new(rep.grown(py, &caps, cap, &t.loc))
+                } else {
+                    let mut c = caps.clone();
+                    match Arc::get_mut(&mut c) {
+                        Some(v) => {
+                            v.v.push(cap);
+                            v.fold_last(&rep.cx(py, t.loc.rows));
+                            c
+                        }
+                        None => Arc::new(rep.grown(py, &c, cap, &t.loc)),
+                    }
+                };
+                for &p in &st.next {
+                    out.push(FEntry { pos: p, mask: a.grow, caps: grown.clone() });
+                }
+            }
+            if a.after != 0 {
+                out.push(FEntry { pos: st.after, mask: a.after, caps });
+            }
+        }
+        sc.spare = std::mem::replace(entries, out);
+        Ok(())
+    }
+
+    /// `Core::feed` for the family: one event of this key.
+    #[allow(clippy::too_many_arguments)]
+    fn feed(&self, rules: &mut [RuleE], py: Python<'_>, state: Option<FState>, ev: &Arc<Ev>, shared: &mut [u8], sc: &mut Scratch, out: &mut FOut<'_>) -> PyResult<Option<FState>> {
+        let ts = ev.ts;
+        let mut state = state;
+        if state.as_ref().is_some_and(|s| s.deadline.is_some_and(|d| d < ts)) {
+            let s = state.take().unwrap_or_default();
+            state = self.advance(rules, py, s, ts - 1, out)?;
+        }
+        let (row, runs) = {
+            let rules: &[RuleE] = rules;
+            let rep = self.rep(rules);
+            let mut own = [None; 8];
+            let memo: [RowMemo; 8] = Default::default();
+            let mut t = Tests {
+                loc: Loc { own: &mut own[..rep.p.vars.len()], shared, rows: &memo[..rep.p.nmemo] },
+                masks: [0; 8],
+                known: 0,
+            };
+            match state {
+                None => {
+                    let spawned = self.spawn(rules, py, ev, 0, &mut t)?;
+                    if spawned.is_empty() {
+                        return Ok(None);
+                    }
+                    (0, vec![FRun { start: 0, entries: spawned }])
+                }
+                Some(mut s) => {
+                    for r in s.runs.iter_mut() {
+                        self.step(rules, py, &mut r.entries, sc, ev, s.row, &mut t)?;
+                    }
+                    let spawned = self.spawn(rules, py, ev, s.row, &mut t)?;
+                    if !spawned.is_empty() {
+                        s.runs.push(FRun { start: s.row, entries: spawned });
+                    }
+                    (s.row, s.runs)
+                }
+            }
+        };
+        self.settle(rules, py, row + 1, runs, out, Some(ts))
+    }
+
+    // ------------------------------------------------------------------ time
+
+    /// `Core::advance`: entries whose member deadline passed lose those members (an absence
+    /// completes for them).
+    pub fn advance(&self, rules: &mut [RuleE], py: Python<'_>, state: FState, now: i64, out: &mut FOut<'_>) -> PyResult<Option<FState>> {
+        let mut state = state;
+        for r in state.runs.iter_mut() {
+            let mut i = 0;
+            while i < r.entries.len() {
+                let e = &r.entries[i];
+                if e.pos == DONE {
+                    i += 1;
+                    continue;
+                }
+                let x = self.expired(e.mask, &e.caps, now);
+                if x != 0 && self.rep(rules).p.table[e.pos as usize].absence {
+                    let rest = FEntry { pos: e.pos, mask: e.mask & !x, caps: e.caps.clone() };
+                    r.entries[i].pos = DONE;
+                    r.entries[i].mask = x;
+                    if rest.mask != 0 {
+                        r.entries.insert(i + 1, rest);
+                        i += 1;
+                    }
+                } else {
+                    r.entries[i].mask &= !x;
+                }
+                i += 1;
+            }
+            r.entries.retain(|e| e.mask != 0);
+        }
+        self.settle(rules, py, state.row, state.runs, out, None)
+    }
+
+    /// `Core::on_end`: what needs no more time is emitted, the rest dropped.
+    pub fn on_end(&self, rules: &mut [RuleE], py: Python<'_>, state: FState, out: &mut FOut<'_>) -> PyResult<()> {
+        let mut runs = state.runs;
+        for r in runs.iter_mut() {
+            let table = &self.rep(rules).p.table;
+            r.entries.retain(|e| e.pos == DONE || (!self.timed && table[e.pos as usize].absence));
+            for e in r.entries.iter_mut() {
+                e.pos = DONE;
+            }
+        }
+        self.settle(rules, py, state.row, runs, out, None)?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ deciding
+
+    fn settle(&self, rules: &mut [RuleE], py: Python<'_>, row: i64, runs: Vec<FRun>, out: &mut FOut<'_>, ts: Option<i64>) -> PyResult<Option<FState>> {
+        let mut runs = runs;
+        for r in runs.iter_mut() {
+            self.prune(rules, r);
+        }
+        self.decide_runs(rules, py, &mut runs, out)?;
+        let total: usize = runs.iter().map(|r| r.entries.len()).sum();
+        if total > self.min_cap && self.cap(rules, py, &mut runs, out, ts)? {
+            self.decide_runs(rules, py, &mut runs, out)?;
+        }
+        tidy(&mut runs);
+        if runs.is_empty() {
+            return Ok(None);
+        }
+        let deadline = self.earliest(&runs);
+        Ok(Some(FState { row, runs, deadline }))
+    }
+
+    /// `Core::prune` per member: an entry loses the members for which an earlier entry with the
+    /// same key was kept, and every member's entries after its complete match.
+    fn prune(&self, rules: &[RuleE], run: &mut FRun) {
+        let n = run.entries.len();
+        if n < 2 {
+            return;
+        }
+        let rep = self.rep(rules);
+        let all = rep.all_matches;
+        let mut done = 0u64;
+        for i in 0..n {
+            let (before, rest) = run.entries.split_at_mut(i);
+            let e = &mut rest[0];
+            let mut m = e.mask & !done;
+            let is_done = e.pos == DONE;
+            if m != 0 && (all || !is_done) {
+                for k in before.iter() {
+                    if k.mask & m != 0 && rep.same_key(k.pos, &k.caps, e.pos, &e.caps) {
+                        m &= !k.mask;
+                    }
+                }
+            }
+            e.mask = m;
+            if is_done && !all {
+                done |= m;
+            }
+        }
+        run.entries.retain(|e| e.mask != 0);
+    }
+
+    /// Member `i`'s match. Members matching the same captures (one shared entry) share the
+    /// match's events tuple (`shared`: the last captures and their tuple; the members' variable
+    /// names are the same).
+    #[allow(clippy::too_many_arguments)]
+    fn emit<'py>(&self, rules: &mut [RuleE], py: Python<'py>, i: usize, caps: &Caps, shared: &mut Option<(Caps, Bound<'py, PyTuple>)>, out: &mut FOut<'_>) -> PyResult<()> {
+        let ri = self.members[i];
+        let events = match shared {
+            Some((c, t)) if Arc::ptr_eq(c, caps) => t.clone(),
+            _ => {
+                let t = rules[ri].core.events(py, caps)?;
+                *shared = Some((caps.clone(), t.clone()));
+                t
+            }
+        };
+        rules[ri].core.emit_match_with(py, caps, events, &out.out)?;
+        out.tags.push(ri);
+        Ok(())
+    }
+
+    /// `Core::decide` / `decide_all` per member, for the members with a complete entry.
+    fn decide_runs(&self, rules: &mut [RuleE], py: Python<'_>, runs: &mut Vec<FRun>, out: &mut FOut<'_>) -> PyResult<()> {
+        let mut dmask = 0u64;
+        for r in runs.iter() {
+            for e in &r.entries {
+                if e.pos == DONE {
+                    dmask |= e.mask;
+                }
+            }
+        }
+        if dmask == 0 {
+            return Ok(());
+        }
+        let all = self.rep(rules).all_matches;
+        let mut shared = None;
+        for i in bits(dmask) {
+            let b = 1u64 << i;
+            if all {
+                for r in runs.iter_mut() {
+                    for k in 0..r.entries.len() {
+                        if r.entries[k].pos == DONE && r.entries[k].mask & b != 0 {
+                            let caps = r.entries[k].caps.clone();
+                            self.emit(rules, py, i, &caps, &mut shared, out)?;
+                            r.entries[k].mask &= !b;
+                        }
+                    }
+                }
+                continue;
+            }
+            let mut floor = -1i64;
+            let mut head = true;
+            for r in runs.iter_mut() {
+                let Some(first) = r.entries.iter().find(|e| e.mask & b != 0) else { continue };
+                if r.start < floor {
+                    clear(r, b);
+                    continue;
+                }
+                if head {
+                    if first.pos == DONE {
+                        let caps = first.caps.clone();
+                        self.emit(rules, py, i, &caps, &mut shared, out)?;
+                        floor = rules[self.members[i]].core.resume(&caps);
+                        clear(r, b);
+                        continue;
+                    }
+                    head = false;
+                }
+            }
+        }
+        tidy(runs);
+        Ok(())
+    }
+
+    /// `Core::drop_oldest` per member over its cap; true when something was dropped.
+    fn cap(&self, rules: &mut [RuleE], py: Python<'_>, runs: &mut [FRun], out: &mut FOut<'_>, ts: Option<i64>) -> PyResult<bool> {
+        let mut any = false;
+        for (i, &ri) in self.members.iter().enumerate() {
+            let b = 1u64 << i;
+            let cap = rules[ri].core.cap;
+            let mut total = count(runs, b);
+            if total <= cap {
+                continue;
+            }
+            any = true;
+            let mut dropped = 0usize;
+            let mut nruns = runs.iter().filter(|r| r.entries.iter().any(|e| e.mask & b != 0)).count();
+            for r in runs.iter_mut() {
+                if total <= cap || nruns <= 1 {
+                    break;
+                }
+                let n = r.entries.iter().filter(|e| e.mask & b != 0).count();
+                if n > 0 {
+                    clear(r, b);
+                    total -= n;
+                    dropped += n;
+                    nruns -= 1;
+                }
+            }
+            if total > cap {
+                if let Some(r) = runs.iter_mut().find(|r| r.entries.iter().any(|e| e.mask & b != 0)) {
+                    let mut seen = 0;
+                    for e in r.entries.iter_mut().filter(|e| e.mask & b != 0) {
+                        seen += 1;
+                        if seen > cap {
+                            e.mask &= !b;
+                        }
+                    }
+                }
+                dropped += total - cap;
+            }
+            let core = &mut rules[ri].core;
+            let first = runs.iter().flat_map(|r| r.entries.iter()).find(|e| e.mask & b != 0);
+            let key = match first {
+                Some(e) => core.key(py, &e.caps, &out.out)?,
+                None => py.None(),
+            };
+            core.emit_dropped(py, key, dropped, ts, &out.out)?;
+            out.tags.push(ri);
+        }
+        Ok(any)
+    }
+
+    // ------------------------------------------------------------------ the engine's view
+
+    /// One key's new events, then time up to `safe`, then the end of input (`advance_key`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_key(
+        &self,
+        rules: &mut [RuleE],
+        py: Python<'_>,
+        state: Option<FState>,
+        evs: &[Arc<Ev>],
+        shared: &mut [u8],
+        ncids: usize,
+        safe: i64,
+        eof: bool,
+        out: &mut FOut<'_>,
+    ) -> PyResult<Option<FState>> {
+        let mut s = state;
+        let mut sc = Scratch::default();
+        for (k, ev) in evs.iter().enumerate() {
+            s = self.feed(rules, py, s, ev, &mut shared[k * ncids..(k + 1) * ncids], &mut sc, out)?;
+        }
+        if s.as_ref().and_then(|m| m.deadline).is_some_and(|d| d <= safe) {
+            if let Some(m) = s.take() {
+                s = self.advance(rules, py, m, safe, out)?;
+            }
+        }
+        if eof {
+            if let Some(m) = s.take() {
+                self.on_end(rules, py, m, out)?;
+            }
+        }
+        for &ri in &self.members {
+            rules[ri].core.stats.events += evs.len() as u64;
+        }
+        Ok(s)
+    }
+
+    /// Member `i`'s own state (its part of a key state): the projection on bit `i`.
+    pub fn project(&self, s: &FState, i: usize) -> Option<MState> {
+        let b = 1u64 << i;
+        let mut deadline: Option<i64> = None;
+        let mut runs = Vec::new();
+        for r in &s.runs {
+            let mut entries = Vec::new();
+            for e in r.entries.iter().filter(|e| e.mask & b != 0) {
+                if e.pos != DONE {
+                    if let Some(d) = self.deadline_of(i, &e.caps).filter(|_| self.timed) {
+                        deadline = Some(deadline.map_or(d, |x: i64| x.min(d)));
+                    }
+                }
+                entries.push(Entry { pos: e.pos, caps: e.caps.clone() });
+            }
+            if !entries.is_empty() {
+                runs.push(Run { start: r.start, entries, tpart: None, matched: false });
+            }
+        }
+        (!runs.is_empty()).then_some(MState { row: s.row, runs, deadline })
+    }
+
+    /// The live entries of member `i` (`partials_of` of its projection).
+    pub fn partials(&self, s: Option<&FState>, i: usize) -> i64 {
+        s.map_or(0, |s| count(&s.runs, 1 << i) as i64)
+    }
+
+    /// The family state of the members' own states (`(bit, state)`, e.g. read from bytes):
+    /// rows shifted so that every member's next row is the family's, runs with one start
+    /// merged, equal entries merged into one (each member's order kept).
+    pub fn regroup(&self, parts: Vec<(usize, MState)>) -> Option<FState> {
+        let row = parts.iter().map(|(_, m)| m.row).max()?;
+        let mut all: Vec<(i64, usize, Vec<Entry>)> = Vec::new();
+        for (bit, m) in parts {
+            let shift = row - m.row;
+            for r in m.runs {
+                let entries = r.entries.into_iter().map(|e| Entry { pos: e.pos, caps: shifted(&e.caps, shift) }).collect();
+                all.push((r.start + shift, bit, entries));
+            }
+        }
+        all.sort_by_key(|(start, bit, _)| (*start, *bit));
+        let mut runs: Vec<FRun> = Vec::new();
+        for (start, bit, entries) in all {
+            if runs.last().is_none_or(|r| r.start != start) {
+                runs.push(FRun { start, entries: Vec::new() });
+            }
+            let Some(run) = runs.last_mut() else { continue };
+            let b = 1u64 << bit;
+            let mut at = 0;
+            for e in entries {
+                let found = (at..run.entries.len()).find(|&k| {
+                    let f = &run.entries[k];
+                    f.mask & b == 0 && f.pos == e.pos && same_caps(&f.caps, &e.caps)
+                });
+                match found {
+                    Some(k) => {
+                        run.entries[k].mask |= b;
+                        at = k + 1;
+                    }
+                    None => {
+                        run.entries.insert(at, FEntry { pos: e.pos, mask: b, caps: e.caps });
+                        at += 1;
+                    }
+                }
+            }
+        }
+        let deadline = self.earliest(&runs);
+        (!runs.is_empty()).then_some(FState { row, runs, deadline })
+    }
+}
+
+/// A member's local condition for `var` on this event, through the group's shared cache
+/// (`Core::test` without the rule's own cache).
+fn local_test(c: &Core, py: Python<'_>, var: usize, ev: &Ev, shared: &mut [u8]) -> PyResult<bool> {
+    let Some(cond) = &c.p.conds[var] else { return Ok(true) };
+    let cid = c.cids.get(var).copied().unwrap_or(NO_CID) as usize;
+    if let Some(&known) = shared.get(cid) {
+        if known != 0 {
+            return Ok(known == 2);
+        }
+    }
+    let v = cond.eval(&c.cx(py, &[]), ev, &NO_CAPS)?.is_true();
+    if let Some(slot) = shared.get_mut(cid) {
+        *slot = 1 + v as u8;
+    }
+    Ok(v)
+}
