@@ -232,40 +232,63 @@ pub enum Expr {
     Func(FuncK, Vec<Expr>),
 }
 
+/// Calls `$f` on each direct sub-expression of `$e` (a `&Expr` or a `&mut Expr`), in order:
+/// the one walk over an expression's children that `for_each_child` and
+/// `for_each_child_mut` share.
+macro_rules! each_child {
+    ($e:expr, $f:expr) => {
+        match $e {
+            Expr::Const(_) | Expr::Field(_) | Expr::Path(..) | Expr::AggSlot { .. } => {}
+            Expr::VarRow { row, .. } | Expr::Prev { row, .. } => $f(row),
+            Expr::Agg { row, .. } => {
+                if let Some(r) = row {
+                    $f(r)
+                }
+            }
+            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } | Expr::Local { e: x, .. } => $f(x),
+            Expr::Arith(_, l, r) | Expr::Cmp(_, l, r) | Expr::And(l, r) | Expr::Or(l, r) => {
+                $f(l);
+                $f(r);
+            }
+            Expr::InList { e, items, .. } => {
+                $f(e);
+                for x in items {
+                    $f(x);
+                }
+            }
+            Expr::Str { e, arg, .. } => {
+                $f(e);
+                $f(arg);
+            }
+            Expr::Func(_, args) => {
+                for x in args {
+                    $f(x);
+                }
+            }
+        }
+    };
+}
+
 impl Expr {
+    /// Calls `f` on each direct sub-expression, in order.
+    pub fn for_each_child(&self, f: &mut dyn FnMut(&Expr)) {
+        each_child!(self, f)
+    }
+
+    /// Calls `f` on each direct sub-expression, in order, mutably.
+    pub fn for_each_child_mut(&mut self, f: &mut dyn FnMut(&mut Expr)) {
+        each_child!(self, f)
+    }
+
     /// Renumber the fields this expression reads (`map[old] = new`): the engine puts every rule
     /// of a group on one field table, so one projection of an event serves all of them.
     pub fn remap_fields(&mut self, map: &[usize]) {
         match self {
-            Expr::Const(_) | Expr::AggSlot { .. } => {}
             Expr::Field(i) | Expr::Path(i, _) => *i = map[*i],
-            Expr::VarRow { row, .. } | Expr::Prev { row, .. } => row.remap_fields(map),
-            Expr::Agg { row, .. } => {
-                if let Some(r) = row {
-                    r.remap_fields(map);
-                }
-            }
-            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } | Expr::Local { e: x, .. } => {
-                x.remap_fields(map)
-            }
-            Expr::Arith(_, l, r) | Expr::Cmp(_, l, r) | Expr::And(l, r) | Expr::Or(l, r) => {
-                l.remap_fields(map);
-                r.remap_fields(map);
-            }
-            Expr::InList { e, items, .. } => {
-                e.remap_fields(map);
-                items.iter_mut().for_each(|x| x.remap_fields(map));
-            }
-            Expr::Str { e, arg, .. } => {
-                e.remap_fields(map);
-                arg.remap_fields(map);
-            }
-            Expr::Func(_, args) => args.iter_mut().for_each(|x| x.remap_fields(map)),
+            _ => self.for_each_child_mut(&mut |x| x.remap_fields(map)),
         }
     }
-}
 
-impl Expr {
     /// Moves every aggregate of this (condition) expression into `aggs` and leaves an
     /// `AggSlot` naming it in its place.
     pub fn slot_aggs(&mut self, aggs: &mut Vec<AggSpec>) {
@@ -277,39 +300,22 @@ impl Expr {
                 aggs.push(AggSpec { func, var, row: row.map(|r| *r) });
                 *self = Expr::AggSlot { slot: aggs.len() as u32 - 1, cur };
             }
-            Expr::Const(_) | Expr::Field(_) | Expr::Path(..) | Expr::AggSlot { .. } | Expr::Local { .. } => {}
             // A row expression is evaluated on one event alone: no aggregate inside it reads
             // captures, so it is left as it is.
-            Expr::VarRow { .. } | Expr::Prev { .. } => {}
-            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } => x.slot_aggs(aggs),
-            Expr::Arith(_, l, r) | Expr::Cmp(_, l, r) | Expr::And(l, r) | Expr::Or(l, r) => {
-                l.slot_aggs(aggs);
-                r.slot_aggs(aggs);
-            }
-            Expr::InList { e, items, .. } => {
-                e.slot_aggs(aggs);
-                items.iter_mut().for_each(|x| x.slot_aggs(aggs));
-            }
-            Expr::Str { e, arg, .. } => {
-                e.slot_aggs(aggs);
-                arg.slot_aggs(aggs);
-            }
-            Expr::Func(_, args) => args.iter_mut().for_each(|x| x.slot_aggs(aggs)),
+            Expr::VarRow { .. } | Expr::Prev { .. } | Expr::Local { .. } => {}
+            _ => self.for_each_child_mut(&mut |x| x.slot_aggs(aggs)),
         }
     }
-}
 
-impl Expr {
     /// Whether this expression reads nothing but the tested event (no capture, no aggregate).
     fn reads_event_only(&self) -> bool {
         match self {
-            Expr::Const(_) | Expr::Field(_) | Expr::Path(..) => true,
             Expr::VarRow { .. } | Expr::Prev { .. } | Expr::Agg { .. } | Expr::AggSlot { .. } | Expr::Local { .. } => false,
-            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } => x.reads_event_only(),
-            Expr::Arith(_, l, r) | Expr::Cmp(_, l, r) | Expr::And(l, r) | Expr::Or(l, r) => l.reads_event_only() && r.reads_event_only(),
-            Expr::InList { e, items, .. } => e.reads_event_only() && items.iter().all(Expr::reads_event_only),
-            Expr::Str { e, arg, .. } => e.reads_event_only() && arg.reads_event_only(),
-            Expr::Func(_, args) => args.iter().all(Expr::reads_event_only),
+            _ => {
+                let mut only = true;
+                self.for_each_child(&mut |x| only &= x.reads_event_only());
+                only
+            }
         }
     }
 
@@ -325,22 +331,8 @@ impl Expr {
             return;
         }
         match self {
-            Expr::Const(_) | Expr::Field(_) | Expr::Path(..) | Expr::AggSlot { .. } | Expr::Local { .. } => {}
-            Expr::VarRow { .. } | Expr::Prev { .. } | Expr::Agg { .. } => {}
-            Expr::Neg(x) | Expr::Not(x) | Expr::IsNull(x, _) | Expr::InConst { e: x, .. } => x.memo_locals(next),
-            Expr::Arith(_, l, r) | Expr::Cmp(_, l, r) | Expr::And(l, r) | Expr::Or(l, r) => {
-                l.memo_locals(next);
-                r.memo_locals(next);
-            }
-            Expr::InList { e, items, .. } => {
-                e.memo_locals(next);
-                items.iter_mut().for_each(|x| x.memo_locals(next));
-            }
-            Expr::Str { e, arg, .. } => {
-                e.memo_locals(next);
-                arg.memo_locals(next);
-            }
-            Expr::Func(_, args) => args.iter_mut().for_each(|x| x.memo_locals(next)),
+            Expr::VarRow { .. } | Expr::Prev { .. } | Expr::Agg { .. } | Expr::Local { .. } => {}
+            _ => self.for_each_child_mut(&mut |x| x.memo_locals(next)),
         }
     }
 }
