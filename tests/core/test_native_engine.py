@@ -213,6 +213,35 @@ def test_native_engine_from_arrow_batches(json_data: bool) -> None:
     assert [alert_record(native, r) for r in got] == [alert_record(python, r) for r in want]
 
 
+def test_native_engine_orders_results_by_key_text_beyond_16_bytes() -> None:
+    """The core sorts a call's keys through their first 16 bytes held inline and reads the text
+    only on ties: keys sharing a long prefix, keys that are prefixes of others, and non-ASCII
+    keys must still come out in the Python engine's (group, key) order, call by call."""
+    ruleset = native_bundled()
+    ds = GENERATORS["fraud"](n_events=2_000, n_keys=30, seed=5, inject=3)
+    prefix = "customer/account/0042/"  # 22 bytes: past the inline part
+    names = {}
+    for i, card in enumerate(sorted({e["card"] for e in ds.events})):
+        names[card] = [prefix + str(i), prefix + str(i)[:1], prefix + "é" + str(i), str(i)][i % 4]
+    rows = [{**e, "card": names[e["card"]]} for e in ds.events]
+    events = sorted(events_from_dicts(ds.stream, rows), key=lambda e: (e.ts, e.seq))
+    python = build_engine(ruleset, use_native=False)
+    native = build_embedded_engine(ruleset)
+    py_store, nat_store, max_ts = MemoryKeyStore(), MemoryKeyStore(), NEG_INF
+    calls = 0
+    for i in range(0, len(events), 250):
+        chunk = events[i:i + 250]
+        want = python.ingest(py_store, chunk, max_ts).matches
+        got = native.ingest_batch(nat_store, _batch(chunk, False), max_ts).matches
+        assert [alert_record(native, r) for r in got] == [alert_record(python, r) for r in want]
+        calls += len(want) > 1
+        max_ts = max(max_ts, chunk[-1].ts)
+    want = python.advance(py_store, max_ts, end_of_input=max_ts).matches
+    got = native.advance(nat_store, max_ts, end_of_input=max_ts).matches
+    assert [alert_record(native, r) for r in got] == [alert_record(python, r) for r in want]
+    assert calls or len(want) > 1, "some call orders several results"
+
+
 def _probe_with_a_partial_match() -> tuple[Any, MemoryKeyStore]:
     """The native engine of a two-step rule, and a store where key K holds a partial match."""
     ruleset = compile_rules("STREAM s TIME BY ts;\nRULE probe FROM s PARTITION BY k PATTERN (a b) "
