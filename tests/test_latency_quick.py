@@ -9,8 +9,7 @@ released them, and each must then be in Redis. What bounds it is progress, not t
 stays alive but neither starts its query nor finishes a micro-batch reading new input for
 `bench.latency.STALL_S` (900 s; `CEP_LATENCY_STALL_S`) fails the run with a message naming its
 last progress (tests/test_latency_guard.py), so a stuck job cannot hang CI. How fast is the
-benchmark's business
-(`make bench`: bench/results/latency.md), never a test's."""
+benchmark's business (`make bench`: bench/results/latency.md), never a test's."""
 
 from __future__ import annotations
 
