@@ -143,30 +143,31 @@ class Validate:
                       for s in plan.streams if not s.is_table} if fast else {})
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        import numpy as np
-        import pyarrow as pa
-
         if self.fast and not native_on_this_worker():
             self.fast = {}
         for batch in batches:
-            n = batch.num_rows
-            if not n:
-                yield self._slow(batch)  # an empty batch keeps the output's columns
-                continue
-            accepted, slow = self._fast(batch) if self.fast else ([], np.arange(n))
-            parts = [*accepted]
-            if len(slow):
-                sub = batch if len(slow) == n else batch.take(pa.array(slow))
-                parts.append((slow, self._slow(sub)))
-            if len(parts) == 1:
-                rows, out = parts[0]
-                yield out  # every row in one part: in the input's order already
-                continue
-            order = np.concatenate([rows for rows, _ in parts])
-            table = pa.Table.from_batches([out for _, out in parts])
-            # Back to the input's order.
-            yield table.take(pa.array(np.argsort(order, kind="stable"))).combine_chunks() \
-                .to_batches()[0]
+            yield self.validate_batch(batch)
+
+    def validate_batch(self, batch: Any) -> Any:
+        """One Arrow batch of raw rows → its validated rows, in the input's order."""
+        import numpy as np
+        import pyarrow as pa
+
+        n = batch.num_rows
+        if not n:
+            return self._slow(batch)  # an empty batch keeps the output's columns
+        accepted, slow = self._fast(batch) if self.fast else ([], np.arange(n))
+        parts = [*accepted]
+        if len(slow):
+            sub = batch if len(slow) == n else batch.take(pa.array(slow))
+            parts.append((slow, self._slow(sub)))
+        if len(parts) == 1:
+            return parts[0][1]  # every row in one part: in the input's order already
+        order = np.concatenate([rows for rows, _ in parts])
+        table = pa.Table.from_batches([out for _, out in parts])
+        # Back to the input's order.
+        return table.take(pa.array(np.argsort(order, kind="stable"))).combine_chunks() \
+            .to_batches()[0]
 
     def _fast(self, batch: Any) -> tuple[list[tuple[Any, Any]], Any]:
         """The core's fast path over each event stream's rows: `[(row indices, validated
