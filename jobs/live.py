@@ -332,7 +332,9 @@ class LiveJob:
         topic_of = {s.name: self._topic(s) for s in self.plan.streams}
         reader = kafka_reader(self.spark.readStream, self.settings, topic_of.values(),
                               starting=self.opts.starting_offsets, fail_on_data_loss=True,
-                              max_offsets_per_trigger=self.opts.max_offsets_per_trigger)
+                              max_offsets_per_trigger=self.opts.max_offsets_per_trigger,
+                              min_partitions=(self.settings.live_read_tasks
+                                              or self.spark.sparkContext.defaultParallelism))
         stream_col = F.lit(None).cast("string")
         for stream, topic in topic_of.items():
             stream_col = F.when(F.col("topic") == topic, F.lit(stream)).otherwise(stream_col)
