@@ -50,8 +50,10 @@ class Settings:
     # partition's offset range is split into this many tasks; more topic partitions than this:
     # one task each). 0: the session's cores (`defaultParallelism`). The map stage (read,
     # validate, fan out, pack: one Python pass) is the part of a micro-batch that can use every
-    # core; the stateful stage is one task (`live_partitions`).
-    live_read_tasks: int = 0
+    # core; the stateful stage is one task (`live_partitions`). 1 (one task per topic
+    # partition): on this loaded 2-core machine a split did not pay (bench/results/
+    # latency_live.md, session 11: more Python workers, a slower first batch).
+    live_read_tasks: int = 1
     # Kafka topics the job uses besides per-rule alert topics.
     dead_letter_topic: str = "cep.dead-letter"
     late_topic: str = "cep.late-events"
