@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from cep.compile import compile_rules
 from cep.spark.live_pass import ValidatePack, spark_shards
-from cep.spark.pipeline import DEAD_STREAM, fan_out, plan_for, unpack, validated, with_dead_letters
+from cep.spark.pipeline import DEAD_STREAM, fan_out, plan_for, unpack, validated
 from tests.test_bad_input import FRAUD, MIXED, T
 from tests.test_validate_live_fast import POSITION, _raw
 
@@ -38,6 +38,20 @@ RULE big FROM tx PATTERN (x) DEFINE x AS amount > 100 EMIT 'big';
 RULE failed FROM logins PARTITION BY user
   PATTERN (a b) DEFINE a AS NOT ok, b AS NOT ok EMIT 'failed';
 """
+
+def with_dead_letters(parsed: Any, *position: str) -> Any:
+    """The replaced plan's dead-letter step, in the JVM (cep/spark/pipeline.py until session
+    11), kept here as the reference: each bad row as a `DEAD_STREAM` event whose `data` holds
+    the dead letter's fields, ts 0, key ""."""
+    bad = F.col("reason").isNotNull()
+    info = F.to_json(F.struct(F.col("reason"), F.base64(F.col("raw")).alias("raw_b64"),
+                              F.col("stream"), *[F.col(c) for c in position]))
+    return parsed.select(
+        F.when(bad, F.lit(DEAD_STREAM)).otherwise(F.col("stream")).alias("stream"),
+        F.when(bad, F.lit(0).cast("bigint")).otherwise(F.col("ts")).alias("ts"),
+        "seq", F.when(bad, info).otherwise(F.col("data")).alias("data"),
+        F.when(bad, F.array(F.lit(""))).otherwise(F.col("keys")).alias("keys"))
+
 
 COLS = ["shard", "stream", "ts", "seq", "data", "key_field", "primary", "wm"]
 

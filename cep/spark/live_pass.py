@@ -12,8 +12,9 @@ The shard must stay exactly Spark's: a key's shard is part of the key of its che
 (a checkpoint written by the two-pass plan is read by this one), so `spark_shards` computes
 Spark's own function (XXH64 with Spark's seed, then pmod), in the core (`_core.spark_shards`)
 or, where the core cannot load (a cluster's zipped package), in Python (`xxh64`, slow, same
-values); tests/test_spark_shard.py checks both against Spark's `xxhash64`. The rows are the
-ones `with_dead_letters` + `fan_out` + `Pack` made (tests/test_live_pass.py compares them).
+values); tests/test_live_pass.py checks both against Spark's `xxhash64`. The rows are the
+ones `with_dead_letters` (now in tests/test_live_pass.py) + `fan_out` + `Pack` made (the test
+compares them).
 """
 
 from __future__ import annotations

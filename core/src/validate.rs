@@ -639,7 +639,7 @@ fn xxh64(data: &[u8], seed: u64) -> u64 {
 /// (its int32 offsets, native order, and data; no nulls), the shard Spark gives the pair
 /// `pmod(xxhash64(field, string), shards)`, as int32 (native order). The live job's single
 /// Python pass shards its rows with it, and a key's shard is part of its checkpointed state,
-/// so it must be Spark's own (tests/core/test_spark_shard.py checks it against Spark).
+/// so it must be Spark's own (tests/test_live_pass.py checks it against Spark).
 #[pyfunction]
 pub fn spark_shards<'py>(
     py: Python<'py>,
