@@ -22,22 +22,16 @@ from cep.spark.live_pass import ValidatePack, spark_shards
 from cep.spark.pipeline import DEAD_STREAM, fan_out, plan_for, unpack, validated
 from tests.test_bad_input import FRAUD, MIXED, T
 from tests.test_validate_live_fast import POSITION, _raw
+from tests.test_validate_live_fast import RULES as SEVERAL
 
 pytestmark = [pytest.mark.spark]
 
-RULES = """
-STREAM tx (ts INT, card STRING, amount FLOAT, country STRING) TIME BY ts LATENESS 3s;
-STREAM logins (ts INT, user INT, ok BOOL) TIME BY ts LATENESS 3s;
-TABLE customers (card STRING, home STRING, t INT) KEY card TIME BY t FROM KAFKA 'customers';
-
-RULE away FROM tx PARTITION BY card
-  PATTERN (x) DEFINE x AS country <> customers[card].home EMIT 'away';
+# test_validate_live_fast's rules, and one whose lookup is not by its key: a broadcast table.
+RULES = SEVERAL + """
 RULE here FROM tx PARTITION BY country
   PATTERN (x) DEFINE x AS country = customers[card].home EMIT 'here';
-RULE big FROM tx PATTERN (x) DEFINE x AS amount > 100 EMIT 'big';
-RULE failed FROM logins PARTITION BY user
-  PATTERN (a b) DEFINE a AS NOT ok, b AS NOT ok EMIT 'failed';
 """
+
 
 def with_dead_letters(parsed: Any, *position: str) -> Any:
     """The replaced plan's dead-letter step, in the JVM (cep/spark/pipeline.py until session
