@@ -64,6 +64,11 @@ PERCENTILES = (50, 95, 99)
 COMPARE_RATE = 1000       # lateness / trigger variants run here, where the job keeps up
 OVERLOAD_S = 10.0         # once a rate was not kept up with, the higher ones are measured this long
 OVERLOAD_LAG_S = 10.0     # ... that is, once its lag was over this many seconds of input
+# The no-progress guard (`LiveJob.check_progress`): a job that is alive but has neither started
+# its query nor finished a micro-batch that read new input for this long is stuck, whatever
+# the machine's load (its slowest first batch seen here: ~150 s at load 28). Not a latency
+# bound: any progress, however slow, resets it. `CEP_LATENCY_STALL_S` overrides it.
+STALL_S = float(os.environ.get("CEP_LATENCY_STALL_S", "900"))
 
 
 class LatencyBenchError(RuntimeError):
@@ -165,6 +170,11 @@ class LiveJob:
         self.log = self.dir / "run.log"
         self.topic = f"lat-{variant.name}-{os.getpid()}"
         self.proc: subprocess.Popen[bytes] | None = None
+        # The last sign of progress (wall clock): the start, the query started, a finished
+        # micro-batch that read new input (`MetricsMonitor`); `check_progress` fails past it.
+        self.progress_at = time.time()
+        self.progress_what = "the job was started"
+        self.stall_s = STALL_S
         self.args = ["--rules", str(self.dir / "rules"), "--checkpoint", str(self.ck),
                      "--topic", f"transactions={self.topic}", "--starting-offsets", "earliest"]
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1",
@@ -186,6 +196,25 @@ class LiveJob:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cep.cli", "run", *self.args], cwd=ROOT, env=self.env,
             stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.progressed("the job was started")
+
+    def progressed(self, what: str) -> None:
+        self.progress_at, self.progress_what = time.time(), what
+
+    def check_progress(self) -> None:
+        """Raise if the job has exited, or if it is alive and has made no progress (see
+        `progress_at`) for `stall_s` seconds: a stuck job fails the run with a clear message
+        instead of hanging it (the patient mode has no other bound)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise LatencyBenchError(f"`cep run` exited {self.proc.returncode} mid-run:\n"
+                                    f"{self.log_tail()}")
+        idle = time.time() - self.progress_at
+        if idle > self.stall_s:
+            raise LatencyBenchError(
+                f"`cep run` is alive but made no progress for {idle:.0f} s (the limit, "
+                f"CEP_LATENCY_STALL_S, is {self.stall_s:.0f} s): the last progress was "
+                f"{self.progress_what!r}; no micro-batch has read new input since. "
+                f"Its log ({self.log}) ends:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 4000) -> str:
         try:
@@ -203,7 +232,9 @@ class LiveJob:
                     f"`cep run` exited {self.proc.returncode} before its query started:\n"
                     f"{self.log_tail()}")
             if "query started: alerts" in self.log_tail(10**7):
+                self.progressed("its query started")
                 return time.monotonic() - t0
+            self.check_progress()
             time.sleep(0.2)
         raise LatencyBenchError(f"`cep run` did not start its query in {timeout} s:\n"
                                 f"{self.log_tail()}")
@@ -378,6 +409,7 @@ class MetricsMonitor(threading.Thread):
         self.last: dict[str, Any] = {}
         # (wall time, CPU seconds of the job's process tree so far), every ~0.5 s
         self.cpu: list[tuple[float, float]] = []
+        self.consumed = -1  # the most input a finished micro-batch has read
 
     def run(self) -> None:
         tick = 0
@@ -389,10 +421,13 @@ class MetricsMonitor(threading.Thread):
             q = (m.get("queries") or {}).get("alerts") or {}
             b = q.get("batch")
             if isinstance(b, int) and b not in self.batches:
-                self.batches[b] = {**q, "seen": time.time(),
-                                   "consumed": _consumed(q.get("sources")),
+                consumed = _consumed(q.get("sources"))
+                self.batches[b] = {**q, "seen": time.time(), "consumed": consumed,
                                    # cumulative: the operator's stats summed up to this batch
                                    "counters": dict(m.get("counters") or {})}
+                if consumed is not None and consumed > self.consumed:
+                    self.consumed = consumed
+                    self.job.progressed(f"micro-batch {b} read input up to offset {consumed}")
             if m:
                 self.last = m
             time.sleep(0.1)
@@ -579,9 +614,7 @@ def _lag(producer: Producer, batches: dict[int, dict[str, Any]], t: float) -> in
 def _sleep(seconds: float, job: LiveJob, producer: Producer) -> None:
     until = time.time() + seconds
     while time.time() < until:
-        if job.proc is not None and job.proc.poll() is not None:
-            raise LatencyBenchError(f"`cep run` exited {job.proc.returncode} mid-run:\n"
-                                    f"{job.log_tail()}")
+        job.check_progress()
         if producer.error is not None:
             raise LatencyBenchError(f"producer failed: {producer.error!r}")
         time.sleep(min(0.2, max(0.0, until - time.time())))

@@ -23,6 +23,7 @@ shared machine; the ratio is what the issue asks (ours ≥ 0.8× the no-op), fro
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -110,11 +111,12 @@ def _steady(progress: list[dict[str, Any]], skip: int) -> dict[str, Any]:
             "batch_ms": [int(p["durationMs"]["triggerExecution"]) for p in batches]}
 
 
-def _run(cmd: list[str], env: dict[str, str], log: Path) -> tuple[int, float, float]:
+def _run(cmd: list[str], env: dict[str, str], log: Path,
+         cwd: Path = ROOT) -> tuple[int, float, float]:
     """Runs a job in a session of its own; its exit code, wall seconds, CPU seconds."""
     t0 = time.monotonic()
     with log.open("wb") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         cpu = 0.0
         while proc.poll() is None:
@@ -124,18 +126,23 @@ def _run(cmd: list[str], env: dict[str, str], log: Path) -> tuple[int, float, fl
 
 
 def run_ours(services: Services, work: Path, topic: str, batch: int, skip: int,
-             tag: str) -> dict[str, Any]:
-    d = work / f"ours-{tag}"
+             tag: str, code: Path | None = None) -> dict[str, Any]:
+    """`code`: another checkout to run `cep run` from (`--baseline`: old vs new, alternated in
+    the same harness); None: this one."""
+    name = "ours" if code is None else "base"
+    d = work / f"{name}-{tag}"
     (d / "rules").mkdir(parents=True, exist_ok=True)
     (d / "rules" / "fraud.cep").write_text(BENCH_RULES.read_text())
     env = {**os.environ, "CEP_KAFKA_BOOTSTRAP": services.bootstrap,
            "CEP_REDIS_URL": services.redis_url, "CEP_SPARK_MASTER": "local[2]",
            "CEP_DEAD_LETTER_TOPIC": f"{topic}-dlq", "CEP_LATE_TOPIC": f"{topic}-late",
            "PYTHONUNBUFFERED": "1"}
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
     cmd = [sys.executable, "-m", "cep.cli", "run", "--rules", str(d / "rules"),
            "--checkpoint", str(d / "ck"), "--topic", f"transactions={topic}",
            "--starting-offsets", "earliest", "--once", "--max-offsets-per-trigger", str(batch)]
-    rc, wall, cpu = _run(cmd, env, d / "run.log")
+    rc, wall, cpu = _run(cmd, env, d / "run.log", ROOT if code is None else code)
     progress = []
     for line in (d / "run.log").read_text(errors="replace").splitlines():
         if " cep.metrics progress " in line:
@@ -144,7 +151,7 @@ def run_ours(services: Services, work: Path, topic: str, batch: int, skip: int,
                              "durationMs": q.get("durations_ms") or {}})
     events = (json.loads((d / "ck" / "metrics.json").read_text()).get("counters") or {}) \
         .get("events") if (d / "ck" / "metrics.json").exists() else None
-    return {"variant": "ours", "exit": rc, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+    return {"variant": name, "exit": rc, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
             "events": events, **_steady(progress, skip)}
 
 
@@ -171,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", type=int, default=2, help="start-up batches left out")
     ap.add_argument("--work", type=Path, default=Path("/tmp/cep-live-ceiling"))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--baseline", type=Path,
+                    help="also run `cep run` from this checkout each round (old vs new)")
+    ap.add_argument("--no-noop", action="store_true", help="leave the no-op out (A/B only)")
     a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     services = Services(a.work / "services")
@@ -181,7 +191,13 @@ def main(argv: list[str] | None = None) -> int:
         topic = f"ceiling-{os.getpid()}"
         load_topic(services.bootstrap, topic, a.events, a.rate)
         for r in range(a.rounds):
-            for fn in (run_noop, run_ours):
+            jobs: list[Any] = [] if a.no_noop else [run_noop]
+            if a.baseline is not None:  # old and new in turn: which goes first alternates
+                base = functools.partial(run_ours, code=a.baseline)
+                jobs += [base, run_ours] if r % 2 == 0 else [run_ours, base]
+            else:
+                jobs.append(run_ours)
+            for fn in jobs:
                 res = fn(services, a.work, topic, a.batch, a.skip, str(r))
                 res["load"] = os.getloadavg()
                 out["runs"].append(res)
@@ -189,9 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         services.stop()
     out["load_end"] = os.getloadavg()
+    per = len(out["runs"]) // max(1, a.rounds)
     for r in range(a.rounds):
-        pair = {x["variant"]: x for x in out["runs"][2 * r:2 * r + 2]}
-        if pair["noop"].get("rows_per_s") and pair["ours"].get("rows_per_s"):
+        pair = {x["variant"]: x for x in out["runs"][per * r:per * r + per]}
+        if pair.get("base", {}).get("rows_per_s") and pair["ours"].get("rows_per_s"):
+            print(f"round {r}: ours {pair['ours']['rows_per_s']:,} rows/s, base "
+                  f"{pair['base']['rows_per_s']:,} rows/s: ratio "
+                  f"{pair['ours']['rows_per_s'] / pair['base']['rows_per_s']:.2f}")
+        if pair.get("noop", {}).get("rows_per_s") and pair["ours"].get("rows_per_s"):
             print(f"round {r}: ours {pair['ours']['rows_per_s']:,} rows/s, no-op "
                   f"{pair['noop']['rows_per_s']:,} rows/s: ratio "
                   f"{pair['ours']['rows_per_s'] / pair['noop']['rows_per_s']:.2f}")

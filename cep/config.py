@@ -46,6 +46,14 @@ class Settings:
     # a timer, an output frame), so the live job uses fewer shards than replay's `shards`
     # (bench/results/latency_live.md). Checkpoints from before the count was recorded: 64.
     live_shards: int = 8
+    # The live job's Kafka read tasks per micro-batch (Spark's `minPartitions`: a topic
+    # partition's offset range is split into this many tasks; more topic partitions than this:
+    # one task each). 0: the session's cores (`defaultParallelism`). The map stage (read,
+    # validate, fan out, pack: one Python pass) is the part of a micro-batch that can use every
+    # core; the stateful stage is one task (`live_partitions`). 1 (one task per topic
+    # partition): on this loaded 2-core machine a split did not pay (bench/results/
+    # latency_live.md, session 11: more Python workers, a slower first batch).
+    live_read_tasks: int = 1
     # Kafka topics the job uses besides per-rule alert topics.
     dead_letter_topic: str = "cep.dead-letter"
     late_topic: str = "cep.late-events"

@@ -4,7 +4,7 @@ late topic; rules changed while it runs.
 
 One streaming query (`alerts`): Kafka → validate (`cep.events`) → fan-out by key →
 transformWithStateInPandas → delivery. A bad event travels with the good ones as a dead-letter
-row (`cep.spark.pipeline.with_dead_letters`: its reason, bytes and Kafka position): the operator
+row (its reason, bytes and Kafka position: `cep.spark.live_pass`, one Python pass): the operator
 never gives it to the engine, only passes it on to the dead-letter topic, in the same Kafka
 transaction as the batch's alerts. So bad input can never stall or crash the rules, and each
 message is read and validated once (until session 5 a second query read the topic again for the
@@ -332,7 +332,9 @@ class LiveJob:
         topic_of = {s.name: self._topic(s) for s in self.plan.streams}
         reader = kafka_reader(self.spark.readStream, self.settings, topic_of.values(),
                               starting=self.opts.starting_offsets, fail_on_data_loss=True,
-                              max_offsets_per_trigger=self.opts.max_offsets_per_trigger)
+                              max_offsets_per_trigger=self.opts.max_offsets_per_trigger,
+                              min_partitions=(self.settings.live_read_tasks
+                                              or self.spark.sparkContext.defaultParallelism))
         stream_col = F.lit(None).cast("string")
         for stream, topic in topic_of.items():
             stream_col = F.when(F.col("topic") == topic, F.lit(stream)).otherwise(stream_col)
@@ -348,18 +350,19 @@ class LiveJob:
 
         from cep.engines import SnapshotEngineFactory
         from cep.spark.delivery import BatchDelivery
-        from cep.spark.pipeline import validated, with_dead_letters
-        from cep.spark.query import match_rules
+        from cep.spark.live_pass import live_packed
+        from cep.spark.query import match_packed
 
         # `--once` wins; else the `trigger` setting; else ("default") every trigger_seconds.
         trigger: dict[str, Any] = ({"availableNow": True} if self.opts.once
                                    else parse_trigger(self.settings.trigger)
                                    or {"processingTime": f"{self.opts.trigger_seconds} seconds"})
-        parsed = validated(self._source(), self.plan, ("topic", "partition", "offset"),
+        # Validation, dead letters, fan-out, shard and packing in one Python pass
+        # (cep/spark/live_pass.py): each input row goes from the JVM to Python once.
+        rows = live_packed(self._source(), self.plan, ("topic", "partition", "offset"),
                            MAX_BYTES)
-        rows = with_dead_letters(parsed, "topic", "partition", "offset")
         factory = SnapshotEngineFactory(self.snapshot, self.opts.max_partial_matches)
-        out = match_rules(rows, self.plan, factory)
+        out = match_packed(rows, self.plan, factory)
         alerts_ck = str(self.ck / "alerts")
         deliver = BatchDelivery(self.settings, "alerts", alerts_ck, self.router,
                                 on_batch=self._on_batch("alerts"))

@@ -5,8 +5,11 @@ positive, finite latency, and nothing else arrives. No wall-clock window (issue 
 machine is not a stopwatch): the run is `patient`, so the job's start, its first micro-batch and
 the drain are waited for as long as they take, and the drain ends on the job's own progress —
 once a finished micro-batch's watermark has passed every measured completing event, the job has
-released them, and each must then be in Redis. How fast is the benchmark's business
-(`make bench`: bench/results/latency.md), never a test's."""
+released them, and each must then be in Redis. What bounds it is progress, not time: a job that
+stays alive but neither starts its query nor finishes a micro-batch reading new input for
+`bench.latency.STALL_S` (900 s; `CEP_LATENCY_STALL_S`) fails the run with a message naming its
+last progress (tests/test_latency_guard.py), so a stuck job cannot hang CI. How fast is the
+benchmark's business (`make bench`: bench/results/latency.md), never a test's."""
 
 from __future__ import annotations
 

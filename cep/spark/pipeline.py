@@ -29,7 +29,7 @@ from cep.tables import table_fields
 
 EOF_STREAM = "__end_of_input__"
 # A bad event travelling with the good ones (the live job's one query): the operator passes it
-# on as a dead-letter row; its `data` is `dead_letter_data`'s JSON.
+# on as a dead-letter row; its `data` is the dead letter's fields as JSON (`live_pass`).
 DEAD_STREAM = "__dead_letter__"
 
 
@@ -143,30 +143,31 @@ class Validate:
                       for s in plan.streams if not s.is_table} if fast else {})
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        import numpy as np
-        import pyarrow as pa
-
         if self.fast and not native_on_this_worker():
             self.fast = {}
         for batch in batches:
-            n = batch.num_rows
-            if not n:
-                yield self._slow(batch)  # an empty batch keeps the output's columns
-                continue
-            accepted, slow = self._fast(batch) if self.fast else ([], np.arange(n))
-            parts = [*accepted]
-            if len(slow):
-                sub = batch if len(slow) == n else batch.take(pa.array(slow))
-                parts.append((slow, self._slow(sub)))
-            if len(parts) == 1:
-                rows, out = parts[0]
-                yield out  # every row in one part: in the input's order already
-                continue
-            order = np.concatenate([rows for rows, _ in parts])
-            table = pa.Table.from_batches([out for _, out in parts])
-            # Back to the input's order.
-            yield table.take(pa.array(np.argsort(order, kind="stable"))).combine_chunks() \
-                .to_batches()[0]
+            yield self.validate_batch(batch)
+
+    def validate_batch(self, batch: Any) -> Any:
+        """One Arrow batch of raw rows → its validated rows, in the input's order."""
+        import numpy as np
+        import pyarrow as pa
+
+        n = batch.num_rows
+        if not n:
+            return self._slow(batch)  # an empty batch keeps the output's columns
+        accepted, slow = self._fast(batch) if self.fast else ([], np.arange(n))
+        parts = [*accepted]
+        if len(slow):
+            sub = batch if len(slow) == n else batch.take(pa.array(slow))
+            parts.append((slow, self._slow(sub)))
+        if len(parts) == 1:
+            return parts[0][1]  # every row in one part: in the input's order already
+        order = np.concatenate([rows for rows, _ in parts])
+        table = pa.Table.from_batches([out for _, out in parts])
+        # Back to the input's order.
+        return table.take(pa.array(np.argsort(order, kind="stable"))).combine_chunks() \
+            .to_batches()[0]
 
     def _fast(self, batch: Any) -> tuple[list[tuple[Any, Any]], Any]:
         """The core's fast path over each event stream's rows: `[(row indices, validated
@@ -328,22 +329,6 @@ def validated(raw: DataFrame, plan: Plan, passthrough: tuple[str, ...] = (),
 def parse(raw: DataFrame, plan: Plan) -> DataFrame:
     """`validated` without pass-through columns (the benchmark harness calls it)."""
     return validated(raw, plan)
-
-
-def with_dead_letters(parsed: DataFrame, *position: str) -> DataFrame:
-    """`validated` rows → the rows of one query: good events as they are, and each bad one as
-    an event of `DEAD_STREAM` whose `data` holds the dead letter's fields (reason, the raw bytes
-    in base64, its stream and the `position` columns), so one Kafka read and one validation
-    serve both the rules and the dead-letter topic (`cep.runtime.alerts.DeadRow`)."""
-    bad = F.col("reason").isNotNull()
-    info = F.to_json(F.struct(F.col("reason"), F.base64(F.col("raw")).alias("raw_b64"),
-                              F.col("stream"), *[F.col(c) for c in position]))
-    return parsed.select(
-        F.when(bad, F.lit(DEAD_STREAM)).otherwise(F.col("stream")).alias("stream"),
-        # A time the watermark never moves to (it takes the maximum).
-        F.when(bad, F.lit(0).cast("bigint")).otherwise(F.col("ts")).alias("ts"),
-        "seq", F.when(bad, info).otherwise(F.col("data")).alias("data"),
-        F.when(bad, F.array(F.lit(""))).otherwise(F.col("keys")).alias("keys"))
 
 
 def fan_out(events: DataFrame, plan: Plan) -> DataFrame:

@@ -9,8 +9,6 @@ The jobs differ only in where events come from (files, Kafka) and where rows go 
 
 from __future__ import annotations
 
-from typing import Any
-
 from pyspark.sql import DataFrame
 
 from cep.engines import EngineFactory
@@ -24,12 +22,18 @@ def match_rules(good: DataFrame, plan: Plan, factory: EngineFactory,
     """Good (validated) events → the operator's output rows: alerts, timeouts, late events,
     dropped partial matches and a stats row per call. `end_of_input`: replay's last event
     time (the live job has none)."""
+    # One row per (shard, input batch), not per event (`cep.spark.pipeline.pack_rows`).
+    return match_packed(packed(fan_out(good, plan)), plan, factory, end_of_input)
+
+
+def match_packed(rows: DataFrame, plan: Plan, factory: EngineFactory,
+                 end_of_input: int | None = None) -> DataFrame:
+    """Packed rows (`shard`, `pack`, `event_time`: `cep.spark.pipeline.packed`, or the live
+    job's one pass, `cep.spark.live_pass.live_packed`) → the operator's output rows."""
     delay = plan.watermark_delay_ms
     # The watermark is computed from event_time; the column itself is not handed to the
     # operator (so Spark does not drop late rows there: the engine reports them instead).
-    # One row per (shard, input batch), not per event (`cep.spark.pipeline.pack_rows`).
-    rows: Any = (packed(fan_out(good, plan))
-                 .withWatermark("event_time", f"{delay} milliseconds").drop("event_time"))
+    rows = rows.withWatermark("event_time", f"{delay} milliseconds").drop("event_time")
     processor = CepProcessor(factory, output_rows, delay, end_of_input)
     return rows.groupBy("shard").transformWithStateInPandas(  # type: ignore[no-any-return]
         statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA,

@@ -392,6 +392,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(state_from_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(validate::validate_fast, m)?)?;
     m.add_function(wrap_pyfunction!(validate::content_seq_of, m)?)?;
+    m.add_function(wrap_pyfunction!(validate::spark_shards, m)?)?;
     m.add("CoreError", m.py().get_type::<CoreError>())?;
     m.add("Unsupported", m.py().get_type::<Unsupported>())?;
     m.add("PROGRAM_VERSION", program::VERSION)?;

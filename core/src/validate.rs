@@ -571,6 +571,107 @@ pub fn content_seq_of(text: &[u8]) -> Option<i64> {
     Some(blake2b_64(out.as_bytes()))
 }
 
+// -- the live job's shard of a key, as Spark computes it -------------------------------------
+
+const P1: u64 = 0x9E37_79B1_85EB_CA87;
+const P2: u64 = 0xC2B2_AE3D_27D4_EB4F;
+const P3: u64 = 0x1656_67B1_9E37_79F9;
+const P4: u64 = 0x85EB_CA77_C2B2_AE63;
+const P5: u64 = 0x27D4_EB2F_1656_67C5;
+/// Spark's seed for `xxhash64(...)` (`XxHash64` in catalyst's hash expressions).
+const SPARK_SEED: u64 = 42;
+
+fn xxh_round(acc: u64, lane: u64) -> u64 {
+    acc.wrapping_add(lane.wrapping_mul(P2)).rotate_left(31).wrapping_mul(P1)
+}
+
+fn xxh_merge(acc: u64, v: u64) -> u64 {
+    (acc ^ xxh_round(0, v)).wrapping_mul(P1).wrapping_add(P4)
+}
+
+fn le64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().expect("8 bytes"))
+}
+
+/// XXH64 of `data` with `seed` (the reference algorithm; Spark's `XXH64.hashUnsafeBytes` is it,
+/// reading little-endian words).
+fn xxh64(data: &[u8], seed: u64) -> u64 {
+    let mut rest = data;
+    let mut h = if data.len() >= 32 {
+        let mut v = [seed.wrapping_add(P1).wrapping_add(P2), seed.wrapping_add(P2), seed,
+                     seed.wrapping_sub(P1)];
+        while rest.len() >= 32 {
+            for (i, acc) in v.iter_mut().enumerate() {
+                *acc = xxh_round(*acc, le64(&rest[8 * i..]));
+            }
+            rest = &rest[32..];
+        }
+        let mut h = v[0].rotate_left(1).wrapping_add(v[1].rotate_left(7))
+            .wrapping_add(v[2].rotate_left(12)).wrapping_add(v[3].rotate_left(18));
+        for lane in v {
+            h = xxh_merge(h, lane);
+        }
+        h
+    } else {
+        seed.wrapping_add(P5)
+    };
+    h = h.wrapping_add(data.len() as u64);
+    while rest.len() >= 8 {
+        h = (h ^ xxh_round(0, le64(rest))).rotate_left(27).wrapping_mul(P1).wrapping_add(P4);
+        rest = &rest[8..];
+    }
+    if rest.len() >= 4 {
+        let w = u64::from(u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")));
+        h = (h ^ w.wrapping_mul(P1)).rotate_left(23).wrapping_mul(P2).wrapping_add(P3);
+        rest = &rest[4..];
+    }
+    for &b in rest {
+        h = (h ^ u64::from(b).wrapping_mul(P5)).rotate_left(11).wrapping_mul(P1);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(P2);
+    h ^= h >> 29;
+    h = h.wrapping_mul(P3);
+    h ^ (h >> 32)
+}
+
+/// `spark_shards(field, offsets, data, shards)`: for each string of an Arrow string array
+/// (its int32 offsets, native order, and data; no nulls), the shard Spark gives the pair
+/// `pmod(xxhash64(field, string), shards)`, as int32 (native order). The live job's single
+/// Python pass shards its rows with it, and a key's shard is part of its checkpointed state,
+/// so it must be Spark's own (tests/test_live_pass.py checks it against Spark).
+#[pyfunction]
+pub fn spark_shards<'py>(
+    py: Python<'py>,
+    field: &str,
+    offsets: &[u8],
+    data: &[u8],
+    shards: i64,
+) -> PyResult<Bound<'py, PyBytes>> {
+    if shards < 1 || shards > i64::from(i32::MAX) {
+        return Err(PyValueError::new_err(format!("spark_shards: shards={shards}")));
+    }
+    if offsets.len() % 4 != 0 || offsets.is_empty() {
+        return Err(PyValueError::new_err("spark_shards: offsets are not int32s"));
+    }
+    let offs: Vec<usize> = offsets
+        .chunks_exact(4)
+        .map(|c| i32::from_ne_bytes(c.try_into().expect("4 bytes")))
+        .map(|o| usize::try_from(o).map_err(|_| PyValueError::new_err("spark_shards: offset")))
+        .collect::<PyResult<_>>()?;
+    let seed = xxh64(field.as_bytes(), SPARK_SEED);
+    let mut out = Vec::with_capacity(4 * (offs.len() - 1));
+    for w in offs.windows(2) {
+        let s = data
+            .get(w[0]..w[1])
+            .ok_or_else(|| PyValueError::new_err("spark_shards: offsets past the data"))?;
+        // Spark's xxhash64 is a signed long; pmod keeps the result in 0..shards.
+        let shard = (xxh64(s, seed) as i64).rem_euclid(shards) as i32;
+        out.extend_from_slice(&shard.to_ne_bytes());
+    }
+    Ok(PyBytes::new(py, &out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -585,6 +686,14 @@ mod tests {
             float_repr(f, &mut s);
             assert_eq!(s, want);
         }
+    }
+
+    #[test]
+    fn xxh64_known_values() {
+        // The reference implementation's published values (xxhsum -H64; seed 0).
+        assert_eq!(xxh64(b"", 0), 0xEF46_DB37_51D8_E999);
+        assert_eq!(xxh64(b"a", 0), 0xD24E_C4F1_A98C_6E5B);
+        assert_eq!(xxh64(b"abc", 0), 0x44BC_2CF5_AD77_0999);
     }
 
     #[test]

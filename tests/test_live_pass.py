@@ -1,0 +1,138 @@
+"""The live job's one Python pass (`cep.spark.live_pass`) gives the rows of the plan it
+replaced, which Spark computes: `validated` → `with_dead_letters` → `fan_out` (the shard by
+Spark's own `pmod(xxhash64(key_field, key), shards)`). Same shard, stream, time, seq, text,
+key field, `primary` and watermark time for every row, over bad input, several streams, a
+rule with no key, a co-partitioned and a broadcast table. And `spark_shards` (the core's and
+the Python fallback) equals Spark's function on generated strings. A key's shard is part of
+its checkpointed state: a checkpoint written by one plan must be read by the other."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+
+from cep.compile import compile_rules
+from cep.spark.live_pass import ValidatePack, spark_shards
+from cep.spark.pipeline import DEAD_STREAM, fan_out, plan_for, unpack, validated
+from tests.test_bad_input import FRAUD, MIXED, T
+from tests.test_validate_live_fast import POSITION, _raw
+from tests.test_validate_live_fast import RULES as SEVERAL
+
+pytestmark = [pytest.mark.spark]
+
+# test_validate_live_fast's rules, and one whose lookup is not by its key: a broadcast table.
+RULES = SEVERAL + """
+RULE here FROM tx PARTITION BY country
+  PATTERN (x) DEFINE x AS country = customers[card].home EMIT 'here';
+"""
+
+
+def with_dead_letters(parsed: Any, *position: str) -> Any:
+    """The replaced plan's dead-letter step, in the JVM (cep/spark/pipeline.py until session
+    11), kept here as the reference: each bad row as a `DEAD_STREAM` event whose `data` holds
+    the dead letter's fields, ts 0, key ""."""
+    bad = F.col("reason").isNotNull()
+    info = F.to_json(F.struct(F.col("reason"), F.base64(F.col("raw")).alias("raw_b64"),
+                              F.col("stream"), *[F.col(c) for c in position]))
+    return parsed.select(
+        F.when(bad, F.lit(DEAD_STREAM)).otherwise(F.col("stream")).alias("stream"),
+        F.when(bad, F.lit(0).cast("bigint")).otherwise(F.col("ts")).alias("ts"),
+        "seq", F.when(bad, info).otherwise(F.col("data")).alias("data"),
+        F.when(bad, F.array(F.lit(""))).otherwise(F.col("keys")).alias("keys"))
+
+
+COLS = ["shard", "stream", "ts", "seq", "data", "key_field", "primary", "wm"]
+
+
+def _comparable(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Rows as sortable tuples; a dead letter's `data` as its parsed fields and raw bytes
+    (Spark's `to_json` and Python's `json.dumps` may space or escape differently, and Spark's
+    `base64` breaks lines every 76 characters, which the decoder skips)."""
+    out = []
+    for r in rows:
+        data = r["data"]
+        if r["stream"] == DEAD_STREAM:
+            info = json.loads(data)
+            if "raw_b64" in info:
+                info["raw_b64"] = base64.b64decode(info["raw_b64"]).hex()
+            data = json.dumps(info, sort_keys=True)
+        out.append(tuple(data if c == "data" else r[c] for c in COLS))
+    return sorted(out, key=repr)
+
+
+def _spark_rows(spark: Any, plan: Any, batch: Any) -> list[dict[str, Any]]:
+    raw = spark.createDataFrame(batch.to_pandas())
+    rows = fan_out(with_dead_letters(validated(raw, plan, POSITION, 1 << 20), *POSITION), plan)
+    return [r.asDict() for r in rows.select(*COLS[:-1], F.unix_millis("event_time").alias("wm"))
+            .collect()]
+
+
+def _one_pass(plan: Any, batch: Any) -> list[dict[str, Any]]:
+    vp = ValidatePack(plan, POSITION, 1 << 20)
+    table = vp.fan_out(vp.validate.validate_batch(batch))
+    rows: list[dict[str, Any]] = table.to_pylist()
+    # The packs the mapInArrow yields hold the same rows (less shard and wm, kept per pack).
+    packs = [b for out in vp(iter([batch])) for b in out.to_pylist()]
+    assert sorted(p["shard"] for p in packs) == sorted({r["shard"] for r in rows})
+    for p in packs:
+        mine = [r for r in rows if r["shard"] == p["shard"]]
+        assert p["wm"] == max(r["wm"] for r in mine)
+        assert sorted(map(repr, unpack([p["pack"]]).to_pylist())) == sorted(
+            repr({k: r[k] for k in ("stream", "ts", "seq", "data", "key_field", "primary")})
+            for r in mine)
+    return rows
+
+
+def test_bad_input_and_the_fraud_rules_as_spark_computes_them(spark: Any) -> None:
+    plan = plan_for(FRAUD, 8)
+    stream = plan.streams[0].name
+    records: list[bytes | None] = [r for r in MIXED if len(r) < 1 << 20] + [
+        None, b"", json.dumps({"ts": T, "card": "u\u00e9\u20ac", "amount": 1}).encode()]
+    records += [json.dumps({"ts": T + i, "card": f"card-{i}", "amount": i}).encode()
+                for i in range(200)]
+    batch = _raw([stream] * (len(records) - 1) + ["nope"], records)
+    mine = _one_pass(plan, batch)
+    assert sum(r["stream"] == DEAD_STREAM for r in mine) >= 10
+    assert len({r["shard"] for r in mine}) == 8
+    assert _comparable(mine) == _comparable(_spark_rows(spark, plan, batch))
+
+
+def test_several_streams_no_key_and_tables_as_spark_computes_them(spark: Any) -> None:
+    plan = plan_for(compile_rules(RULES, "several.cep"), 4)
+    assert any("*" in s.key_fields for s in plan.streams)  # a broadcast table
+    rows: list[tuple[str | None, bytes | None]] = []
+    for i in range(40):
+        rows.append(("tx", json.dumps({"ts": T + i, "card": f"c{i % 6}", "amount": 50 * i,
+                                       "country": "NL" if i % 3 else "DE"}).encode()))
+        rows.append(("logins", json.dumps({"ts": T + i, "user": i, "ok": i % 2 == 0})
+                     .encode()))
+        if i % 5 == 0:
+            rows.append(("customers", json.dumps({"t": T + i, "card": f"c{i % 6}",
+                                                  "home": "DE"}).encode()))
+        if i % 7 == 0:
+            rows.append(("tx", b'{"ts": ' + str(T).encode() + b', "amount": 1}'))
+    batch = _raw([s for s, _ in rows], [v for _, v in rows])
+    mine = _one_pass(plan, batch)
+    assert {r["stream"] for r in mine} == {"tx", "logins", "customers", DEAD_STREAM}
+    assert _comparable(mine) == _comparable(_spark_rows(spark, plan, batch))
+
+
+def test_spark_shards_is_sparks_function(spark: Any) -> None:
+    rnd = random.Random(11)
+    alphabet = "ab09-_ \u00e9\u20ac\U0001f600"
+    keys = ["", "card-1", *("x" * n for n in range(1, 80))]
+    keys += ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 90)))
+             for _ in range(600)]
+    for field, shards in (("card", 8), ("", 64), ("user", 1), ("*", 7)):
+        want = [r[0] for r in spark.createDataFrame([(k,) for k in keys], "k string")
+                .select(F.pmod(F.xxhash64(F.lit(field), F.col("k")), F.lit(shards)))
+                .collect()]
+        arr = pa.array(["pad", *keys]).slice(1)  # an array with an offset, as Arrow slices
+        assert spark_shards(field, arr, shards, native=True).tolist() == want
+        assert spark_shards(field, arr, shards, native=False).tolist() == want
