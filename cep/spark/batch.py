@@ -50,12 +50,34 @@ from cep.spark.pipeline import (
 )
 
 RAW_COLUMNS = ("stream", "value", "seq", "src", "part", "off", "form")
-PREPARED_SCHEMA = ("shard int, kind string, stream string, ts bigint, seq bigint, data string, "
-                   "key_field string, key string, primary boolean")
+# The rows between the two steps; `slim` plans (`slim_key_field`) leave out the columns that
+# are the same on every row: stream, key_field, primary.
+_PREPARED_TYPES = {"shard": "int", "kind": "string", "stream": "string", "ts": "bigint",
+                   "seq": "bigint", "data": "string", "key_field": "string", "key": "string",
+                   "primary": "boolean"}
+_PREPARED_NAMES = list(_PREPARED_TYPES)
+_SLIM_NAMES = ["shard", "kind", "ts", "seq", "data", "key"]
 # Row kinds between the two steps: an event (per key field), a dead letter, an end marker.
 EVENT, DEAD, MARK = "e", "d", "m"
 JSONL = (".json", ".jsonl", ".ndjson", ".txt", "")
 TABLES = (".csv", ".parquet")
+
+
+def slim_key_field(plan: Plan) -> str | None:
+    """The key field of every row, when the plan has one stream with one key field and no
+    table (the usual replay): then each event is one row, routed by that field, and the rows
+    between the two steps need no stream, key_field or primary column (each is the same on
+    every row). None otherwise."""
+    if len(plan.streams) != 1 or plan.streams[0].is_table:
+        return None
+    fields = plan.streams[0].key_fields
+    return fields[0] if len(fields) == 1 and fields[0] != BROADCAST else None
+
+
+def prepared_schema(plan: Plan) -> str:
+    """`Prepare`'s output schema (DDL) for this plan."""
+    names = _SLIM_NAMES if slim_key_field(plan) is not None else _PREPARED_NAMES
+    return ", ".join(f"{n} {_PREPARED_TYPES[n]}" for n in names)
 
 
 def _strings(values: list[str]) -> Any:
@@ -94,6 +116,8 @@ class Prepare:
         # One stream (the usual case): its key fields, for the vectorised fan-out.
         self.only = plan.streams[0].key_fields if len(plan.streams) == 1 else None
         self.shards = plan.shards
+        self.slim = slim_key_field(plan) is not None
+        self.names = _SLIM_NAMES if self.slim else _PREPARED_NAMES
         # Table changelogs (docs/tables.md): routed like events, but not events: they count
         # in neither the events nor the input's last event time.
         self.tables = _strings([s.name for s in plan.streams if s.is_table])
@@ -157,12 +181,12 @@ class Prepare:
                     letters.append(json.dumps(_letter(reason, row["raw"], row["stream"], src,
                                                       part, off, form, nums[j])))
                 yield _rows(pa, [(dead + n) % self.shards for n in range(len(letters))], DEAD,
-                            data=letters)
+                            data=letters).select(self.names)
                 dead += len(letters)
         if read:  # every shard learns this split's last event time; shard 0 counts its reads
             shards = list(range(self.shards))
             yield _rows(pa, shards, MARK, ts=[last] * len(shards),
-                        seq=[read] + [0] * (len(shards) - 1))
+                        seq=[read] + [0] * (len(shards) - 1)).select(self.names)
 
     def _fast(self, sub: Any, keep: list[int], nums: list[int],
               ) -> tuple[Any, list[int], list[int], Any]:
@@ -287,6 +311,11 @@ class Prepare:
             return col if parent is None else col.take(parent)
 
         n = len(flat)
+        if self.slim:  # one row per event: no stream, key_field, primary
+            return pa.RecordBatch.from_arrays(
+                [pa.nulls(n, pa.int32()), pa.repeat(pa.scalar(EVENT, pa.string()), n),
+                 per_row(rows.column("ts")), per_row(seq), per_row(rows.column("data")), flat],
+                names=_SLIM_NAMES)
         primary = pc.equal(within, 0)
         if len(self.tables):
             stream = per_row(rows.column("stream"))
@@ -296,10 +325,6 @@ class Prepare:
              per_row(rows.column("stream")), per_row(rows.column("ts")),
              per_row(seq), per_row(rows.column("data")), key_field, flat,
              primary], names=_PREPARED_NAMES)
-
-
-_PREPARED_NAMES = ["shard", "kind", "stream", "ts", "seq", "data", "key_field", "key",
-                   "primary"]
 
 
 def _rows(pa: Any, shards: list[int], kind: str, *, ts: list[int | None] | None = None,
@@ -338,10 +363,15 @@ class RunEngine:
     chunks as Arrow (the core parses the events' JSON); the Python loop gets `Event`s. Emits
     the operator's rows (`cep.runtime.alerts.output_rows`), the dead letters that came through
     (kind `dead`), and one stats row: events (each once), rows, max_ts, late, read (records
-    read by the splits whose shard-0 marker came here), dead."""
+    read by the splits whose shard-0 marker came here), dead.
 
-    def __init__(self, factory: RulesEngineFactory) -> None:
+    `stream`: the one stream of a slim plan (`slim_key_field`), whose rows have no stream,
+    key_field or primary column: each row is one event of that stream, routed by the stream's
+    one key field, which every rule on it partitions by (so no route is needed)."""
+
+    def __init__(self, factory: RulesEngineFactory, stream: str | None = None) -> None:
         self.factory = factory
+        self.stream = stream
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow.compute as pc
@@ -370,23 +400,31 @@ class RunEngine:
                         n_dead += 1
                 batch = batch.filter(is_event)
             if batch.num_rows:
-                n_events += pc.sum(batch.column("primary").cast("int64")).as_py() or 0
+                n_events += batch.num_rows if self.stream is not None else \
+                    pc.sum(batch.column("primary").cast("int64")).as_py() or 0
                 n_rows += batch.num_rows
-                events = batch.select(["stream", "ts", "seq", "data", "key_field"])
+                events = batch.select(["ts", "seq", "data"] if self.stream is not None
+                                      else ["stream", "ts", "seq", "data", "key_field"])
                 # Table records do not move event time (docs/tables.md); every event row
                 # has a primary row or a sibling (another key field's row) with its ts.
-                top = pc.max(batch.column("ts")).as_py() if not tables else \
+                top = pc.max(batch.column("ts")).as_py() if not tables or self.stream else \
                     pc.max(events.filter(pc.invert(pc.is_in(events.column("stream"),
                                                             tables))).column("ts")).as_py()
                 if top is None:
                     top = max_ts
                 if arrow:
-                    out = engine.ingest_batch(store, events.rename_columns(
-                        ["stream", "ts", "seq", "data", "route"]), max_ts)
+                    out = engine.ingest_batch(store, events if self.stream is not None else
+                                              events.rename_columns(
+                                                  ["stream", "ts", "seq", "data", "route"]),
+                                              max_ts)
                 else:
+                    cols = [c.to_pylist() for c in events.columns]
+                    if self.stream is not None:
+                        n = events.num_rows
+                        cols = [[self.stream] * n, *cols, [None] * n]
                     out = engine.ingest(store, [
-                        Event(s, t, q, json.loads(d), r) for s, t, q, d, r in zip(
-                            *(c.to_pylist() for c in events.columns), strict=True)], max_ts)
+                        Event(s, t, q, json.loads(d), r)
+                        for s, t, q, d, r in zip(*cols, strict=True)], max_ts)
                 max_ts = max(max_ts, top)
                 n_late += len(out.late)
                 rows += output_rows(engine, out)
@@ -432,23 +470,26 @@ def match_bounded(raw: DataFrame, plan: Plan, factory: RulesEngineFactory,
     """Raw rows (`RAW_COLUMNS`) → the engine's rows (OUTPUT_SCHEMA: alerts, late, dropped,
     stats) plus `dead` rows (payload: the dead letter's JSON; see `finish_dead_letter`).
     `partitions`: how many engine tasks (the alerts do not depend on it)."""
-    prepared = raw.select(*RAW_COLUMNS).mapInArrow(Prepare(plan), PREPARED_SCHEMA)
+    prepared = raw.select(*RAW_COLUMNS).mapInArrow(Prepare(plan), prepared_schema(plan))
     # An event's shard as `pipeline.fan_out` computes it; markers and dead letters have theirs.
-    shard = F.when(F.col("kind") == EVENT, F.pmod(F.xxhash64("key_field", "key"),
+    slim = slim_key_field(plan)
+    key_field = F.col("key_field") if slim is None else F.lit(slim)
+    shard = F.when(F.col("kind") == EVENT, F.pmod(F.xxhash64(key_field, "key"),
                                                   F.lit(plan.shards)).cast("int"))
     shard = shard.otherwise(F.col("shard"))
     if any(BROADCAST in s.key_fields for s in plan.streams):  # a table record to every shard
         shard = F.explode(F.when((F.col("kind") == EVENT) & (F.col("key_field") == BROADCAST),
                                  F.sequence(F.lit(0), F.lit(plan.shards - 1)))
                           .otherwise(F.array(shard)))
-    rows = prepared.select(shard.alias("shard"), "kind", "stream",
-                           "ts", "seq", "data", "key_field", "primary")
+    rows = prepared.select(shard.alias("shard"), *(c for c in prepared.columns
+                                                   if c not in ("shard", "key")))
     # Shard s goes to engine partition s mod `partitions` (Spark's own hash of the shard number
     # put 171k rows in one partition and 332k in another of 1M events, 64 shards, 4 partitions).
     # The engine step does not read the shard.
+    stream = plan.streams[0].name if slim is not None else None
     return (rows.repartition(partitions, partition_key(F.col("shard"), plan.shards, partitions))
             .sortWithinPartitions("ts").drop("shard")
-            .mapInArrow(RunEngine(factory), OUTPUT_SCHEMA))
+            .mapInArrow(RunEngine(factory, stream), OUTPUT_SCHEMA))
 
 
 def _murmur3_int(value: int, seed: int = 42) -> int:
