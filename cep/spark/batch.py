@@ -79,8 +79,11 @@ def slim_key_field(plan: Plan) -> str | None:
 
 def prepared_schema(plan: Plan) -> str:
     """`Prepare`'s output schema (DDL) for this plan."""
-    names = _SLIM_NAMES if slim_key_field(plan) is not None else _PREPARED_NAMES
-    return ", ".join(f"{n} {_PREPARED_TYPES[n]}" for n in names)
+    return ", ".join(f"{n} {_PREPARED_TYPES[n]}" for n in _prepared_names(plan))
+
+
+def _prepared_names(plan: Plan) -> list[str]:
+    return _SLIM_NAMES if slim_key_field(plan) is not None else _PREPARED_NAMES
 
 
 def _strings(values: list[str]) -> Any:
@@ -119,8 +122,8 @@ class Prepare:
         # One stream (the usual case): its key fields, for the vectorised fan-out.
         self.only = plan.streams[0].key_fields if len(plan.streams) == 1 else None
         self.shards = plan.shards
-        self.slim = slim_key_field(plan) is not None
-        self.names = _SLIM_NAMES if self.slim else _PREPARED_NAMES
+        self.names = _prepared_names(plan)
+        self.slim = self.names == _SLIM_NAMES  # (`is` would not survive pickling)
         # Table changelogs (docs/tables.md): routed like events, but not events: they count
         # in neither the events nor the input's last event time.
         self.tables = _strings([s.name for s in plan.streams if s.is_table])
