@@ -211,10 +211,18 @@ class Prepare:
         if not n_ok:
             return sub, keep, nums, None
         take = pa.array(rows)
-        seq = pc.coalesce(sub.column("seq").take(take), pa.array(content_seqs))
+
+        def accepted(col: Any) -> Any:  # (all of them, usually: no copy)
+            return col if n_ok == n else col.take(take)
+
+        seq = accepted(sub.column("seq"))
+        seq = pa.array(content_seqs) if seq.null_count == n_ok else \
+            pc.coalesce(seq, pa.array(content_seqs))
+        # The core accepts only records that are UTF-8 as a whole: the bytes are the text.
+        value = accepted(sub.column("value"))
+        text = value.view(pa.string()) if value.type == pa.binary() else value.cast(pa.string())
         checked = pa.RecordBatch.from_arrays(
-            [sub.column("stream").take(take), ts, seq,
-             sub.column("value").take(take).cast(pa.string()), keys],
+            [accepted(sub.column("stream")), ts, seq, text, keys],
             names=["stream", "ts", "seq", "data", "keys"])
         events = self._fan_out(checked, pa.array(np.ones(n_ok, bool)), n_ok, decoded=[])
         if n_ok == n:
@@ -281,7 +289,7 @@ class Prepare:
             # Validate no longer calls _one: parse again
             decoded = [None if d is None else json.loads(d)
                        for d in checked.column("data").to_pylist()]
-        rows = checked.filter(good)
+        rows = checked if n_good == checked.num_rows else checked.filter(good)
         seq = rows.column("seq")
         if seq.null_count:  # no source position: the content seq
             gidx = pc.indices_nonzero(good).to_pylist()
