@@ -57,7 +57,7 @@ _PREPARED_TYPES = {"shard": "int", "kind": "string", "stream": "string", "ts": "
                    "primary": "boolean"}
 _PREPARED_NAMES = list(_PREPARED_TYPES)
 _SLIM_NAMES = ["shard", "kind", "ts", "seq", "data", "key"]
-# The engine's chunks (`RunEngine`): 10k → 50k rows took ~5-10 % off its CPU per event
+# The engine's chunks (`RunEngine`): 10k → 50k rows took 5-15 % off its CPU per event
 # in-process (bench/results/replay_batch.md, session 11).
 CHUNK_ROWS = 50_000
 # Row kinds between the two steps: an event (per key field), a dead letter, an end marker.
