@@ -50,12 +50,40 @@ from cep.spark.pipeline import (
 )
 
 RAW_COLUMNS = ("stream", "value", "seq", "src", "part", "off", "form")
-PREPARED_SCHEMA = ("shard int, kind string, stream string, ts bigint, seq bigint, data string, "
-                   "key_field string, key string, primary boolean")
+# The rows between the two steps; `slim` plans (`slim_key_field`) leave out the columns that
+# are the same on every row: stream, key_field, primary.
+_PREPARED_TYPES = {"shard": "int", "kind": "string", "stream": "string", "ts": "bigint",
+                   "seq": "bigint", "data": "string", "key_field": "string", "key": "string",
+                   "primary": "boolean"}
+_PREPARED_NAMES = list(_PREPARED_TYPES)
+_SLIM_NAMES = ["shard", "kind", "ts", "seq", "data", "key"]
+# The engine's chunks (`RunEngine`): 10k → 50k rows took 5-15 % off its CPU per event
+# in-process (bench/results/replay_batch.md, session 11).
+CHUNK_ROWS = 50_000
 # Row kinds between the two steps: an event (per key field), a dead letter, an end marker.
 EVENT, DEAD, MARK = "e", "d", "m"
 JSONL = (".json", ".jsonl", ".ndjson", ".txt", "")
 TABLES = (".csv", ".parquet")
+
+
+def slim_key_field(plan: Plan) -> str | None:
+    """The key field of every row, when the plan has one stream with one key field and no
+    table (the usual replay): then each event is one row, routed by that field, and the rows
+    between the two steps need no stream, key_field or primary column (each is the same on
+    every row). None otherwise."""
+    if len(plan.streams) != 1 or plan.streams[0].is_table:
+        return None
+    fields = plan.streams[0].key_fields
+    return fields[0] if len(fields) == 1 and fields[0] != BROADCAST else None
+
+
+def prepared_schema(plan: Plan) -> str:
+    """`Prepare`'s output schema (DDL) for this plan."""
+    return ", ".join(f"{n} {_PREPARED_TYPES[n]}" for n in _prepared_names(plan))
+
+
+def _prepared_names(plan: Plan) -> list[str]:
+    return _SLIM_NAMES if slim_key_field(plan) is not None else _PREPARED_NAMES
 
 
 def _strings(values: list[str]) -> Any:
@@ -94,6 +122,8 @@ class Prepare:
         # One stream (the usual case): its key fields, for the vectorised fan-out.
         self.only = plan.streams[0].key_fields if len(plan.streams) == 1 else None
         self.shards = plan.shards
+        self.names = _prepared_names(plan)
+        self.slim = self.names == _SLIM_NAMES  # (`is` would not survive pickling)
         # Table changelogs (docs/tables.md): routed like events, but not events: they count
         # in neither the events nor the input's last event time.
         self.tables = _strings([s.name for s in plan.streams if s.is_table])
@@ -118,7 +148,7 @@ class Prepare:
         for batch in batches:
             keep, nums = self._records(batch, counted)
             read += len(keep)
-            if not keep:
+            if not len(keep):
                 continue
             sub = batch if len(keep) == batch.num_rows else batch.take(pa.array(keep))
             if self.fast is not None:
@@ -128,7 +158,7 @@ class Prepare:
                     if hi is not None:
                         last = hi if last is None or hi > last else last
                     yield events
-                if not keep:
+                if not len(keep):
                     continue
             self.validate.events = []
             checked = next(iter(self.validate(iter([sub.select(["stream", "value", "seq"])]))))
@@ -149,23 +179,22 @@ class Prepare:
             if n_good < checked.num_rows:
                 letters = []
                 for j in pc.indices_nonzero(pc.invert(good)).to_pylist():
-                    i = keep[j]
+                    i = int(keep[j])
                     row = checked.slice(j, 1).to_pylist()[0]
                     src, part, off, form = (batch.column(c)[i].as_py()
                                             for c in ("src", "part", "off", "form"))
                     reason = row["reason"] or f"unknown stream {row['stream']!r}"
                     letters.append(json.dumps(_letter(reason, row["raw"], row["stream"], src,
-                                                      part, off, form, nums[j])))
+                                                      part, off, form, int(nums[j]))))
                 yield _rows(pa, [(dead + n) % self.shards for n in range(len(letters))], DEAD,
-                            data=letters)
+                            data=letters).select(self.names)
                 dead += len(letters)
         if read:  # every shard learns this split's last event time; shard 0 counts its reads
             shards = list(range(self.shards))
             yield _rows(pa, shards, MARK, ts=[last] * len(shards),
-                        seq=[read] + [0] * (len(shards) - 1))
+                        seq=[read] + [0] * (len(shards) - 1)).select(self.names)
 
-    def _fast(self, sub: Any, keep: list[int], nums: list[int],
-              ) -> tuple[Any, list[int], list[int], Any]:
+    def _fast(self, sub: Any, keep: Any, nums: Any) -> tuple[Any, Any, Any, Any]:
         """The native fast path over a batch's records: the fan-out rows of the records it
         accepts (or None), and the rest (`sub`, `keep`, `nums`) for `Validate`."""
         import numpy as np
@@ -182,27 +211,36 @@ class Prepare:
         if not n_ok:
             return sub, keep, nums, None
         take = pa.array(rows)
-        seq = pc.coalesce(sub.column("seq").take(take), pa.array(content_seqs))
+
+        def accepted(col: Any) -> Any:  # (all of them, usually: no copy)
+            return col if n_ok == n else col.take(take)
+
+        seq = accepted(sub.column("seq"))
+        seq = pa.array(content_seqs) if seq.null_count == n_ok else \
+            pc.coalesce(seq, pa.array(content_seqs))
+        # The core accepts only records that are UTF-8 as a whole: the bytes are the text.
+        value = accepted(sub.column("value"))
+        text = value.view(pa.string()) if value.type == pa.binary() else value.cast(pa.string())
         checked = pa.RecordBatch.from_arrays(
-            [sub.column("stream").take(take), ts, seq,
-             sub.column("value").take(take).cast(pa.string()), keys],
+            [accepted(sub.column("stream")), ts, seq, text, keys],
             names=["stream", "ts", "seq", "data", "keys"])
         events = self._fan_out(checked, pa.array(np.ones(n_ok, bool)), n_ok, decoded=[])
         if n_ok == n:
-            return sub, [], [], events
+            return sub, keep[:0], nums[:0], events
         rest = np.setdiff1d(np.arange(n), rows, assume_unique=True)
-        return (sub.take(pa.array(rest)), [keep[i] for i in rest.tolist()],
-                [nums[i] for i in rest.tolist()], events)
+        return sub.take(pa.array(rest)), keep[rest], nums[rest], events
 
     @staticmethod
-    def _records(batch: Any, counted: dict[tuple[str, int], int]) -> tuple[list[int], list[int]]:
+    def _records(batch: Any, counted: dict[tuple[str, int], int]) -> tuple[Any, Any]:
         """The rows that are records (a blank line is not one) and, per record, its line or
-        row number within its split (counted over every line, blank or not)."""
+        row number within its split (counted over every line, blank or not): two numpy int64
+        arrays (line numbers are only read for dead letters)."""
+        import numpy as np
         import pyarrow.compute as pc
 
         m = batch.num_rows
         if not m:
-            return [], []
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
         src, part, off, form = (batch.column(c) for c in ("src", "part", "off", "form"))
         first = (src[0].as_py(), part[0].as_py() or 0)
         f0 = form[0].as_py()
@@ -213,10 +251,11 @@ class Prepare:
             base = counted.get(first, 0)
             counted[first] = base + m
             if f0 != "line":
-                return list(range(m)), list(range(base + 1, base + m + 1))
+                return np.arange(m, dtype=np.int64), np.arange(base + 1, base + m + 1)
             blank = pc.match_substring_regex(batch.column("value"), r"^[ \t\r\n\x0b\x0c]*$")
-            rows = pc.indices_nonzero(pc.invert(blank.fill_null(True))).to_pylist()
-            return rows, [base + 1 + i for i in rows]
+            rows = np.flatnonzero(pc.invert(blank.fill_null(True)).to_numpy(
+                zero_copy_only=False)).astype(np.int64)
+            return rows, rows + (base + 1)
         keep: list[int] = []
         nums: list[int] = []
         for i, (raw, s, p, o, f) in enumerate(zip(
@@ -235,7 +274,7 @@ class Prepare:
                     continue
                 nums.append(n)
             keep.append(i)
-        return keep, nums
+        return np.array(keep, np.int64), np.array(nums, np.int64)
 
     def _fan_out(self, checked: Any, good: Any, n_good: int,
                  decoded: list[Any] | None = None) -> Any:
@@ -250,7 +289,7 @@ class Prepare:
             # Validate no longer calls _one: parse again
             decoded = [None if d is None else json.loads(d)
                        for d in checked.column("data").to_pylist()]
-        rows = checked.filter(good)
+        rows = checked if n_good == checked.num_rows else checked.filter(good)
         seq = rows.column("seq")
         if seq.null_count:  # no source position: the content seq
             gidx = pc.indices_nonzero(good).to_pylist()
@@ -287,6 +326,11 @@ class Prepare:
             return col if parent is None else col.take(parent)
 
         n = len(flat)
+        if self.slim:  # one row per event: no stream, key_field, primary
+            return pa.RecordBatch.from_arrays(
+                [pa.nulls(n, pa.int32()), pa.repeat(pa.scalar(EVENT, pa.string()), n),
+                 per_row(rows.column("ts")), per_row(seq), per_row(rows.column("data")), flat],
+                names=_SLIM_NAMES)
         primary = pc.equal(within, 0)
         if len(self.tables):
             stream = per_row(rows.column("stream"))
@@ -296,10 +340,6 @@ class Prepare:
              per_row(rows.column("stream")), per_row(rows.column("ts")),
              per_row(seq), per_row(rows.column("data")), key_field, flat,
              primary], names=_PREPARED_NAMES)
-
-
-_PREPARED_NAMES = ["shard", "kind", "stream", "ts", "seq", "data", "key_field", "key",
-                   "primary"]
 
 
 def _rows(pa: Any, shards: list[int], kind: str, *, ts: list[int | None] | None = None,
@@ -338,10 +378,22 @@ class RunEngine:
     chunks as Arrow (the core parses the events' JSON); the Python loop gets `Event`s. Emits
     the operator's rows (`cep.runtime.alerts.output_rows`), the dead letters that came through
     (kind `dead`), and one stats row: events (each once), rows, max_ts, late, read (records
-    read by the splits whose shard-0 marker came here), dead."""
+    read by the splits whose shard-0 marker came here), dead.
 
-    def __init__(self, factory: RulesEngineFactory) -> None:
+    `stream`: the one stream of a slim plan (`slim_key_field`), whose rows have no stream,
+    key_field or primary column: each row is one event of that stream, routed by the stream's
+    one key field, which every rule on it partitions by (so no route is needed).
+
+    `chunk_rows`: Spark's batches (10k rows) are joined into chunks of at least this many
+    rows before the engine sees them: the engine's work per key and call (its state, ordering
+    the key's new events) is paid once per chunk. The partition is sorted by event time, so
+    no event is late whatever the cut, and the engine's results do not depend on it."""
+
+    def __init__(self, factory: RulesEngineFactory, stream: str | None = None,
+                 chunk_rows: int = CHUNK_ROWS) -> None:
         self.factory = factory
+        self.stream = stream
+        self.chunk_rows = chunk_rows
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow.compute as pc
@@ -353,7 +405,7 @@ class RunEngine:
         max_ts = NEG_INF
         end: int | None = None
         n_events = n_rows = n_late = n_read = n_dead = 0
-        for batch in batches:
+        for batch in _chunks(batches, self.chunk_rows):
             kind = batch.column("kind")
             rows: list[tuple[str, str, str, str, str]] = []
             is_event = pc.equal(kind, EVENT)
@@ -370,23 +422,31 @@ class RunEngine:
                         n_dead += 1
                 batch = batch.filter(is_event)
             if batch.num_rows:
-                n_events += pc.sum(batch.column("primary").cast("int64")).as_py() or 0
+                n_events += batch.num_rows if self.stream is not None else \
+                    pc.sum(batch.column("primary").cast("int64")).as_py() or 0
                 n_rows += batch.num_rows
-                events = batch.select(["stream", "ts", "seq", "data", "key_field"])
+                events = batch.select(["ts", "seq", "data"] if self.stream is not None
+                                      else ["stream", "ts", "seq", "data", "key_field"])
                 # Table records do not move event time (docs/tables.md); every event row
                 # has a primary row or a sibling (another key field's row) with its ts.
-                top = pc.max(batch.column("ts")).as_py() if not tables else \
+                top = pc.max(batch.column("ts")).as_py() if not tables or self.stream else \
                     pc.max(events.filter(pc.invert(pc.is_in(events.column("stream"),
                                                             tables))).column("ts")).as_py()
                 if top is None:
                     top = max_ts
                 if arrow:
-                    out = engine.ingest_batch(store, events.rename_columns(
-                        ["stream", "ts", "seq", "data", "route"]), max_ts)
+                    out = engine.ingest_batch(store, events if self.stream is not None else
+                                              events.rename_columns(
+                                                  ["stream", "ts", "seq", "data", "route"]),
+                                              max_ts)
                 else:
+                    cols = [c.to_pylist() for c in events.columns]
+                    if self.stream is not None:
+                        n = events.num_rows
+                        cols = [[self.stream] * n, *cols, [None] * n]
                     out = engine.ingest(store, [
-                        Event(s, t, q, json.loads(d), r) for s, t, q, d, r in zip(
-                            *(c.to_pylist() for c in events.columns), strict=True)], max_ts)
+                        Event(s, t, q, json.loads(d), r)
+                        for s, t, q, d, r in zip(*cols, strict=True)], max_ts)
                 max_ts = max(max_ts, top)
                 n_late += len(out.late)
                 rows += output_rows(engine, out)
@@ -401,6 +461,23 @@ class RunEngine:
         stats = {"events": n_events, "rows": n_rows, "late": n_late, "read": n_read,
                  "dead": n_dead, "max_ts": None if max_ts == NEG_INF else max_ts}
         yield _output([("stats", "", "", "", json.dumps(stats))])
+
+
+def _chunks(batches: Iterator[Any], rows: int) -> Iterator[Any]:
+    """Consecutive batches joined into chunks of at least `rows` rows (the last one may have
+    fewer)."""
+    import pyarrow as pa
+
+    held: list[Any] = []
+    n = 0
+    for batch in batches:
+        held.append(batch)
+        n += batch.num_rows
+        if n >= rows:
+            yield held[0] if len(held) == 1 else pa.concat_batches(held)
+            held, n = [], 0
+    if held:
+        yield held[0] if len(held) == 1 else pa.concat_batches(held)
 
 
 def _output(rows: list[tuple[str, str, str, str, str]]) -> Any:
@@ -432,23 +509,26 @@ def match_bounded(raw: DataFrame, plan: Plan, factory: RulesEngineFactory,
     """Raw rows (`RAW_COLUMNS`) → the engine's rows (OUTPUT_SCHEMA: alerts, late, dropped,
     stats) plus `dead` rows (payload: the dead letter's JSON; see `finish_dead_letter`).
     `partitions`: how many engine tasks (the alerts do not depend on it)."""
-    prepared = raw.select(*RAW_COLUMNS).mapInArrow(Prepare(plan), PREPARED_SCHEMA)
+    prepared = raw.select(*RAW_COLUMNS).mapInArrow(Prepare(plan), prepared_schema(plan))
     # An event's shard as `pipeline.fan_out` computes it; markers and dead letters have theirs.
-    shard = F.when(F.col("kind") == EVENT, F.pmod(F.xxhash64("key_field", "key"),
+    slim = slim_key_field(plan)
+    key_field = F.col("key_field") if slim is None else F.lit(slim)
+    shard = F.when(F.col("kind") == EVENT, F.pmod(F.xxhash64(key_field, "key"),
                                                   F.lit(plan.shards)).cast("int"))
     shard = shard.otherwise(F.col("shard"))
     if any(BROADCAST in s.key_fields for s in plan.streams):  # a table record to every shard
         shard = F.explode(F.when((F.col("kind") == EVENT) & (F.col("key_field") == BROADCAST),
                                  F.sequence(F.lit(0), F.lit(plan.shards - 1)))
                           .otherwise(F.array(shard)))
-    rows = prepared.select(shard.alias("shard"), "kind", "stream",
-                           "ts", "seq", "data", "key_field", "primary")
+    rows = prepared.select(shard.alias("shard"), *(c for c in prepared.columns
+                                                   if c not in ("shard", "key")))
     # Shard s goes to engine partition s mod `partitions` (Spark's own hash of the shard number
     # put 171k rows in one partition and 332k in another of 1M events, 64 shards, 4 partitions).
     # The engine step does not read the shard.
+    stream = plan.streams[0].name if slim is not None else None
     return (rows.repartition(partitions, partition_key(F.col("shard"), plan.shards, partitions))
             .sortWithinPartitions("ts").drop("shard")
-            .mapInArrow(RunEngine(factory), OUTPUT_SCHEMA))
+            .mapInArrow(RunEngine(factory, stream), OUTPUT_SCHEMA))
 
 
 def _murmur3_int(value: int, seed: int = 42) -> int:

@@ -270,7 +270,8 @@ def test_replay_partition_step_runs_the_mixed_engine(monkeypatch) -> None:  # ty
     def run(engine) -> tuple[list, dict]:  # type: ignore[no-untyped-def]
         monkeypatch.setattr(replay, "embedded_engine", lambda _f: engine)
         got, stats = [], {}
-        # one partition: every chunk through one RunEngine call
+        # one partition: every chunk through one RunEngine call, as its own engine call
+        # (chunk_rows=1: the rows are not sorted by time, and some must come late)
         chunks = []
         for i in range(0, len(rows), 500):
             part = rows[i:i + 500]
@@ -280,7 +281,7 @@ def test_replay_partition_step_runs_the_mixed_engine(monkeypatch) -> None:  # ty
                  pa.array(cols[3], pa.int64()), pa.array(cols[4]), pa.array(cols[5]),
                  pa.array([True] * len(part))],
                 names=["kind", "stream", "ts", "seq", "data", "key_field", "primary"]))
-        for out in replay.RunEngine(factory)(iter(chunks)):
+        for out in replay.RunEngine(factory, chunk_rows=1)(iter(chunks)):
             for row in out.to_pylist():
                 if row["kind"] == "stats":
                     stats = json.loads(row["payload"])
