@@ -165,8 +165,9 @@ class NativeShardStore:
     # A shard's keys stay decoded between calls while their bytes total at most this
     # (`EngineState.keep_decoded`): a call then neither decodes the keys it reaches nor
     # re-encodes keys it did not change; the rest are held as bytes. A decoded fraud key
-    # takes ~1.6 KB against its ~100 B of bytes: at most ~130 MB per shard.
-    KEEP_DECODED = 8 << 20
+    # takes ~1.6 KB against its ~100 B of bytes: at most ~35 MB per shard held by a worker (the
+    # budget is per shard, not per process; 20k fraud cards take ~2 MB of bytes in all).
+    KEEP_DECODED = 2 << 20
 
     def __init__(self, log: Any, meta: Any, held: dict[Any, Any]) -> None:
         self._log = log

@@ -9,7 +9,9 @@ every row crossed between the JVM and Python four times, through two Python work
 rows reach Python once, and only the packs (one row per shard and Arrow batch) go back.
 
 The shard must stay exactly Spark's: a key's shard is part of the key of its checkpointed state
-(a checkpoint written by the two-pass plan is read by this one), so `spark_shards` computes
+(the two plans put every key in the same shard; a checkpoint from before session 11 still
+has to be reset or replayed: the key state format changed to v4, docs/native-core.md), so
+`spark_shards` computes
 Spark's own function (XXH64 with Spark's seed, then pmod), in the core (`_core.spark_shards`)
 or, where the core cannot load (a cluster's zipped package), in Python (`xxh64`, slow, same
 values); tests/test_live_pass.py checks both against Spark's `xxhash64`. The rows are the

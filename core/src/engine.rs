@@ -439,15 +439,18 @@ fn advance_key(
             if fam_outs[fi].is_none() {
                 let fam = &fams.0[fi];
                 let mut fout = FOut::new(py, sk.1.clone());
-                let fs = family_state(fam, rules, &mut fstates, &mut parts, fi);
-                let before: Vec<i64> = match &partials {
-                    Some(_) => (0..fam.members.len()).map(|i| fam.partials(fs.as_ref(), i)).collect(),
-                    None => Vec::new(),
-                };
+                let track = partials.is_some();
+                // Regrouping reads the key's bytes: inside the boundary too (a panic on corrupt
+                // state becomes an error naming the rule).
                 let r = catch_unwind(AssertUnwindSafe(|| {
-                    fam.run_key(rules, py, fs, &evs, &mut shared, ncids, safe, eof, &mut fout)
+                    let fs = family_state(fam, rules, &mut fstates, &mut parts, fi);
+                    let before: Vec<i64> = match track {
+                        true => (0..fam.members.len()).map(|i| fam.partials(fs.as_ref(), i)).collect(),
+                        false => Vec::new(),
+                    };
+                    fam.run_key(rules, py, fs, &evs, &mut shared, ncids, safe, eof, &mut fout).map(|fs| (before, fs))
                 }));
-                let fs = match r {
+                let (before, fs) = match r {
                     Ok(r) => r?,
                     Err(p) => {
                         return Err(CoreError::new_err(format!(

@@ -485,6 +485,11 @@ struct RawRun {
 
 /// `n` captures written in segments after a capture at (`row`, `idx`), appended to `v`.
 fn read_caps(d: &mut Dec<'_>, n: usize, mut row: i64, mut idx: i64, v: &mut RawCaps) -> PyResult<()> {
+    // A run captures each event at most once and every event takes at least a byte: a count
+    // past the bytes' length is corrupt (and must not become a huge allocation).
+    if n > d.data.len() {
+        return Err(corrupt());
+    }
     let end = v.len() + n;
     while v.len() < end {
         let h = d.uv()?;
@@ -499,11 +504,11 @@ fn read_caps(d: &mut Dec<'_>, n: usize, mut row: i64, mut idx: i64, v: &mut RawC
         row = row.wrapping_add(d.iv()?);
         idx = idx.wrapping_add(d.iv()?).wrapping_add(1);
         for k in 0..=more as i64 {
-            let i = u32::try_from(idx + k).map_err(|_| corrupt())?;
+            let i = idx.checked_add(k).and_then(|x| u32::try_from(x).ok()).ok_or_else(corrupt)?;
             v.push((var, row.wrapping_add(k), i));
         }
         row = row.wrapping_add(more as i64);
-        idx += more as i64;
+        idx = idx.checked_add(more as i64).ok_or_else(corrupt)?;
     }
     Ok(())
 }
@@ -671,7 +676,7 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
     let mut events = Vec::with_capacity(slots.len());
     for slot in slots {
         events.push(Arc::new(match slot {
-            Slot::Py(ts, i) => DEv::Py { data: get(i)?, seq: get(i + 1)?, ts },
+            Slot::Py(ts, i) => DEv::Py { data: get(i)?, seq: get(i.checked_add(1).ok_or_else(corrupt)?)?, ts },
             Slot::Row(ts, seq, t, mut vals, py_at) => {
                 for (c, i) in py_at {
                     vals[c] = Value::Py(Arc::new(get(i)?));
@@ -768,5 +773,18 @@ mod tests {
             assert_eq!(&raw_caps(&mut d, start, &mut prev).expect("decodes"), l);
         }
         assert_eq!(d.at, out.len());
+    }
+
+    /// A capture count from corrupt bytes is an error, never a huge allocation or a loop over it
+    /// (one segment may stand for many continued captures).
+    #[test]
+    fn huge_capture_count_is_corrupt() {
+        let mut out = Vec::new();
+        put_uv(&mut out, (1u64 << 40) << 2); // a new list of 2^40 captures
+        put_uv(&mut out, ((1u64 << 39) << 3) | 1); // one segment continued 2^39 times
+        put_iv(&mut out, 0);
+        put_iv(&mut out, 0);
+        let mut d = Dec { data: &out, at: 0, var: true };
+        assert!(raw_caps(&mut d, 0, &mut Vec::new()).is_err());
     }
 }
