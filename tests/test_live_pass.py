@@ -21,7 +21,7 @@ from cep.compile import compile_rules
 from cep.spark.live_pass import ValidatePack, spark_shards
 from cep.spark.pipeline import DEAD_STREAM, fan_out, plan_for, unpack, validated
 from tests.test_bad_input import FRAUD, MIXED, T
-from tests.test_validate_live_fast import POSITION, _raw
+from tests.test_validate_live_fast import POSITION, _raw, several_streams_rows
 from tests.test_validate_live_fast import RULES as SEVERAL
 
 pytestmark = [pytest.mark.spark]
@@ -106,17 +106,7 @@ def test_bad_input_and_the_fraud_rules_as_spark_computes_them(spark: Any) -> Non
 def test_several_streams_no_key_and_tables_as_spark_computes_them(spark: Any) -> None:
     plan = plan_for(compile_rules(RULES, "several.cep"), 4)
     assert any("*" in s.key_fields for s in plan.streams)  # a broadcast table
-    rows: list[tuple[str | None, bytes | None]] = []
-    for i in range(40):
-        rows.append(("tx", json.dumps({"ts": T + i, "card": f"c{i % 6}", "amount": 50 * i,
-                                       "country": "NL" if i % 3 else "DE"}).encode()))
-        rows.append(("logins", json.dumps({"ts": T + i, "user": i, "ok": i % 2 == 0})
-                     .encode()))
-        if i % 5 == 0:
-            rows.append(("customers", json.dumps({"t": T + i, "card": f"c{i % 6}",
-                                                  "home": "DE"}).encode()))
-        if i % 7 == 0:
-            rows.append(("tx", b'{"ts": ' + str(T).encode() + b', "amount": 1}'))
+    rows = several_streams_rows(40, 6, lambda i: "NL" if i % 3 else "DE", bad_logins=False)
     batch = _raw([s for s, _ in rows], [v for _, v in rows])
     mine = _one_pass(plan, batch)
     assert {r["stream"] for r in mine} == {"tx", "logins", "customers", DEAD_STREAM}

@@ -88,21 +88,31 @@ RULE failed FROM logins PARTITION BY user
 """
 
 
-def test_several_streams_a_table_and_a_rule_with_no_key_in_one_batch() -> None:
-    plan = plan_for(compile_rules(RULES, "several.cep"), 8)
-    assert {s.name for s in plan.streams} == {"tx", "logins", "customers"}
+def several_streams_rows(n: int, cards: int, country: Any,
+                         bad_logins: bool) -> list[tuple[str | None, bytes | None]]:
+    """Rows of RULES' three streams in one batch: transactions and logins, a table update every
+    fifth, a transaction without its card every seventh (and, with `bad_logins`, a login whose
+    `ok` is not a boolean). `country(i)`: the i-th transaction's country."""
     rows: list[tuple[str | None, bytes | None]] = []
-    for i in range(30):
-        rows.append(("tx", json.dumps({"ts": T + i, "card": f"c{i % 4}", "amount": 50 * i,
-                                       "country": "NL"}).encode()))
+    for i in range(n):
+        rows.append(("tx", json.dumps({"ts": T + i, "card": f"c{i % cards}", "amount": 50 * i,
+                                       "country": country(i)}).encode()))
         rows.append(("logins", json.dumps({"ts": T + i, "user": i, "ok": i % 2 == 0})
                      .encode()))
         if i % 5 == 0:
-            rows.append(("customers", json.dumps({"t": T + i, "card": f"c{i % 4}",
+            rows.append(("customers", json.dumps({"t": T + i, "card": f"c{i % cards}",
                                                   "home": "DE"}).encode()))
         if i % 7 == 0:
             rows.append(("tx", b'{"ts": ' + str(T).encode() + b', "amount": 1}'))  # no card
-            rows.append(("logins", json.dumps({"ts": T, "user": 1, "ok": "yes"}).encode()))
+            if bad_logins:
+                rows.append(("logins", json.dumps({"ts": T, "user": 1, "ok": "yes"}).encode()))
+    return rows
+
+
+def test_several_streams_a_table_and_a_rule_with_no_key_in_one_batch() -> None:
+    plan = plan_for(compile_rules(RULES, "several.cep"), 8)
+    assert {s.name for s in plan.streams} == {"tx", "logins", "customers"}
+    rows = several_streams_rows(30, 4, lambda i: "NL", bad_logins=True)
     streams = [s for s, _ in rows]
     values = [v for _, v in rows]
     fast, slow = _both(plan, [_raw(streams, values)])
