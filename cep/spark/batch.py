@@ -44,6 +44,7 @@ from cep.spark.pipeline import (
     BROADCAST,
     Plan,
     Validate,
+    accepted_text,
     fast_validated,
     native_on_this_worker,
     tombstones_as_deletes,
@@ -122,8 +123,8 @@ class Prepare:
         # One stream (the usual case): its key fields, for the vectorised fan-out.
         self.only = plan.streams[0].key_fields if len(plan.streams) == 1 else None
         self.shards = plan.shards
-        self.names = _prepared_names(plan)
-        self.slim = self.names == _SLIM_NAMES  # (`is` would not survive pickling)
+        self.slim = slim_key_field(plan) is not None
+        self.names = _SLIM_NAMES if self.slim else _PREPARED_NAMES
         # Table changelogs (docs/tables.md): routed like events, but not events: they count
         # in neither the events nor the input's last event time.
         self.tables = _strings([s.name for s in plan.streams if s.is_table])
@@ -218,9 +219,7 @@ class Prepare:
         seq = accepted(sub.column("seq"))
         seq = pa.array(content_seqs) if seq.null_count == n_ok else \
             pc.coalesce(seq, pa.array(content_seqs))
-        # The core accepts only records that are UTF-8 as a whole: the bytes are the text.
-        value = accepted(sub.column("value"))
-        text = value.view(pa.string()) if value.type == pa.binary() else value.cast(pa.string())
+        text = accepted_text(accepted(sub.column("value")))
         checked = pa.RecordBatch.from_arrays(
             [accepted(sub.column("stream")), ts, seq, text, keys],
             names=["stream", "ts", "seq", "data", "keys"])

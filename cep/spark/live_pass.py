@@ -126,18 +126,20 @@ class ValidatePack:
     """The mapInArrow function of `live_packed`: raw rows → `(shard, wm, pack)` rows."""
 
     def __init__(self, plan: Plan, position: tuple[str, ...], max_bytes: int) -> None:
+        import pyarrow as pa
+
         self.validate = Validate(plan, position, max_bytes)
         self.position = position
         self.shards = plan.shards
         self.key_fields = {s.name: s.key_fields for s in plan.streams}
         self.key_fields.setdefault(EOF_STREAM, ("",))
         self.tables = {s.name for s in plan.streams if s.is_table}
+        # Dead letters' shard: Spark's shard of the empty key (a constant of the job).
+        self.dead_shard = int(spark_shards("", pa.array([""]), self.shards)[0])
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        if self.validate.fast and not native_on_this_worker():
-            self.validate.fast = {}
         for batch in batches:
             rows = self.fan_out(self.validate.validate_batch(batch))
             packs = list(pack_rows(rows)) if rows is not None else []
@@ -220,7 +222,7 @@ class ValidatePack:
                     **{c: cols[c][i] for c in self.position}}
             data.append(json.dumps({k: v for k, v in info.items() if v is not None},
                                    separators=(",", ":")))
-        shard = spark_shards("", pa.array([""]), self.shards)[0]
+        shard = self.dead_shard
         zeros = pa.array(np.zeros(n, np.int64))
         return pa.RecordBatch.from_arrays(
             [pa.array(np.full(n, shard, np.int32)), zeros,

@@ -143,13 +143,13 @@ class Validate:
                       for s in plan.streams if not s.is_table} if fast else {})
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        if self.fast and not native_on_this_worker():
-            self.fast = {}
         for batch in batches:
             yield self.validate_batch(batch)
 
     def validate_batch(self, batch: Any) -> Any:
         """One Arrow batch of raw rows → its validated rows, in the input's order."""
+        if self.fast and not native_on_this_worker():
+            self.fast = {}
         import numpy as np
         import pyarrow as pa
 
@@ -204,7 +204,7 @@ class Validate:
                 return sub.column(c) if take is None else sub.column(c).take(take)
 
             nulls = len(local)
-            arrays = [col("stream"), ts, col("seq"), col("value").cast(pa.string()), keys,
+            arrays = [col("stream"), ts, col("seq"), accepted_text(col("value")), keys,
                       pa.nulls(nulls, pa.string()), pa.nulls(nulls, pa.binary())]
             arrays += [col(c) for c in self.passthrough]
             out.append((rows, pa.RecordBatch.from_arrays(arrays, names=self._names())))
@@ -298,6 +298,14 @@ def fast_validated(values: Any, time_field: str, key_order: list[str], fields: A
                                                        dtype=np.int32)), flat)
     return (rows, pa.array(np.frombuffer(ts_b, np.int64)[rows]),
             np.frombuffer(seq_b, np.int64)[rows], keys)
+
+
+def accepted_text(value: Any) -> Any:
+    """The record bytes the core's fast validator accepted, as text: it accepts only records
+    that are UTF-8 as a whole, so binary bytes are viewed as text, not cast (no copy, no check)."""
+    import pyarrow as pa
+
+    return value.view(pa.string()) if value.type == pa.binary() else value.cast(pa.string())
 
 
 def native_on_this_worker() -> bool:
