@@ -12,7 +12,7 @@ use pyo3::types::{PyList, PyTuple};
 use crate::engine::RuleE;
 use crate::expr::{Cap, CapVec, Caps, Ev, RowMemo, NO_CAPS};
 pub use crate::family_build::{build, shape, Thresh};
-use crate::matcher::{Core, Entry, Loc, MState, Out, Run, FOREVER, NO_CID};
+use crate::matcher::{Core, Entry, Loc, MState, Out, Run, FOREVER};
 use crate::program::{Conn, DONE};
 
 /// How a variable's condition differs between the members.
@@ -244,7 +244,10 @@ impl Family {
                         }
                     } else {
                         for (i, &ri) in self.members.iter().enumerate() {
-                            if local_test(&rules[ri].core, py, var, ev, t.loc.shared)? {
+                            // Each member's own test (a fresh memo: members differ here), the
+                            // engine's shared conditions still consulted.
+                            let mut loc = Loc { own: &mut [None; 8], shared: &mut *t.loc.shared, rows: &[] };
+                            if rules[ri].core.test(py, var, ev, &NO_CAPS, &mut loc)? {
                                 r |= 1 << i;
                             }
                         }
@@ -762,21 +765,4 @@ impl Family {
         let deadline = self.earliest(&runs);
         (!runs.is_empty()).then_some(FState { row, runs, deadline })
     }
-}
-
-/// A member's local condition for `var` on this event, through the group's shared cache
-/// (`Core::test` without the rule's own cache).
-fn local_test(c: &Core, py: Python<'_>, var: usize, ev: &Ev, shared: &mut [u8]) -> PyResult<bool> {
-    let Some(cond) = &c.p.conds[var] else { return Ok(true) };
-    let cid = c.cids.get(var).copied().unwrap_or(NO_CID) as usize;
-    if let Some(&known) = shared.get(cid) {
-        if known != 0 {
-            return Ok(known == 2);
-        }
-    }
-    let v = cond.eval(&c.cx(py, &[]), ev, &NO_CAPS)?.is_true();
-    if let Some(slot) = shared.get_mut(cid) {
-        *slot = 1 + v as u8;
-    }
-    Ok(v)
 }

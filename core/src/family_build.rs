@@ -140,7 +140,7 @@ pub fn build(rules: &[RuleE], groups: &[&[usize]], shapes: &[Option<Shape>]) -> 
                     mono: steps.windows(2).all(|w| w[0] <= w[1]),
                     vary,
                     within: members.iter().map(|&ri| rules[ri].core.p.within).collect(),
-                    step: members.iter().map(|&ri| rules[ri].core.p.step).collect(),
+                    step: steps,
                     timed: rep.p.within.is_some() || rep.p.step.is_some(),
                     min_cap: members.iter().map(|&ri| rules[ri].core.cap).min().unwrap_or(0),
                 });
