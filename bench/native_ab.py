@@ -2,7 +2,10 @@
 100,000, a fresh engine per run) over batches cached on disk, so that two builds of `cep._core`
 can be alternated within minutes without regenerating the data set each time.
 
-    python -m bench.native_ab EVENTS KEYS RUNS [--domain fraud] [--rules FILE]
+    python -m bench.native_ab EVENTS KEYS RUNS [--domain fraud] [--rules FILE] [--json]
+
+`--json`: each event's fields as one JSON text column (`ts`, `seq`, `data`), the form replay's
+engine step and the live operator hand the core, so the figure includes the core's JSON reading.
 
 The batches are pickled under $CEP_AB_CACHE (default /tmp/cep-native-ab), one file per
 (domain, events, keys). Prints events/s (wall and CPU, `time.process_time`) per run.
@@ -11,10 +14,12 @@ The batches are pickled under $CEP_AB_CACHE (default /tmp/cep-native-ab), one fi
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pickle
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.native import arrow_batches
 from bench.workloads import dataset, load_rules, rules_path, stream_of
@@ -31,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", type=int)
     ap.add_argument("--domain", default="fraud")
     ap.add_argument("--rules", type=Path, default=None)
+    ap.add_argument("--json", action="store_true", help="events as a JSON text column")
     a = ap.parse_args(argv)
     ruleset = load_rules(a.rules or rules_path(RULES, a.domain))
     cache_dir = Path(os.environ.get("CEP_AB_CACHE", "/tmp/cep-native-ab"))
@@ -44,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
                         key=lambda e: (e.ts, e.seq))
         batches = arrow_batches(events, 100_000)
         cache.write_bytes(pickle.dumps(batches))
+    if a.json:
+        batches = [(json_batch(rb), top) for rb, top in batches]
     n = sum(rb.num_rows for rb, _ in batches)
     for r in range(a.runs):
         engine = build_embedded_engine(ruleset)
@@ -57,6 +65,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run {r}: {n} events {n / wall:,.0f} ev/s wall {n / cpu:,.0f} ev/s CPU; "
               f"{count} results", flush=True)
     return 0
+
+
+def json_batch(rb: Any) -> Any:
+    """A batch of typed columns as `ts`, `seq` and the other fields as one JSON text each."""
+    import pyarrow as pa
+
+    cols = rb.to_pydict()
+    names = [c for c in cols if c not in ("stream", "seq")]
+    data = [json.dumps({c: cols[c][i] for c in names}) for i in range(rb.num_rows)]
+    return pa.RecordBatch.from_pydict({"ts": cols["ts"], "seq": cols["seq"], "data": data})
 
 
 if __name__ == "__main__":

@@ -114,20 +114,44 @@ impl Batch<'_> {
                 Kind::F32 => Value::Float(prim!(f32) as f64),
                 Kind::F64 => Value::Float(prim!(f64)),
                 Kind::Utf8 | Kind::LargeUtf8 => {
-                    let (start, end) = if col.kind == Kind::Utf8 {
-                        let o = col.offsets as *const i32;
-                        (std::ptr::read_unaligned(o.add(i)) as usize, std::ptr::read_unaligned(o.add(i + 1)) as usize)
-                    } else {
-                        let o = col.offsets as *const i64;
-                        (std::ptr::read_unaligned(o.add(i)) as usize, std::ptr::read_unaligned(o.add(i + 1)) as usize)
-                    };
-                    let bytes: &[u8] =
-                        if end > start { std::slice::from_raw_parts(col.data.add(start), end - start) } else { &[] };
-                    let text = std::str::from_utf8(bytes).map_err(|_| bad("arrow: a string that is not UTF-8"))?;
+                    let text = self.text_at(col, i)?;
                     Value::Str(col.interned(text))
                 }
             })
         }
+    }
+
+    /// Cell `j` of string column `c`, borrowed from the batch (None: null or not a string
+    /// column): for text that is parsed, not kept (a JSON column).
+    pub fn text(&self, c: usize, j: usize) -> PyResult<Option<&str>> {
+        let col = &self.cols[c];
+        let i = col.base + j;
+        if !matches!(col.kind, Kind::Utf8 | Kind::LargeUtf8) {
+            return Ok(None);
+        }
+        // SAFETY: as in `get`.
+        unsafe {
+            if !col.validity.is_null() && !bit(col.validity, i) {
+                return Ok(None);
+            }
+            self.text_at(col, i).map(Some)
+        }
+    }
+
+    /// The text of a string column's cell `i` (offset included).
+    ///
+    /// # Safety
+    /// `col` is a string column of this batch and `i` within its length.
+    unsafe fn text_at(&self, col: &Col, i: usize) -> PyResult<&str> {
+        let (start, end) = if col.kind == Kind::Utf8 {
+            let o = col.offsets as *const i32;
+            (std::ptr::read_unaligned(o.add(i)) as usize, std::ptr::read_unaligned(o.add(i + 1)) as usize)
+        } else {
+            let o = col.offsets as *const i64;
+            (std::ptr::read_unaligned(o.add(i)) as usize, std::ptr::read_unaligned(o.add(i + 1)) as usize)
+        };
+        let bytes: &[u8] = if end > start { std::slice::from_raw_parts(col.data.add(start), end - start) } else { &[] };
+        std::str::from_utf8(bytes).map_err(|_| bad("arrow: a string that is not UTF-8"))
     }
 }
 

@@ -903,9 +903,9 @@ impl Engine {
             };
             let Some(gs) = self.by_stream.get(sname) else { continue };
             let row = Arc::new(match json_i {
-                Some(ji) => match b.get(ji, j)? {
-                    Value::Str(text) => parse_row(py, &text, &mut cols_cache)?,
-                    _ => return Err(PyValueError::new_err(format!("row {j}: the JSON column is null"))),
+                Some(ji) => match b.text(ji, j)? {
+                    Some(text) => parse_row(py, text, &mut cols_cache)?,
+                    None => return Err(PyValueError::new_err(format!("row {j}: the JSON column is null"))),
                 },
                 None => Row { cols: cols.clone(), vals: data_idx.iter().map(|&i| b.get(i, j)).collect::<PyResult<_>>()? },
             });

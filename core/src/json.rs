@@ -8,10 +8,13 @@
 //! refuses (`NaN`, lone surrogates, numbers out of range) and any run of 20 or more digits (an
 //! integer that may not fit 64 bits, which serde_json would round to a float).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 
 use crate::expr::{Cols, Row};
 use crate::value::Value;
@@ -57,14 +60,11 @@ fn long_digit_run(text: &str) -> bool {
 /// One JSON object's text → a row. An error names what is wrong (not an object, not JSON).
 pub fn parse_row(py: Python<'_>, text: &str, cache: &mut ColsCache) -> PyResult<Row> {
     if !long_digit_run(text) {
-        if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text) {
-            let mut names = Vec::with_capacity(map.len());
-            let mut vals = Vec::with_capacity(map.len());
-            for (k, v) in map {
-                names.push(k);
-                vals.push(value_of(py, v)?);
+        let mut de = serde_json::Deserializer::from_str(text);
+        if let Ok(row) = (RowSeed { py, cache: &mut *cache }).deserialize(&mut de) {
+            if de.end().is_ok() {
+                return Ok(row);
             }
-            return Ok(Row { cols: cache.cols(py, names), vals });
         }
     }
     let obj = py.import("json")?.getattr("loads")?.call1((text,))?;
@@ -78,6 +78,158 @@ pub fn parse_row(py: Python<'_>, text: &str, cache: &mut ColsCache) -> PyResult<
         vals.push(Value::from_py(&v));
     }
     Ok(Row { cols: cache.cols(py, names), vals })
+}
+
+/// Reads an object straight into a row: no map and no key strings while its field names are
+/// those of the last row (`ColsCache`), the usual case. The values are what `value_of` makes
+/// of serde_json's own `Value` (the same visitor calls reach both).
+struct RowSeed<'a, 'py> {
+    py: Python<'py>,
+    cache: &'a mut ColsCache,
+}
+
+impl<'de> DeserializeSeed<'de> for RowSeed<'_, '_> {
+    type Value = Row;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Row, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RowSeed<'_, '_> {
+    type Value = Row;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Row, A::Error> {
+        let last = self.cache.last.clone();
+        let same: &[String] = last.as_ref().map_or(&[], |c| &c.names);
+        // None while the names so far are `same`'s first ones.
+        let mut names: Option<Vec<String>> = None;
+        let mut vals: Vec<Value> = Vec::with_capacity(same.len().max(4));
+        while let Some(key) = map.next_key_seed(KeySeed)? {
+            let value = map.next_value_seed(ValueSeed(self.py))?;
+            if names.is_none() {
+                if same.get(vals.len()).is_some_and(|n| *n == *key) {
+                    vals.push(value);
+                    continue;
+                }
+                names = Some(same[..vals.len()].to_vec());
+            }
+            let names = names.as_mut().expect("set above");
+            match names.iter().position(|n| *n == *key) {
+                // A repeated field keeps its first place and its last value.
+                Some(p) => vals[p] = value,
+                None => {
+                    names.push(key.into_owned());
+                    vals.push(value);
+                }
+            }
+        }
+        let names = match names {
+            None if same.len() == vals.len() && last.is_some() => None,
+            None => Some(same[..vals.len()].to_vec()),
+            some => some,
+        };
+        let cols = match names {
+            None => last.expect("matched its names"),
+            Some(names) => self.cache.cols(self.py, names),
+        };
+        Ok(Row { cols, vals })
+    }
+}
+
+/// A field name, borrowed from the text when it has no escapes.
+struct KeySeed;
+
+impl<'de> DeserializeSeed<'de> for KeySeed {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v))
+    }
+}
+
+/// A field's value as `value_of` would make it from serde_json's `Value`.
+struct ValueSeed<'py>(Python<'py>);
+
+impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+fn py_err<E: de::Error>(e: PyErr) -> E {
+    E::custom(e)
+}
+
+impl<'de> Visitor<'de> for ValueSeed<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Int(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        match i64::try_from(v) {
+            Ok(i) => Ok(Value::Int(i)),
+            Err(_) => value_of(self.0, serde_json::Value::from(v)).map_err(py_err),
+        }
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::Float(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::Str(Arc::from(v)))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Value, A::Error> {
+        let v = serde_json::Value::deserialize(de::value::SeqAccessDeserializer::new(seq))?;
+        value_of(self.0, v).map_err(py_err)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Value, A::Error> {
+        let v = serde_json::Value::deserialize(de::value::MapAccessDeserializer::new(map))?;
+        value_of(self.0, v).map_err(py_err)
+    }
 }
 
 fn value_of(py: Python<'_>, v: serde_json::Value) -> PyResult<Value> {
