@@ -331,6 +331,13 @@ fn dump_str(s: &str, out: &mut String) {
 /// Python's `repr(float)`: the shortest digits that read back as `f`, positional when the
 /// decimal exponent is in [-4, 16), else `d.ddde±XX`.
 fn float_repr(f: f64, out: &mut String) {
+    // Positional range (the usual amount or price): Rust's `Debug` writes the same shortest
+    // digits with the same `.0` rule, with no allocation.
+    if f == 0.0 || (1e-4..1e16).contains(&f.abs()) {
+        use std::fmt::Write;
+        let _ = write!(out, "{f:?}");
+        return;
+    }
     let sci = format!("{f:e}"); // shortest round-trip digits: "-1.2345e-7"
     let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
     let exp: i32 = exp.parse().unwrap_or(0);

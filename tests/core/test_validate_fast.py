@@ -11,7 +11,7 @@ import math
 import struct
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cep import _core  # type: ignore[attr-defined]
@@ -134,6 +134,13 @@ def test_content_seq_of_any_object_equals_pythons(obj: dict[str, Any]) -> None:
 
 @settings(max_examples=examples(300), deadline=None)
 @given(floats)
+@example(1e16)  # the edges of the positional range, both sides
+@example(9999999999999998.0)
+@example(1e-4)
+@example(9.999999999999999e-05)
+@example(-0.0)
+@example(0.0)
+@example(-232.59)
 def test_floats_are_written_as_python_writes_them(f: float) -> None:
     assert math.isfinite(f)
     raw = json.dumps({"x": f}).encode()
