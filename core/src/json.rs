@@ -42,16 +42,26 @@ impl ColsCache {
     }
 }
 
-fn long_digit_run(text: &str) -> bool {
+/// Text serde_json reads differently from `json.loads`, handed to Python: a run of 20 or more
+/// digits (an integer that may not fit 64 bits: serde_json would round it to a float), a
+/// negative run of 19 (below `i64::MIN` the same), and the integer `-0` (serde_json: `-0.0`;
+/// Python: `0`). A match inside a string costs only the slower path.
+fn python_reads_differently(text: &str) -> bool {
+    let b = text.as_bytes();
     let mut run = 0;
-    for b in text.bytes() {
-        if b.is_ascii_digit() {
-            run += 1;
-            if run >= 20 {
-                return true;
-            }
-        } else {
+    for (i, &c) in b.iter().enumerate() {
+        if !c.is_ascii_digit() {
             run = 0;
+            continue;
+        }
+        run += 1;
+        if run >= 20 || (run == 19 && i >= 19 && b[i - 19] == b'-') {
+            return true;
+        }
+        if run == 1 && c == b'0' && i > 0 && b[i - 1] == b'-'
+            && !matches!(b.get(i + 1), Some(b'.' | b'e' | b'E' | b'0'..=b'9'))
+        {
+            return true;
         }
     }
     false
@@ -59,7 +69,7 @@ fn long_digit_run(text: &str) -> bool {
 
 /// One JSON object's text → a row. An error names what is wrong (not an object, not JSON).
 pub fn parse_row(py: Python<'_>, text: &str, cache: &mut ColsCache) -> PyResult<Row> {
-    if !long_digit_run(text) {
+    if !python_reads_differently(text) {
         let mut de = serde_json::Deserializer::from_str(text);
         if let Ok(row) = (RowSeed { py, cache: &mut *cache }).deserialize(&mut de) {
             if de.end().is_ok() {
@@ -269,12 +279,16 @@ fn py_of(py: Python<'_>, v: serde_json::Value) -> PyResult<Py<PyAny>> {
 
 #[cfg(test)]
 mod tests {
-    use super::long_digit_run;
+    use super::python_reads_differently as python;
 
     #[test]
-    fn twenty_digits_go_to_python() {
-        assert!(!long_digit_run(r#"{"a": 9223372036854775807}"#));
-        assert!(long_digit_run(r#"{"a": 92233720368547758070}"#));
-        assert!(!long_digit_run(r#"{"a": "1234567890", "b": 1234567890}"#));
+    fn what_serde_json_reads_differently_goes_to_python() {
+        assert!(!python(r#"{"a": 9223372036854775807}"#));
+        assert!(python(r#"{"a": 92233720368547758070}"#));
+        assert!(!python(r#"{"a": "1234567890", "b": 1234567890}"#));
+        assert!(python(r#"{"a": -9223372036854775809}"#));
+        assert!(!python(r#"{"a": 9223372036854775808}"#));
+        assert!(python(r#"{"a":-0}"#) && python(r#"{"a": [-0, 1]}"#));
+        assert!(!python(r#"{"a": -0.0, "b": -0e1, "c": -01.5, "d": -10}"#));
     }
 }

@@ -331,14 +331,32 @@ fn dump_str(s: &str, out: &mut String) {
 /// Python's `repr(float)`: the shortest digits that read back as `f`, positional when the
 /// decimal exponent is in [-4, 16), else `d.ddde±XX`.
 fn float_repr(f: f64, out: &mut String) {
-    // Positional range (the usual amount or price): Rust's `Debug` writes the same shortest
-    // digits with the same `.0` rule, with no allocation.
+    use std::fmt::Write;
+    // Rust's shortest digits break a tie between two shortest forms upward, Python's repr to
+    // even (764461555359037.25: Rust `.3`, Python `.2`): each form below is written again
+    // exactly at as many digits (Rust's fixed precision rounds ties to even) and that one is
+    // kept when it differs and still reads back as `f`.
     if f == 0.0 || (1e-4..1e16).contains(&f.abs()) {
-        use std::fmt::Write;
+        // Positional range (the usual amount or price): `Debug` writes these digits with
+        // Python's `.0` rule, with no allocation.
+        let start = out.len();
         let _ = write!(out, "{f:?}");
+        let mid = out.len();
+        let frac = out[start..mid].split_once('.').map_or(0, |(_, d)| d.len());
+        let _ = write!(out, "{f:.frac$}");
+        if out[mid..] != out[start..mid] && out[mid..].parse::<f64>() == Ok(f) {
+            out.replace_range(start..mid, "");
+        } else {
+            out.truncate(mid);
+        }
         return;
     }
-    let sci = format!("{f:e}"); // shortest round-trip digits: "-1.2345e-7"
+    let mut sci = format!("{f:e}"); // shortest round-trip digits: "-1.2345e-7"
+    let n = sci.split('e').next().unwrap_or("").bytes().filter(u8::is_ascii_digit).count();
+    let even = format!("{f:.p$e}", p = n.saturating_sub(1));
+    if even != sci && even.parse::<f64>() == Ok(f) {
+        sci = even;
+    }
     let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
     let exp: i32 = exp.parse().unwrap_or(0);
     let (neg, mant) = mant.strip_prefix('-').map_or((false, mant), |m| (true, m));
@@ -688,7 +706,9 @@ mod tests {
         for (f, want) in [(0.0, "0.0"), (-0.0, "-0.0"), (1.5, "1.5"), (1e16, "1e+16"),
                           (1e15, "1000000000000000.0"), (0.0001, "0.0001"), (1e-5, "1e-05"),
                           (123.456, "123.456"), (1.2345678901234568e17, "1.2345678901234568e+17"),
-                          (5e-324, "5e-324"), (0.1, "0.1")] {
+                          (5e-324, "5e-324"), (0.1, "0.1"),
+                          // ties between two shortest forms go to the even digit, as in Python
+                          (764461555359037.25, "764461555359037.2"), (2.5e20, "2.5e+20")] {
             let mut s = String::new();
             float_repr(f, &mut s);
             assert_eq!(s, want);

@@ -141,6 +141,8 @@ def test_content_seq_of_any_object_equals_pythons(obj: dict[str, Any]) -> None:
 @example(-0.0)
 @example(0.0)
 @example(-232.59)
+@example(764461555359037.25)  # a tie between two shortest forms: even, as Python
+@example(2.5e20)
 def test_floats_are_written_as_python_writes_them(f: float) -> None:
     assert math.isfinite(f)
     raw = json.dumps({"x": f}).encode()
