@@ -708,7 +708,7 @@ mod tests {
                           (123.456, "123.456"), (1.2345678901234568e17, "1.2345678901234568e+17"),
                           (5e-324, "5e-324"), (0.1, "0.1"),
                           // ties between two shortest forms go to the even digit, as in Python
-                          (764461555359037.25, "764461555359037.2"), (2.5e20, "2.5e+20")] {
+                          (764461555359037.0 + 0.25, "764461555359037.2"), (2.5e20, "2.5e+20")] {
             let mut s = String::new();
             float_repr(f, &mut s);
             assert_eq!(s, want);
