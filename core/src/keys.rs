@@ -1,0 +1,357 @@
+//! The keys of an engine's state (docs/native-core.md, "Many keys"): each (group, key text)
+//! has a small integer id while it has state, its value lives in one slot of a slab (no map of
+//! boxed states, no key text hashed again after the event's lookup), and the wake index is a
+//! calendar of coarse time buckets holding ids (no heap entry, no key clone per deadline).
+//!
+//! Ids are reused: `release` frees a key's id and slot for the next new key. The wake index
+//! keeps one time per key (`set_wake` replaces it); `pop_due` returns the keys due by a time,
+//! in no particular order (the engine orders its output by key itself).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+pub type Id = u32;
+
+/// A slot's `queued` when the key is not in the wake index.
+const NOT_QUEUED: i64 = i64::MIN;
+/// A slot's `group` when the slot is free.
+const FREE: u32 = u32::MAX;
+/// Wake times are filed by `time >> SHIFT` (buckets of 1,024 ms of event time).
+const SHIFT: u32 = 10;
+
+pub struct Slot<V> {
+    pub key: Arc<str>,
+    pub group: u32,
+    /// When the key is due (meaningful while `queued != NOT_QUEUED`).
+    wake: i64,
+    /// The bucket holding the key's live entry in the wake index (`NOT_QUEUED`: none). Other
+    /// entries of the id in other buckets are stale and skipped.
+    queued: i64,
+    pub val: V,
+}
+
+pub struct Keys<V> {
+    slots: Vec<Slot<V>>,
+    free: Vec<Id>,
+    /// Per group, the ids of its keys by text.
+    ids: Vec<HashMap<Arc<str>, Id>>,
+    /// The wake index: bucket → ids filed there (some stale).
+    buckets: BTreeMap<i64, Vec<Id>>,
+    /// Entries in `buckets`, live or stale (rebuilt when stale ones dominate).
+    entries: usize,
+    /// Keys in the wake index.
+    waiting: usize,
+    empty: Arc<str>,
+}
+
+impl<V: Default> Default for Keys<V> {
+    fn default() -> Self {
+        Keys {
+            slots: Vec::new(),
+            free: Vec::new(),
+            ids: Vec::new(),
+            buckets: BTreeMap::new(),
+            entries: 0,
+            waiting: 0,
+            empty: Arc::from(""),
+        }
+    }
+}
+
+impl<V: Default> Keys<V> {
+    /// The id of `key` in `group`, made (with a default value) if the key has none.
+    pub fn intern(&mut self, group: u32, key: &Arc<str>) -> Id {
+        let g = group as usize;
+        if self.ids.len() <= g {
+            self.ids.resize_with(g + 1, HashMap::default);
+        }
+        if let Some(&id) = self.ids[g].get(&**key) {
+            return id;
+        }
+        let slot = Slot { key: key.clone(), group, wake: 0, queued: NOT_QUEUED, val: V::default() };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.slots[id as usize] = slot;
+                id
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as Id
+            }
+        };
+        self.ids[g].insert(key.clone(), id);
+        id
+    }
+
+    pub fn find(&self, group: u32, key: &str) -> Option<Id> {
+        self.ids.get(group as usize).and_then(|m| m.get(key)).copied()
+    }
+
+    /// Forget the key: its id and slot are free for another key.
+    pub fn release(&mut self, id: Id) {
+        self.discard_wake(id);
+        let empty = self.empty.clone();
+        let s = &mut self.slots[id as usize];
+        if s.group == FREE {
+            return;
+        }
+        if let Some(m) = self.ids.get_mut(s.group as usize) {
+            m.remove(&*s.key);
+        }
+        s.key = empty;
+        s.group = FREE;
+        s.val = V::default();
+        self.free.push(id);
+    }
+
+    pub fn slot(&self, id: Id) -> &Slot<V> {
+        &self.slots[id as usize]
+    }
+
+    pub fn val_mut(&mut self, id: Id) -> &mut V {
+        &mut self.slots[id as usize].val
+    }
+
+    /// The ids in use, in id order.
+    pub fn ids(&self) -> impl Iterator<Item = Id> + '_ {
+        self.slots.iter().enumerate().filter(|(_, s)| s.group != FREE).map(|(i, _)| i as Id)
+    }
+
+    /// The slots in use.
+    pub fn live(&self) -> impl Iterator<Item = &Slot<V>> + '_ {
+        self.slots.iter().filter(|s| s.group != FREE)
+    }
+
+    /// The number of keys with an id.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// The key is due at `when` (replacing its earlier time).
+    pub fn set_wake(&mut self, id: Id, when: i64) {
+        let b = when >> SHIFT;
+        let s = &mut self.slots[id as usize];
+        if s.queued == NOT_QUEUED {
+            self.waiting += 1;
+        }
+        s.wake = when;
+        if s.queued == b {
+            return;
+        }
+        s.queued = b;
+        self.buckets.entry(b).or_default().push(id);
+        self.entries += 1;
+        if self.entries > 2 * self.waiting + 64 {
+            self.rebuild();
+        }
+    }
+
+    pub fn discard_wake(&mut self, id: Id) {
+        let s = &mut self.slots[id as usize];
+        if s.queued != NOT_QUEUED {
+            s.queued = NOT_QUEUED;
+            self.waiting -= 1;
+        }
+    }
+
+    pub fn wake_of(&self, id: Id) -> Option<i64> {
+        let s = &self.slots[id as usize];
+        (s.queued != NOT_QUEUED).then_some(s.wake)
+    }
+
+    /// The number of keys in the wake index.
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// Append to `out` the keys due at or before `top` (taken out of the wake index).
+    pub fn pop_due(&mut self, top: i64, out: &mut Vec<Id>) {
+        let last = top >> SHIFT;
+        let slots = &mut self.slots;
+        while let Some(mut e) = self.buckets.first_entry() {
+            let b = *e.key();
+            if b > last {
+                break;
+            }
+            let ids = e.get_mut();
+            let before = ids.len();
+            // Every live entry of a bucket before `last` is due; in `last`'s, those up to `top`.
+            ids.retain(|&id| {
+                let s = &mut slots[id as usize];
+                if s.queued != b {
+                    return false;
+                }
+                if s.wake <= top {
+                    s.queued = NOT_QUEUED;
+                    self.waiting -= 1;
+                    out.push(id);
+                    return false;
+                }
+                true
+            });
+            self.entries -= before - ids.len();
+            if !ids.is_empty() {
+                break;
+            }
+            e.remove();
+        }
+    }
+
+    /// Append every key of the wake index to `out` (which is left empty).
+    pub fn pop_all(&mut self, out: &mut Vec<Id>) {
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if s.queued != NOT_QUEUED {
+                s.queued = NOT_QUEUED;
+                out.push(i as Id);
+            }
+        }
+        self.buckets.clear();
+        self.entries = 0;
+        self.waiting = 0;
+    }
+
+    /// The earliest wake time.
+    pub fn next_due(&mut self) -> Option<i64> {
+        let slots = &self.slots;
+        while let Some(mut e) = self.buckets.first_entry() {
+            let b = *e.key();
+            let ids = e.get_mut();
+            let before = ids.len();
+            ids.retain(|&id| slots[id as usize].queued == b);
+            self.entries -= before - ids.len();
+            if let Some(t) = ids.iter().map(|&id| slots[id as usize].wake).min() {
+                return Some(t);
+            }
+            e.remove();
+        }
+        None
+    }
+
+    /// File every queued key once again (drops the stale entries).
+    fn rebuild(&mut self) {
+        self.buckets.clear();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if s.queued != NOT_QUEUED {
+                s.queued = s.wake >> SHIFT;
+                self.buckets.entry(s.queued).or_default().push(i as Id);
+            }
+        }
+        self.entries = self.waiting;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny deterministic generator (no dependency for tests).
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self, n: u64) -> u64 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (self.0 >> 33) % n
+        }
+    }
+
+    fn key(i: u64) -> Arc<str> {
+        Arc::from(format!("k{i}"))
+    }
+
+    #[test]
+    fn release_and_recreate_reuse_ids_and_reset_values() {
+        let mut k: Keys<Vec<u32>> = Keys::default();
+        let a = k.intern(0, &key(1));
+        let b = k.intern(1, &key(1));
+        assert_ne!(a, b, "the same text in two groups is two keys");
+        assert_eq!(k.intern(0, &key(1)), a);
+        k.val_mut(a).push(7);
+        k.set_wake(a, 100);
+        k.release(a);
+        assert_eq!(k.find(0, "k1"), None);
+        assert_eq!(k.wake_of(a), None);
+        assert_eq!(k.waiting(), 0);
+        assert_eq!(k.len(), 1);
+        let c = k.intern(0, &key(2));
+        assert_eq!(c, a, "a freed id is reused");
+        assert!(k.slot(c).val.is_empty(), "a reused slot starts empty");
+        assert_eq!(&*k.slot(c).key, "k2");
+        assert_eq!(k.find(0, "k2"), Some(c));
+        assert_eq!(k.find(1, "k1"), Some(b));
+        k.release(c);
+        k.release(c);
+        assert_eq!(k.len(), 1, "releasing twice frees once");
+        assert_eq!(k.ids().collect::<Vec<_>>(), vec![b]);
+    }
+
+    /// Random wake operations over many keys against a plain map: the same keys are due, the
+    /// same earliest time, the same count.
+    #[test]
+    fn wake_index_agrees_with_a_map() {
+        let mut rng = Lcg(42);
+        let mut k: Keys<()> = Keys::default();
+        let mut model: std::collections::BTreeMap<u64, i64> = Default::default();
+        let mut ids = std::collections::HashMap::new();
+        let mut top = -5_000i64;
+        for step in 0..200_000 {
+            let i = rng.next(3_000);
+            let id = *ids.entry(i).or_insert_with(|| k.intern(0, &key(i)));
+            match rng.next(10) {
+                0..=5 => {
+                    let when = top + rng.next(20_000) as i64 - 1_000;
+                    k.set_wake(id, when);
+                    model.insert(i, when);
+                }
+                6 => {
+                    k.discard_wake(id);
+                    model.remove(&i);
+                }
+                7 if step % 7 == 0 => {
+                    k.release(id);
+                    ids.remove(&i);
+                    model.remove(&i);
+                }
+                _ => {
+                    top += rng.next(3_000) as i64;
+                    let mut due = Vec::new();
+                    k.pop_due(top, &mut due);
+                    let mut got: Vec<String> = due.iter().map(|&d| k.slot(d).key.to_string()).collect();
+                    got.sort();
+                    let mut want: Vec<String> =
+                        model.iter().filter(|(_, &t)| t <= top).map(|(i, _)| format!("k{i}")).collect();
+                    want.sort();
+                    assert_eq!(got, want, "step {step}");
+                    model.retain(|_, t| *t > top);
+                    assert_eq!(k.next_due(), model.values().min().copied(), "step {step}");
+                }
+            }
+            assert_eq!(k.waiting(), model.len());
+        }
+        let mut all = Vec::new();
+        k.pop_all(&mut all);
+        assert_eq!(all.len(), model.len());
+        assert_eq!(k.next_due(), None);
+        assert!(k.entries <= 2 * 3_000 + 64);
+    }
+
+    #[test]
+    fn negative_and_extreme_times_order() {
+        let mut k: Keys<()> = Keys::default();
+        let ids: Vec<Id> = (0..4).map(|i| k.intern(0, &key(i))).collect();
+        k.set_wake(ids[0], i64::MAX);
+        k.set_wake(ids[1], -3_000);
+        k.set_wake(ids[2], -1);
+        k.set_wake(ids[3], 0);
+        assert_eq!(k.next_due(), Some(-3_000));
+        let mut due = Vec::new();
+        k.pop_due(-1, &mut due);
+        due.sort();
+        assert_eq!(due, vec![ids[1], ids[2]]);
+        due.clear();
+        k.pop_due(i64::MAX - 1, &mut due);
+        assert_eq!(due, vec![ids[3]]);
+        assert_eq!(k.next_due(), Some(i64::MAX));
+    }
+}
