@@ -25,7 +25,7 @@ use crate::value::Value;
 use crate::family::{self, FOut, FState, Family};
 use crate::matcher::{Core, MState, Out, NO_CID};
 use crate::keycodec::{self, KeyEnc, Known, Src};
-use crate::keys::{Id, Keys};
+use crate::keys::{prefetch, Id, Keys};
 use crate::{build_core, panic_message, CoreError};
 
 /// Hash maps keyed by (group, key) with foldhash (seeded per process, much cheaper than SipHash
@@ -580,6 +580,7 @@ impl Engine {
         let mut counts = Counts::default();
         let mut runs: Vec<(u32, Arc<str>, usize, usize)> = Vec::new();
         for (k, &id) in due.iter().enumerate() {
+            prefetch_ahead(st, &due, k);
             let start = matches.len();
             let (gi, key) = {
                 let slot = st.keys.slot(id);
@@ -626,6 +627,37 @@ impl Engine {
         let partials = self.partials.as_deref_mut();
         let fams = (&self.families[..], &self.fam_of[..]);
         advance_key(py, &mut self.rules, fams, partials, g, st, (id, key), new, safe, eof, matches, counts)
+    }
+}
+
+/// With many keys each key's state is out of the caches: load the slots of the keys a few
+/// places ahead in `due`, then what they point to (events, matcher states), in stages, so
+/// that the loads overlap instead of stalling the key being advanced.
+fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
+    if let Some(&id) = due.get(k + 12) {
+        st.keys.prefetch(id);
+    }
+    if let Some(&id) = due.get(k + 6) {
+        let s = st.keys.slot(id);
+        prefetch(Arc::as_ptr(&s.key).cast::<u8>());
+        prefetch(s.val.new.as_ptr());
+        if let Some(ks) = &s.val.state {
+            prefetch(ks.buffer.as_ptr());
+            prefetch(ks.parts.as_ptr());
+        }
+    }
+    if let Some(&id) = due.get(k + 3) {
+        let s = st.keys.slot(id);
+        for it in s.val.new.iter().take(2) {
+            if let Some(r) = &it.row {
+                prefetch(Arc::as_ptr(r));
+            }
+        }
+        if let Some(ks) = &s.val.state {
+            for p in &ks.parts {
+                prefetch(p.state.runs.as_ptr());
+            }
+        }
     }
 }
 

@@ -106,6 +106,16 @@ impl<V: Default> Keys<V> {
         self.free.push(id);
     }
 
+    /// Ask the CPU to load the key's slot (a hint: the caller reaches it a few keys later).
+    pub fn prefetch(&self, id: Id) {
+        if let Some(s) = self.slots.get(id as usize) {
+            let p = (s as *const Slot<V>).cast::<u8>();
+            prefetch(p);
+            prefetch(p.wrapping_add(64));
+            prefetch(p.wrapping_add(128));
+        }
+    }
+
     pub fn slot(&self, id: Id) -> &Slot<V> {
         &self.slots[id as usize]
     }
@@ -241,6 +251,19 @@ impl<V: Default> Keys<V> {
         }
         self.entries = self.waiting;
     }
+}
+
+/// A prefetch hint for the cache line at `p` (any address: a prefetch never faults).
+#[inline]
+pub fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `_mm_prefetch` only hints the cache; it reads nothing and cannot fault.
+    #[allow(unused_unsafe)]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 #[cfg(test)]
