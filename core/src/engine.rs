@@ -28,7 +28,7 @@ use crate::keycodec::{self, KeyEnc, Known, Src};
 use crate::keys::{prefetch, Id, Keys};
 use crate::{build_core, panic_message, CoreError};
 
-/// Hash maps keyed by (group, key) with foldhash (seeded per process, much cheaper than SipHash
+/// Hash maps (by key id, field name, condition text) with foldhash (seeded per process, much cheaper than SipHash
 /// on short keys; SipHash was ~5% of the fraud workload's samples).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
@@ -140,7 +140,7 @@ impl EngineState {
         slot.new.push(item);
     }
 
-    /// Forget the events a call that failed left in the keys' slots.
+    /// Forget the events a failed call left in the keys' slots (each call starts with it).
     fn drop_new(&mut self) {
         for id in std::mem::take(&mut self.touched) {
             self.keys.val_mut(id).new.clear();
