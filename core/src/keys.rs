@@ -10,6 +10,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::engine::AT_END;
+
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 pub type Id = u32;
@@ -18,8 +20,67 @@ pub type Id = u32;
 const NOT_QUEUED: i64 = i64::MIN;
 /// A slot's `group` when the slot is free.
 const FREE: u32 = u32::MAX;
+/// A slot's `queued` when the key waits for the end of input (`AT_END` or later): such keys
+/// are kept out of the calendar, in `parked` (with many idle keys they would all share one
+/// bucket that every `next_due` would scan).
+const PARKED: i64 = i64::MIN + 1;
 /// Wake times are filed by `time >> SHIFT` (buckets of 1,024 ms of event time).
 const SHIFT: u32 = 10;
+
+/// One bucket of the wake index: ids filed there (some stale) and, while `valid`, the earliest
+/// wake of its live ids and an id holding it (recomputed only after that id leaves).
+struct Bucket {
+    ids: Vec<Id>,
+    min: i64,
+    holder: Id,
+    valid: bool,
+}
+
+impl Bucket {
+    fn empty() -> Self {
+        Bucket { ids: Vec::new(), min: i64::MAX, holder: 0, valid: true }
+    }
+
+    /// File `id` (due at `when`) here.
+    fn push(&mut self, id: Id, when: i64) {
+        self.ids.push(id);
+        self.lower(id, when);
+    }
+
+    /// The earliest wake of the live ids (those whose slot says `b`), after dropping the stale
+    /// entries if the cached one is not known; returns the stale entries dropped.
+    fn refresh<V>(&mut self, b: i64, slots: &[Slot<V>]) -> usize {
+        if self.valid {
+            return 0;
+        }
+        let before = self.ids.len();
+        self.ids.retain(|&id| slots[id as usize].queued == b);
+        let m = self.ids.iter().map(|&id| (slots[id as usize].wake, id)).min();
+        (self.min, self.holder) = m.unwrap_or((i64::MAX, 0));
+        self.valid = true;
+        before - self.ids.len()
+    }
+
+    /// `id` (live here) is now due at `when`.
+    fn lower(&mut self, id: Id, when: i64) {
+        if !self.valid {
+            return;
+        }
+        if when < self.min {
+            self.min = when;
+            self.holder = id;
+        } else if self.holder == id && when > self.min {
+            self.valid = false;
+        }
+    }
+
+    /// `id` left the bucket.
+    fn left(&mut self, id: Id) {
+        if self.holder == id {
+            self.valid = false;
+        }
+    }
+}
 
 pub struct Slot<V> {
     pub key: Arc<str>,
@@ -38,8 +99,12 @@ pub struct Keys<V> {
     /// Per group, the ids of its keys by text.
     ids: Vec<HashMap<Arc<str>, Id>>,
     /// The wake index: bucket → ids filed there (some stale).
-    buckets: BTreeMap<i64, Vec<Id>>,
-    /// Entries in `buckets`, live or stale (rebuilt when stale ones dominate).
+    buckets: BTreeMap<i64, Bucket>,
+    /// Ids waiting for the end of input (some stale: live while their slot says `PARKED`).
+    parked: Bucket,
+    /// Live ids in `parked`.
+    nparked: usize,
+    /// Entries in `buckets` and `parked`, live or stale (rebuilt when stale ones dominate).
     entries: usize,
     /// Keys in the wake index.
     waiting: usize,
@@ -53,6 +118,8 @@ impl<V: Default> Default for Keys<V> {
             free: Vec::new(),
             ids: Vec::new(),
             buckets: BTreeMap::new(),
+            parked: Bucket::empty(),
+            nparked: 0,
             entries: 0,
             waiting: 0,
             empty: Arc::from(""),
@@ -142,29 +209,54 @@ impl<V: Default> Keys<V> {
 
     /// The key is due at `when` (replacing its earlier time).
     pub fn set_wake(&mut self, id: Id, when: i64) {
-        let b = when >> SHIFT;
+        let b = if when >= AT_END { PARKED } else { when >> SHIFT };
         let s = &mut self.slots[id as usize];
-        if s.queued == NOT_QUEUED {
-            self.waiting += 1;
-        }
+        let was = s.queued;
         s.wake = when;
-        if s.queued == b {
+        if was == b {
+            if b == PARKED {
+                self.parked.lower(id, when);
+            } else if let Some(k) = self.buckets.get_mut(&b) {
+                k.lower(id, when);
+            }
             return;
         }
         s.queued = b;
-        self.buckets.entry(b).or_default().push(id);
+        self.left(id, was);
+        self.waiting += 1;
+        if b == PARKED {
+            self.parked.push(id, when);
+            self.nparked += 1;
+        } else {
+            self.buckets.entry(b).or_insert_with(Bucket::empty).push(id, when);
+        }
         self.entries += 1;
         if self.entries > 2 * self.waiting + 64 {
             self.rebuild();
         }
     }
 
+    /// `id` is no longer queued in `b` (its entry there is stale).
+    fn left(&mut self, id: Id, b: i64) {
+        match b {
+            NOT_QUEUED => return,
+            PARKED => {
+                self.nparked -= 1;
+                self.parked.left(id);
+            }
+            _ => {
+                if let Some(k) = self.buckets.get_mut(&b) {
+                    k.left(id);
+                }
+            }
+        }
+        self.waiting -= 1;
+    }
+
     pub fn discard_wake(&mut self, id: Id) {
         let s = &mut self.slots[id as usize];
-        if s.queued != NOT_QUEUED {
-            s.queued = NOT_QUEUED;
-            self.waiting -= 1;
-        }
+        let b = std::mem::replace(&mut s.queued, NOT_QUEUED);
+        self.left(id, b);
     }
 
     pub fn wake_of(&self, id: Id) -> Option<i64> {
@@ -183,13 +275,15 @@ impl<V: Default> Keys<V> {
         let slots = &mut self.slots;
         while let Some(mut e) = self.buckets.first_entry() {
             let b = *e.key();
-            if b > last {
+            let k = e.get_mut();
+            if b > last || (k.valid && k.min > top) {
                 break;
             }
-            let ids = e.get_mut();
-            let before = ids.len();
-            // Every live entry of a bucket before `last` is due; in `last`'s, those up to `top`.
-            ids.retain(|&id| {
+            let before = k.ids.len();
+            // Every live entry of a bucket before `last` is due; in `last`'s, those up to `top`
+            // (the others give the bucket's new minimum).
+            let (mut min, mut holder) = (i64::MAX, 0);
+            k.ids.retain(|&id| {
                 let s = &mut slots[id as usize];
                 if s.queued != b {
                     return false;
@@ -200,25 +294,56 @@ impl<V: Default> Keys<V> {
                     out.push(id);
                     return false;
                 }
+                if s.wake < min {
+                    (min, holder) = (s.wake, id);
+                }
                 true
             });
-            self.entries -= before - ids.len();
-            if !ids.is_empty() {
+            let gone = before - k.ids.len();
+            self.entries -= gone;
+            (k.min, k.holder, k.valid) = (min, holder, true);
+            if !k.ids.is_empty() {
                 break;
             }
             e.remove();
+        }
+        if top >= AT_END && self.nparked > 0 {
+            let before = self.parked.ids.len();
+            self.parked.valid = false;
+            self.parked.ids.retain(|&id| {
+                let s = &mut slots[id as usize];
+                if s.queued != PARKED {
+                    return false;
+                }
+                if s.wake <= top {
+                    s.queued = NOT_QUEUED;
+                    self.waiting -= 1;
+                    self.nparked -= 1;
+                    out.push(id);
+                    return false;
+                }
+                true
+            });
+            self.entries -= before - self.parked.ids.len();
         }
     }
 
     /// Append every key of the wake index to `out` (which is left empty).
     pub fn pop_all(&mut self, out: &mut Vec<Id>) {
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            if s.queued != NOT_QUEUED {
-                s.queued = NOT_QUEUED;
-                out.push(i as Id);
+        let slots = &mut self.slots;
+        let filed = self.buckets.iter().map(|(&b, k)| (b, &k.ids)).chain(std::iter::once((PARKED, &self.parked.ids)));
+        for (b, ids) in filed {
+            for &id in ids {
+                let s = &mut slots[id as usize];
+                if s.queued == b {
+                    s.queued = NOT_QUEUED;
+                    out.push(id);
+                }
             }
         }
         self.buckets.clear();
+        self.parked = Bucket::empty();
+        self.nparked = 0;
         self.entries = 0;
         self.waiting = 0;
     }
@@ -228,30 +353,37 @@ impl<V: Default> Keys<V> {
         let slots = &self.slots;
         while let Some(mut e) = self.buckets.first_entry() {
             let b = *e.key();
-            let ids = e.get_mut();
-            let before = ids.len();
-            ids.retain(|&id| slots[id as usize].queued == b);
-            self.entries -= before - ids.len();
-            if let Some(t) = ids.iter().map(|&id| slots[id as usize].wake).min() {
-                return Some(t);
+            let k = e.get_mut();
+            self.entries -= k.refresh(b, slots);
+            if !k.ids.is_empty() {
+                return Some(k.min);
             }
             e.remove();
         }
-        None
+        if self.nparked == 0 {
+            return None;
+        }
+        self.entries -= self.parked.refresh(PARKED, slots);
+        Some(self.parked.min)
     }
 
     /// File every queued key once again (drops the stale entries).
     fn rebuild(&mut self) {
         self.buckets.clear();
+        self.parked = Bucket::empty();
         for (i, s) in self.slots.iter_mut().enumerate() {
-            if s.queued != NOT_QUEUED {
+            let id = i as Id;
+            if s.queued == PARKED {
+                self.parked.push(id, s.wake);
+            } else if s.queued != NOT_QUEUED {
                 s.queued = s.wake >> SHIFT;
-                self.buckets.entry(s.queued).or_default().push(i as Id);
+                self.buckets.entry(s.queued).or_insert_with(Bucket::empty).push(id, s.wake);
             }
         }
         self.entries = self.waiting;
     }
 }
+
 
 /// A prefetch hint for the cache line at `p` (any address: a prefetch never faults).
 #[inline]
@@ -323,7 +455,11 @@ mod tests {
             let id = *ids.entry(i).or_insert_with(|| k.intern(0, &key(i)));
             match rng.next(10) {
                 0..=5 => {
-                    let when = top + rng.next(20_000) as i64 - 1_000;
+                    let when = match rng.next(8) {
+                        0 => AT_END,
+                        1 => i64::MAX,
+                        _ => top + rng.next(20_000) as i64 - 1_000,
+                    };
                     k.set_wake(id, when);
                     model.insert(i, when);
                 }
@@ -352,6 +488,11 @@ mod tests {
             }
             assert_eq!(k.waiting(), model.len());
         }
+        let mut due = Vec::new();
+        k.pop_due(AT_END, &mut due);
+        assert_eq!(due.len(), model.values().filter(|&&t| t <= AT_END).count());
+        model.retain(|_, t| *t > AT_END);
+        assert_eq!(k.next_due(), model.values().min().copied());
         let mut all = Vec::new();
         k.pop_all(&mut all);
         assert_eq!(all.len(), model.len());
@@ -376,5 +517,40 @@ mod tests {
         k.pop_due(i64::MAX - 1, &mut due);
         assert_eq!(due, vec![ids[3]]);
         assert_eq!(k.next_due(), Some(i64::MAX));
+    }
+
+    /// Keys waiting for the end of input stay out of the calendar, and a bucket's earliest time
+    /// is cached: neither is rescanned while the key holding the minimum stays.
+    #[test]
+    fn parked_keys_and_bucket_minimum_are_not_rescanned() {
+        let mut k: Keys<()> = Keys::default();
+        let ids: Vec<Id> = (0..10_000).map(|i| k.intern(0, &key(i))).collect();
+        for &id in &ids {
+            k.set_wake(id, AT_END);
+        }
+        assert!(k.buckets.is_empty(), "AT_END keys are not filed in a bucket");
+        assert_eq!(k.next_due(), Some(AT_END));
+        for (i, &id) in ids.iter().enumerate().take(100) {
+            k.set_wake(id, 5_000 + i as i64);
+        }
+        assert_eq!(k.next_due(), Some(5_000));
+        let b = &k.buckets[&(5_000 >> SHIFT)];
+        assert!(b.valid && b.holder == ids[0]);
+        // Moving other keys within the bucket or out of it keeps the cached minimum.
+        k.set_wake(ids[50], 5_010);
+        k.discard_wake(ids[60]);
+        let mut due = Vec::new();
+        k.pop_due(4_999, &mut due);
+        assert!(due.is_empty());
+        assert!(k.buckets[&(5_000 >> SHIFT)].valid);
+        assert_eq!(k.next_due(), Some(5_000));
+        // The holder leaving: the minimum is recomputed.
+        k.set_wake(ids[0], AT_END);
+        assert!(!k.buckets[&(5_000 >> SHIFT)].valid);
+        assert_eq!(k.next_due(), Some(5_001));
+        k.pop_due(6_000, &mut due);
+        assert_eq!(due.len(), 98);
+        assert_eq!(k.next_due(), Some(AT_END));
+        assert_eq!(k.waiting(), 10_000 - 99);
     }
 }
