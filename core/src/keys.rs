@@ -7,7 +7,7 @@
 //! keeps one time per key (`set_wake` replaces it); `pop_due` returns the keys due by a time,
 //! in no particular order (the engine orders its output by key itself).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::engine::AT_END;
@@ -54,7 +54,7 @@ impl Bucket {
             return 0;
         }
         let before = self.ids.len();
-        self.ids.retain(|&id| slots[id as usize].queued == b);
+        self.ids.retain(|&id| queued_in(slots, id, b));
         let m = self.ids.iter().map(|&id| (slots[id as usize].wake, id)).min();
         (self.min, self.holder) = m.unwrap_or((i64::MAX, 0));
         self.valid = true;
@@ -95,7 +95,9 @@ pub struct Slot<V> {
 
 pub struct Keys<V> {
     slots: Vec<Slot<V>>,
-    free: Vec<Id>,
+    /// Free ids below `slots.len()` (the lowest is handed out first; free slots at the tail are
+    /// cut off, so the slab shrinks as keys go).
+    free: BTreeSet<Id>,
     /// Per group, the ids of its keys by text.
     ids: Vec<HashMap<Arc<str>, Id>>,
     /// The wake index: bucket → ids filed there (some stale).
@@ -115,7 +117,7 @@ impl<V: Default> Default for Keys<V> {
     fn default() -> Self {
         Keys {
             slots: Vec::new(),
-            free: Vec::new(),
+            free: BTreeSet::new(),
             ids: Vec::new(),
             buckets: BTreeMap::new(),
             parked: Bucket::empty(),
@@ -138,7 +140,7 @@ impl<V: Default> Keys<V> {
             return id;
         }
         let slot = Slot { key: key.clone(), group, wake: 0, queued: NOT_QUEUED, val: V::default() };
-        let id = match self.free.pop() {
+        let id = match self.free.pop_first() {
             Some(id) => {
                 self.slots[id as usize] = slot;
                 id
@@ -170,7 +172,14 @@ impl<V: Default> Keys<V> {
         s.key = empty;
         s.group = FREE;
         s.val = V::default();
-        self.free.push(id);
+        self.free.insert(id);
+        while self.free.last().is_some_and(|&last| last as usize + 1 == self.slots.len()) {
+            self.free.pop_last();
+            self.slots.pop();
+        }
+        if self.slots.capacity() > 1024 && self.slots.len() < self.slots.capacity() / 4 {
+            self.slots.shrink_to(self.slots.len() * 2);
+        }
     }
 
     /// Ask the CPU to load the key's slot (a hint: the caller reaches it a few keys later).
@@ -284,10 +293,9 @@ impl<V: Default> Keys<V> {
             // (the others give the bucket's new minimum).
             let (mut min, mut holder) = (i64::MAX, 0);
             k.ids.retain(|&id| {
-                let s = &mut slots[id as usize];
-                if s.queued != b {
+                let Some(s) = slots.get_mut(id as usize).filter(|s| s.queued == b) else {
                     return false;
-                }
+                };
                 if s.wake <= top {
                     s.queued = NOT_QUEUED;
                     self.waiting -= 1;
@@ -311,10 +319,9 @@ impl<V: Default> Keys<V> {
             let before = self.parked.ids.len();
             self.parked.valid = false;
             self.parked.ids.retain(|&id| {
-                let s = &mut slots[id as usize];
-                if s.queued != PARKED {
+                let Some(s) = slots.get_mut(id as usize).filter(|s| s.queued == PARKED) else {
                     return false;
-                }
+                };
                 if s.wake <= top {
                     s.queued = NOT_QUEUED;
                     self.waiting -= 1;
@@ -334,8 +341,7 @@ impl<V: Default> Keys<V> {
         let filed = self.buckets.iter().map(|(&b, k)| (b, &k.ids)).chain(std::iter::once((PARKED, &self.parked.ids)));
         for (b, ids) in filed {
             for &id in ids {
-                let s = &mut slots[id as usize];
-                if s.queued == b {
+                if let Some(s) = slots.get_mut(id as usize).filter(|s| s.queued == b) {
                     s.queued = NOT_QUEUED;
                     out.push(id);
                 }
@@ -367,23 +373,29 @@ impl<V: Default> Keys<V> {
         Some(self.parked.min)
     }
 
-    /// File every queued key once again (drops the stale entries).
+    /// Drop the stale entries (and repeated ones) from every bucket: O(entries), not O(slots).
     fn rebuild(&mut self) {
-        self.buckets.clear();
-        self.parked = Bucket::empty();
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            let id = i as Id;
-            if s.queued == PARKED {
-                self.parked.push(id, s.wake);
-            } else if s.queued != NOT_QUEUED {
-                s.queued = s.wake >> SHIFT;
-                self.buckets.entry(s.queued).or_insert_with(Bucket::empty).push(id, s.wake);
-            }
+        let slots = &self.slots;
+        let filed = self.buckets.iter_mut().map(|(&b, k)| (b, k)).chain(std::iter::once((PARKED, &mut self.parked)));
+        let mut entries = 0;
+        for (b, k) in filed {
+            k.ids.retain(|&id| queued_in(slots, id, b));
+            k.ids.sort_unstable();
+            k.ids.dedup();
+            k.valid = false;
+            k.refresh(b, slots);
+            entries += k.ids.len();
         }
-        self.entries = self.waiting;
+        self.buckets.retain(|_, k| !k.ids.is_empty());
+        self.entries = entries;
+        debug_assert_eq!(self.entries, self.waiting);
     }
 }
 
+/// Whether `id`'s live entry in the wake index is in bucket `b` (`PARKED`: the parked list).
+fn queued_in<V>(slots: &[Slot<V>], id: Id, b: i64) -> bool {
+    slots.get(id as usize).is_some_and(|s| s.queued == b)
+}
 
 /// A prefetch hint for the cache line at `p` (any address: a prefetch never faults).
 #[inline]
@@ -552,5 +564,44 @@ mod tests {
         assert_eq!(due.len(), 98);
         assert_eq!(k.next_due(), Some(AT_END));
         assert_eq!(k.waiting(), 10_000 - 99);
+    }
+
+    /// Released keys give their slots back: the lowest free id is reused first, free slots at
+    /// the tail are cut off, and the wake index is rebuilt from its entries (stale entries of
+    /// ids past the slab's end are dropped, not followed).
+    #[test]
+    fn slab_shrinks_and_reuses_the_lowest_free_id() {
+        let mut k: Keys<()> = Keys::default();
+        let ids: Vec<Id> = (0..50_000).map(|i| k.intern(0, &key(i))).collect();
+        for (i, &id) in ids.iter().enumerate() {
+            k.set_wake(id, i as i64);
+        }
+        for &id in &ids[10..] {
+            k.release(id);
+        }
+        assert_eq!(k.slots.len(), 10, "free slots at the tail are cut off");
+        assert!(k.free.is_empty());
+        k.release(ids[3]);
+        k.release(ids[5]);
+        assert_eq!(k.intern(0, &key(100_000)), ids[3], "the lowest free id first");
+        assert_eq!(k.intern(0, &key(100_001)), ids[5]);
+        assert_eq!(k.intern(0, &key(100_002)), 10);
+        // Stale entries (of released ids, some past the end) are skipped and rebuilt away.
+        for round in 0..1_000i64 {
+            for (j, &id) in ids[..10].iter().enumerate() {
+                if j != 3 && j != 5 {
+                    k.set_wake(id, 2_000 * (round % 7) + j as i64);
+                }
+            }
+        }
+        assert!(k.entries <= 2 * k.waiting + 64);
+        assert_eq!(k.waiting(), 8);
+        let mut due = Vec::new();
+        k.pop_due(AT_END, &mut due);
+        due.sort_unstable();
+        let mut want: Vec<Id> = ids[..10].to_vec();
+        want.retain(|&id| id != ids[3] && id != ids[5]);
+        assert_eq!(due, want);
+        assert_eq!(k.next_due(), None);
     }
 }
