@@ -124,6 +124,8 @@ pub struct EngineState {
     /// Decoded keys stay decoded after an export while their bytes total at most this much
     /// (the others are held as bytes).
     keep_decoded: usize,
+    /// The keys with state (decoded or in `raw`), kept as they change (`counted`).
+    stateful: usize,
     /// Column tables named by fingerprint in the blobs read (`import_blob`): a key read from
     /// the store may name a table of an earlier declaration of its stream.
     imported: Known,
@@ -165,6 +167,30 @@ impl EngineState {
         self.keys.slot(id).val.state.is_some() || self.raw.contains_key(&id)
     }
 
+    /// Run `f` (which changes the key's state or bytes), keeping `stateful` right.
+    fn counted<R>(&mut self, id: Id, f: impl FnOnce(&mut Self) -> R) -> R {
+        let had = self.has_state(id);
+        let r = f(self);
+        self.stateful = self.stateful + usize::from(self.has_state(id)) - usize::from(had);
+        r
+    }
+
+    fn take_state(&mut self, id: Id) -> Option<KeyState> {
+        self.counted(id, |st| st.keys.val_mut(id).state.take())
+    }
+
+    fn put_state(&mut self, id: Id, ks: Option<KeyState>) {
+        self.counted(id, |st| st.keys.val_mut(id).state = ks);
+    }
+
+    fn take_raw(&mut self, id: Id) -> Option<Vec<u8>> {
+        self.counted(id, |st| st.raw.remove(&id))
+    }
+
+    fn put_raw(&mut self, id: Id, bytes: Vec<u8>) {
+        self.counted(id, |st| st.raw.insert(id, bytes));
+    }
+
     /// The ids of the keys with state.
     fn with_state(&self) -> Vec<Id> {
         self.keys.ids().filter(|&id| self.has_state(id)).collect()
@@ -187,7 +213,7 @@ impl EngineState {
 
     /// The number of keys with state.
     fn __len__(&self) -> usize {
-        self.keys.live().filter(|s| s.val.state.is_some()).count() + self.raw.len()
+        self.stateful
     }
 
     /// The number of keys in the wake index.
@@ -388,7 +414,7 @@ fn advance_key(
     counts: &mut Counts,
 ) -> PyResult<()> {
     let id = sk.0;
-    let loaded = st.keys.val_mut(id).state.take();
+    let loaded = st.take_state(id);
     if st.track_dirty {
         st.dirty.insert(id);
         if let Some(b) = st.enc.remove(&id) {
@@ -547,7 +573,7 @@ fn advance_key(
         counts.released += 1;
         return Ok(());
     }
-    st.keys.val_mut(id).state = Some(KeyState { buffer, parts: kept, fams: kept_fams });
+    st.put_state(id, Some(KeyState { buffer, parts: kept, fams: kept_fams }));
     let when = match due {
         None => AT_END,
         Some(d) => d.saturating_add(g.lateness).saturating_add(1),
@@ -613,9 +639,9 @@ impl Engine {
         matches: &Bound<'_, PyList>,
         counts: &mut Counts,
     ) -> PyResult<()> {
-        if let Some(raw) = st.raw.remove(&id) {
+        if let Some(raw) = st.take_raw(id) {
             let ks = decode_key(py, &raw, &key, [&self.known, &st.imported])?;
-            st.keys.val_mut(id).state = Some(ks);
+            st.put_state(id, Some(ks));
             if st.track_dirty {
                 st.was.entry(id).or_insert(raw);
             }
@@ -1093,9 +1119,9 @@ impl Engine {
         let ks = decode_key(py, data, key, [&self.known, &st.imported])?;
         let when = self.wake_of(gi, &ks);
         let id = st.keys.intern(gi, &Arc::from(key));
-        st.raw.remove(&id);
+        st.take_raw(id);
         st.enc.insert(id, data.to_vec());
-        st.keys.val_mut(id).state = Some(ks);
+        st.put_state(id, Some(ks));
         st.keys.set_wake(id, when);
         Ok(())
     }
@@ -1105,8 +1131,8 @@ impl Engine {
         let gi = self.gid_index(gid)?;
         let mut st = state.try_borrow_mut()?;
         let Some(id) = st.keys.find(gi, key) else { return Ok(()) };
-        st.keys.val_mut(id).state = None;
-        st.raw.remove(&id);
+        st.put_state(id, None);
+        st.take_raw(id);
         st.enc.remove(&id);
         st.keys.discard_wake(id);
         st.release_if_empty(id);
@@ -1161,14 +1187,14 @@ impl Engine {
                 continue;
             };
             let id = st.keys.intern(gi as u32, &key);
-            st.keys.val_mut(id).state = None;
+            st.put_state(id, None);
             st.enc.remove(&id);
             if bytes.is_empty() {
-                st.raw.remove(&id);
+                st.take_raw(id);
                 st.keys.discard_wake(id);
                 st.release_if_empty(id);
             } else {
-                st.raw.insert(id, bytes.to_vec());
+                st.put_raw(id, bytes.to_vec());
                 st.keys.set_wake(id, wake);
             }
         }
@@ -1218,9 +1244,9 @@ impl Engine {
                 evict.push(id);
             }
             for id in evict {
-                st.keys.val_mut(id).state = None;
+                st.put_state(id, None);
                 if let Some(b) = st.enc.remove(&id) {
-                    st.raw.insert(id, b);
+                    st.put_raw(id, b);
                 }
             }
         }

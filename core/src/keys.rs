@@ -205,11 +205,6 @@ impl<V: Default> Keys<V> {
         self.slots.iter().enumerate().filter(|(_, s)| s.group != FREE).map(|(i, _)| i as Id)
     }
 
-    /// The slots in use.
-    pub fn live(&self) -> impl Iterator<Item = &Slot<V>> + '_ {
-        self.slots.iter().filter(|s| s.group != FREE)
-    }
-
     /// The number of keys with an id.
     #[cfg(test)]
     pub fn len(&self) -> usize {

@@ -113,6 +113,8 @@ def test_a_state_exported_and_imported_mid_stream_continues_the_same() -> None:
         assert _records(native, got) == _records(python, want)
         if log is not None:
             log += core.export_blobs(state)
+        # The running count of keys with state (decoded, held as bytes, or read back).
+        assert len(state) == len(core.keys(state)) == len(py_store.states)
         max_ts = max(max_ts, max(e.ts for e in chunk))
     want = python.advance(py_store, max_ts, end_of_input=max_ts).matches
     got, *_ = core.ingest_arrow(state, _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
