@@ -614,10 +614,15 @@ impl Engine {
             };
             let r = self.finish_key(py, st, (id, gi, key.clone()), max_ts, eof, &matches, &mut counts);
             if let Err(e) = r {
+                // The keys not advanced keep their state and come due again; their events of
+                // this call are dropped (as `drop_new` does for a call that fails earlier).
                 for &id in &due[k..] {
-                    st.keys.val_mut(id).new.clear();
-                    st.release_if_empty(id);
+                    if let Some(when) = self.wake_again(st, id) {
+                        st.keys.set_wake(id, when);
+                    }
                 }
+                st.touched = due[k..].to_vec();
+                st.drop_new();
                 return Err(e);
             }
             if matches.len() > start {
@@ -639,8 +644,10 @@ impl Engine {
         matches: &Bound<'_, PyList>,
         counts: &mut Counts,
     ) -> PyResult<()> {
-        if let Some(raw) = st.take_raw(id) {
-            let ks = decode_key(py, &raw, &key, [&self.known, &st.imported])?;
+        if let Some(raw) = st.raw.get(&id) {
+            // Decoded before it is taken: bytes that fail to decode stay the key's state.
+            let ks = decode_key(py, raw, &key, [&self.known, &st.imported])?;
+            let raw = st.take_raw(id).unwrap_or_default();
             st.put_state(id, Some(ks));
             if st.track_dirty {
                 st.was.entry(id).or_insert(raw);
@@ -716,6 +723,16 @@ impl Engine {
             .position(|g| g.gid == gid)
             .map(|i| i as u32)
             .ok_or_else(|| PyValueError::new_err(format!("no rule group {gid:?} in this engine")))
+    }
+
+    /// When a key with state that a failed call did not advance is due: from its decoded
+    /// state, or (held as bytes) the time it was due at.
+    fn wake_again(&self, st: &EngineState, id: Id) -> Option<i64> {
+        let slot = st.keys.slot(id);
+        match &slot.val.state {
+            Some(ks) => Some(self.wake_of(slot.group, ks)),
+            None => st.raw.contains_key(&id).then(|| st.keys.last_wake(id)),
+        }
     }
 
     fn wake_of(&self, gi: u32, ks: &KeyState) -> i64 {

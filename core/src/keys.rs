@@ -268,6 +268,11 @@ impl<V: Default> Keys<V> {
         (s.queued != NOT_QUEUED).then_some(s.wake)
     }
 
+    /// The time the key was last set due at (kept after it is taken out of the wake index).
+    pub fn last_wake(&self, id: Id) -> i64 {
+        self.slots[id as usize].wake
+    }
+
     /// The number of keys in the wake index.
     pub fn waiting(&self) -> usize {
         self.waiting

@@ -120,3 +120,70 @@ def test_a_state_exported_and_imported_mid_stream_continues_the_same() -> None:
     got, *_ = core.ingest_arrow(state, _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
     assert _records(native, got) == _records(python, want)
     assert len(state) == 0 and state.wake_len() == 0
+
+
+def _blob(gid: str, key: str, wake: int, data: bytes) -> bytes:
+    """One key record in `export_blobs`' format (magic, version, count, no tables, one group)."""
+    def uv(v: int) -> bytes:
+        out = bytearray()
+        while v >= 0x80:
+            out.append((v & 0x7F) | 0x80)
+            v >>= 7
+        return bytes(out + bytes([v]))
+
+    def s(b: bytes) -> bytes:
+        return uv(len(b)) + b
+
+    rec = uv(0) + s(key.encode()) + uv((wake << 1) ^ (wake >> 63)) + s(data)
+    return b"CEPNB" + (2).to_bytes(2, "little") + (1).to_bytes(4, "little") + uv(0) + uv(1) \
+        + s(gid.encode()) + rec
+
+
+def test_a_key_that_fails_to_decode_keeps_its_bytes_and_the_other_due_keys_their_wake() -> None:
+    """A call fails on a key whose stored bytes do not decode (advanced first: lowest id). Its
+    bytes stay (it still counts, is still due), the due keys after it stay due, and once it is
+    deleted the next call gives what a state that never had it gives."""
+    from cep import _core
+
+    events = _waves(60, seed=5)[:150]
+    native = build_embedded_engine(native_bundled())
+    core = native.core
+    first = _core.EngineState()
+    max_ts = max(e.ts for e in events)
+    core.ingest_arrow(first, _batch(events, False), max_ts)
+    good = core.export_blobs(first, all=True)
+    gid = core.keys(first)[0][0]
+
+    def fresh(with_bad: bool) -> Any:
+        st = _core.EngineState()
+        if with_bad:
+            assert core.import_blob(st, _blob(gid, "bad", 0, b"CEPNK\xff\xff\xff")) == 0
+        for blob in good:
+            assert core.import_blob(st, blob) == 0
+        return st
+
+    state, clean = fresh(True), fresh(False)
+    keys, wake, nxt = len(state), state.wake_len(), state.next_wake()
+    assert keys == len(clean) + 1 and wake == clean.wake_len() + 1 and nxt == 0
+    late = max_ts + 3 * HOUR  # every key is due
+    empty = _batch(events[:1], False).slice(0, 0)
+    with pytest.raises(Exception):
+        core.ingest_arrow(state, empty, late)
+    assert (len(state), state.wake_len(), state.next_wake()) == (keys, wake, nxt)
+    assert (gid, "bad") in core.keys(state)
+    core.delete_key(state, gid, "bad")
+    assert sorted(core.keys(state)) == sorted(core.keys(clean))
+    more = [e for e in _waves(600, seed=5) if e.ts > late]
+    out = []
+    for st in (state, clean):
+        got, top, n_late = [], late, 0
+        for i in range(0, len(more), 200):
+            chunk = more[i:i + 200]
+            res, late_rows, *_ = core.ingest_arrow(st, _batch(chunk, False), top)
+            top = max(top, max(e.ts for e in chunk))
+            got += _records(native, res)
+            n_late += len(late_rows)
+        end, *_ = core.ingest_arrow(st, empty, top, top)
+        out.append((got + _records(native, end), n_late))
+    assert out[0] == out[1] and len(out[0][0]) > 0
+    assert (len(state), state.wake_len()) == (len(clean), clean.wake_len()) == (0, 0)
