@@ -25,7 +25,7 @@ use crate::value::Value;
 use crate::family::{self, FOut, FState, Family};
 use crate::matcher::{Core, MState, Out, NO_CID};
 use crate::keycodec::{self, KeyEnc, Known, Src};
-use crate::keys::{prefetch, Id, Keys};
+use crate::keys::{prefetch, Id, Keys, TooManyKeys};
 use crate::{build_core, panic_message, CoreError};
 
 /// Hash maps (by key id, field name, condition text) with foldhash (seeded per process, much cheaper than SipHash
@@ -131,15 +131,22 @@ pub struct EngineState {
     imported: Known,
 }
 
+impl From<TooManyKeys> for PyErr {
+    fn from(e: TooManyKeys) -> PyErr {
+        pyo3::exceptions::PyOverflowError::new_err(e.to_string())
+    }
+}
+
 impl EngineState {
     /// An event for (group, key) in the current call.
-    fn add_new(&mut self, group: u32, key: Arc<str>, item: Item) {
-        let id = self.keys.intern(group, &key);
+    fn add_new(&mut self, group: u32, key: Arc<str>, item: Item) -> Result<(), TooManyKeys> {
+        let id = self.keys.intern(group, &key)?;
         let slot = self.keys.val_mut(id);
         if slot.new.is_empty() {
             self.touched.push(id);
         }
         slot.new.push(item);
+        Ok(())
     }
 
     /// Forget the events a failed call left in the keys' slots (each call starts with it).
@@ -949,7 +956,7 @@ impl Engine {
                     seq: Some(seq.clone().unbind()),
                     data: Some(data.clone().unbind()),
                     row: None,
-                });
+                })?;
             }
             late_for.report(py, &late, i)?;
         }
@@ -1085,7 +1092,7 @@ impl Engine {
                     seq: None,
                     data: None,
                     row: Some(row.clone()),
-                });
+                })?;
             }
             late_for.report(py, &late, j)?;
         }
@@ -1135,7 +1142,7 @@ impl Engine {
         let mut st = state.try_borrow_mut()?;
         let ks = decode_key(py, data, key, [&self.known, &st.imported])?;
         let when = self.wake_of(gi, &ks);
-        let id = st.keys.intern(gi, &Arc::from(key));
+        let id = st.keys.intern(gi, &Arc::from(key))?;
         st.take_raw(id);
         st.enc.insert(id, data.to_vec());
         st.put_state(id, Some(ks));
@@ -1203,7 +1210,7 @@ impl Engine {
                 dropped += 1;
                 continue;
             };
-            let id = st.keys.intern(gi as u32, &key);
+            let id = st.keys.intern(gi as u32, &key)?;
             st.put_state(id, None);
             st.enc.remove(&id);
             if bytes.is_empty() {

@@ -16,6 +16,16 @@ type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState
 
 pub type Id = u32;
 
+/// More keys with state at once than an `Id` can number.
+#[derive(Debug)]
+pub struct TooManyKeys;
+
+impl std::fmt::Display for TooManyKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "more than 2^32 keys with state in one engine state: spread the keys over more shards")
+    }
+}
+
 /// A slot's `queued` when the key is not in the wake index.
 const NOT_QUEUED: i64 = i64::MIN;
 /// A slot's `group` when the slot is free.
@@ -130,14 +140,15 @@ impl<V: Default> Default for Keys<V> {
 }
 
 impl<V: Default> Keys<V> {
-    /// The id of `key` in `group`, made (with a default value) if the key has none.
-    pub fn intern(&mut self, group: u32, key: &Arc<str>) -> Id {
+    /// The id of `key` in `group`, made (with a default value) if the key has none; an error
+    /// past 2^32 keys with state at once.
+    pub fn intern(&mut self, group: u32, key: &Arc<str>) -> Result<Id, TooManyKeys> {
         let g = group as usize;
         if self.ids.len() <= g {
             self.ids.resize_with(g + 1, HashMap::default);
         }
         if let Some(&id) = self.ids[g].get(&**key) {
-            return id;
+            return Ok(id);
         }
         let slot = Slot { key: key.clone(), group, wake: 0, queued: NOT_QUEUED, val: V::default() };
         let id = match self.free.pop_first() {
@@ -146,12 +157,13 @@ impl<V: Default> Keys<V> {
                 id
             }
             None => {
+                let id = Id::try_from(self.slots.len()).map_err(|_| TooManyKeys)?;
                 self.slots.push(slot);
-                (self.slots.len() - 1) as Id
+                id
             }
         };
         self.ids[g].insert(key.clone(), id);
-        id
+        Ok(id)
     }
 
     pub fn find(&self, group: u32, key: &str) -> Option<Id> {
@@ -430,10 +442,10 @@ mod tests {
     #[test]
     fn release_and_recreate_reuse_ids_and_reset_values() {
         let mut k: Keys<Vec<u32>> = Keys::default();
-        let a = k.intern(0, &key(1));
-        let b = k.intern(1, &key(1));
+        let a = k.intern(0, &key(1)).unwrap();
+        let b = k.intern(1, &key(1)).unwrap();
         assert_ne!(a, b, "the same text in two groups is two keys");
-        assert_eq!(k.intern(0, &key(1)), a);
+        assert_eq!(k.intern(0, &key(1)).unwrap(), a);
         k.val_mut(a).push(7);
         k.set_wake(a, 100);
         k.release(a);
@@ -441,7 +453,7 @@ mod tests {
         assert_eq!(k.wake_of(a), None);
         assert_eq!(k.waiting(), 0);
         assert_eq!(k.len(), 1);
-        let c = k.intern(0, &key(2));
+        let c = k.intern(0, &key(2)).unwrap();
         assert_eq!(c, a, "a freed id is reused");
         assert!(k.slot(c).val.is_empty(), "a reused slot starts empty");
         assert_eq!(&*k.slot(c).key, "k2");
@@ -464,7 +476,7 @@ mod tests {
         let mut top = -5_000i64;
         for step in 0..200_000 {
             let i = rng.next(3_000);
-            let id = *ids.entry(i).or_insert_with(|| k.intern(0, &key(i)));
+            let id = *ids.entry(i).or_insert_with(|| k.intern(0, &key(i)).unwrap());
             match rng.next(10) {
                 0..=5 => {
                     let when = match rng.next(8) {
@@ -515,7 +527,7 @@ mod tests {
     #[test]
     fn negative_and_extreme_times_order() {
         let mut k: Keys<()> = Keys::default();
-        let ids: Vec<Id> = (0..4).map(|i| k.intern(0, &key(i))).collect();
+        let ids: Vec<Id> = (0..4).map(|i| k.intern(0, &key(i)).unwrap()).collect();
         k.set_wake(ids[0], i64::MAX);
         k.set_wake(ids[1], -3_000);
         k.set_wake(ids[2], -1);
@@ -536,7 +548,7 @@ mod tests {
     #[test]
     fn parked_keys_and_bucket_minimum_are_not_rescanned() {
         let mut k: Keys<()> = Keys::default();
-        let ids: Vec<Id> = (0..10_000).map(|i| k.intern(0, &key(i))).collect();
+        let ids: Vec<Id> = (0..10_000).map(|i| k.intern(0, &key(i)).unwrap()).collect();
         for &id in &ids {
             k.set_wake(id, AT_END);
         }
@@ -572,7 +584,7 @@ mod tests {
     #[test]
     fn slab_shrinks_and_reuses_the_lowest_free_id() {
         let mut k: Keys<()> = Keys::default();
-        let ids: Vec<Id> = (0..50_000).map(|i| k.intern(0, &key(i))).collect();
+        let ids: Vec<Id> = (0..50_000).map(|i| k.intern(0, &key(i)).unwrap()).collect();
         for (i, &id) in ids.iter().enumerate() {
             k.set_wake(id, i as i64);
         }
@@ -583,9 +595,9 @@ mod tests {
         assert!(k.free.is_empty());
         k.release(ids[3]);
         k.release(ids[5]);
-        assert_eq!(k.intern(0, &key(100_000)), ids[3], "the lowest free id first");
-        assert_eq!(k.intern(0, &key(100_001)), ids[5]);
-        assert_eq!(k.intern(0, &key(100_002)), 10);
+        assert_eq!(k.intern(0, &key(100_000)).unwrap(), ids[3], "the lowest free id first");
+        assert_eq!(k.intern(0, &key(100_001)).unwrap(), ids[5]);
+        assert_eq!(k.intern(0, &key(100_002)).unwrap(), 10);
         // Stale entries (of released ids, some past the end) are skipped and rebuilt away.
         for round in 0..1_000i64 {
             for (j, &id) in ids[..10].iter().enumerate() {
