@@ -106,7 +106,7 @@ pub struct EngineState {
     /// key, when it is due).
     keys: Keys<KeySlot>,
     /// The keys the current call brought events to (their `KeySlot::new`).
-    touched: Vec<Id>,
+    arrived: Vec<Id>,
     /// The keys advanced since `Engine.export_blobs` last ran (kept only when `track_dirty`):
     /// what a store that writes changed keys back must write. A dirty key keeps its id until
     /// that export, even with no state left (its record is then a tombstone).
@@ -143,7 +143,7 @@ impl EngineState {
         let id = self.keys.intern(group, &key)?;
         let slot = self.keys.val_mut(id);
         if slot.new.is_empty() {
-            self.touched.push(id);
+            self.arrived.push(id);
         }
         slot.new.push(item);
         Ok(())
@@ -151,7 +151,7 @@ impl EngineState {
 
     /// Forget the events a failed call left in the keys' slots (each call starts with it).
     fn drop_new(&mut self) {
-        for id in std::mem::take(&mut self.touched) {
+        for id in std::mem::take(&mut self.arrived) {
             self.keys.val_mut(id).new.clear();
             self.release_if_empty(id);
         }
@@ -168,6 +168,15 @@ impl EngineState {
             self.enc.remove(&id);
             self.keys.release(id);
         }
+    }
+
+    /// Drop the key's state, bytes and wake (its id is freed unless a tombstone is owed).
+    fn forget(&mut self, id: Id) {
+        self.put_state(id, None);
+        self.take_raw(id);
+        self.enc.remove(&id);
+        self.keys.discard_wake(id);
+        self.release_if_empty(id);
     }
 
     fn has_state(&self, id: Id) -> bool {
@@ -413,14 +422,13 @@ fn advance_key(
     partials: Option<&mut [i64]>,
     g: &mut Group,
     st: &mut EngineState,
-    sk: (Id, Arc<str>),
+    (id, key): (Id, Arc<str>),
     new: Option<Vec<Item>>,
     safe: i64,
     eof: bool,
     matches: &Bound<'_, PyList>,
     counts: &mut Counts,
 ) -> PyResult<()> {
-    let id = sk.0;
     let loaded = st.take_state(id);
     if st.track_dirty {
         st.dirty.insert(id);
@@ -444,7 +452,7 @@ fn advance_key(
     }
     let n = buffer.partition_point(|x| x.ts <= safe);
     let released: Vec<Item> = if n == buffer.len() { std::mem::take(&mut buffer) } else { buffer.drain(..n).collect() };
-    let out = Out::lazy(matches.clone(), sk.1.clone());
+    let out = Out::lazy(matches.clone(), key.clone());
     // One `Ev` per released event, shared by every rule of the group (one field table).
     let mut evs: Vec<Arc<Ev>> = Vec::with_capacity(released.len());
     for it in &released {
@@ -476,7 +484,7 @@ fn advance_key(
             let fi = fi as usize;
             if fam_outs[fi].is_none() {
                 let fam = &fams.0[fi];
-                let mut fout = FOut::new(py, sk.1.clone());
+                let mut fout = FOut::new(py, key.clone());
                 let track = partials.is_some();
                 // Regrouping reads the key's bytes: inside the boundary too (a panic on corrupt
                 // state becomes an error naming the rule).
@@ -601,7 +609,7 @@ impl Engine {
     ) -> PyResult<(Bound<'py, PyList>, Counts)> {
         // Keys are advanced in id order (their slots in memory order); results are put in
         // (group id, key) order afterwards, as the Python engine advances its keys.
-        let mut due: Vec<Id> = std::mem::take(&mut st.touched);
+        let mut due: Vec<Id> = std::mem::take(&mut st.arrived);
         if eof {
             st.keys.pop_all(&mut due);
         } else {
@@ -628,7 +636,7 @@ impl Engine {
                         st.keys.set_wake(id, when);
                     }
                 }
-                st.touched = due[k..].to_vec();
+                st.arrived = due[k..].to_vec();
                 st.drop_new();
                 return Err(e);
             }
@@ -1155,11 +1163,7 @@ impl Engine {
         let gi = self.gid_index(gid)?;
         let mut st = state.try_borrow_mut()?;
         let Some(id) = st.keys.find(gi, key) else { return Ok(()) };
-        st.put_state(id, None);
-        st.take_raw(id);
-        st.enc.remove(&id);
-        st.keys.discard_wake(id);
-        st.release_if_empty(id);
+        st.forget(id);
         Ok(())
     }
 
@@ -1211,13 +1215,11 @@ impl Engine {
                 continue;
             };
             let id = st.keys.intern(gi as u32, &key)?;
-            st.put_state(id, None);
-            st.enc.remove(&id);
             if bytes.is_empty() {
-                st.take_raw(id);
-                st.keys.discard_wake(id);
-                st.release_if_empty(id);
+                st.forget(id);
             } else {
+                st.put_state(id, None);
+                st.enc.remove(&id);
                 st.put_raw(id, bytes.to_vec());
                 st.keys.set_wake(id, wake);
             }

@@ -109,7 +109,7 @@ pub struct Keys<V> {
     /// cut off, so the slab shrinks as keys go).
     free: BTreeSet<Id>,
     /// Per group, the ids of its keys by text.
-    ids: Vec<HashMap<Arc<str>, Id>>,
+    by_text: Vec<HashMap<Arc<str>, Id>>,
     /// The wake index: bucket → ids filed there (some stale).
     buckets: BTreeMap<i64, Bucket>,
     /// Ids waiting for the end of input (some stale: live while their slot says `PARKED`).
@@ -128,7 +128,7 @@ impl<V: Default> Default for Keys<V> {
         Keys {
             slots: Vec::new(),
             free: BTreeSet::new(),
-            ids: Vec::new(),
+            by_text: Vec::new(),
             buckets: BTreeMap::new(),
             parked: Bucket::empty(),
             nparked: 0,
@@ -144,10 +144,10 @@ impl<V: Default> Keys<V> {
     /// past 2^32 keys with state at once.
     pub fn intern(&mut self, group: u32, key: &Arc<str>) -> Result<Id, TooManyKeys> {
         let g = group as usize;
-        if self.ids.len() <= g {
-            self.ids.resize_with(g + 1, HashMap::default);
+        if self.by_text.len() <= g {
+            self.by_text.resize_with(g + 1, HashMap::default);
         }
-        if let Some(&id) = self.ids[g].get(&**key) {
+        if let Some(&id) = self.by_text[g].get(&**key) {
             return Ok(id);
         }
         let slot = Slot { key: key.clone(), group, wake: 0, queued: NOT_QUEUED, val: V::default() };
@@ -162,12 +162,12 @@ impl<V: Default> Keys<V> {
                 id
             }
         };
-        self.ids[g].insert(key.clone(), id);
+        self.by_text[g].insert(key.clone(), id);
         Ok(id)
     }
 
     pub fn find(&self, group: u32, key: &str) -> Option<Id> {
-        self.ids.get(group as usize).and_then(|m| m.get(key)).copied()
+        self.by_text.get(group as usize).and_then(|m| m.get(key)).copied()
     }
 
     /// Forget the key: its id and slot are free for another key.
@@ -178,7 +178,7 @@ impl<V: Default> Keys<V> {
         if s.group == FREE {
             return;
         }
-        if let Some(m) = self.ids.get_mut(s.group as usize) {
+        if let Some(m) = self.by_text.get_mut(s.group as usize) {
             m.remove(&*s.key);
         }
         s.key = empty;
