@@ -37,18 +37,19 @@ const PARKED: i64 = i64::MIN + 1;
 /// Wake times are filed by `time >> SHIFT` (buckets of 1,024 ms of event time).
 const SHIFT: u32 = 10;
 
-/// One bucket of the wake index: ids filed there (some stale) and, while `valid`, the earliest
-/// wake of its live ids and an id holding it (recomputed only after that id leaves).
+/// One bucket of the wake index: ids filed there (some stale), a lower bound of the wakes of
+/// its live ids (lowered whenever an id is filed or moves earlier in it) and the id that set it: while
+/// that id is still queued here at that time the bound is the bucket's earliest wake; only
+/// after it leaves or moves later is the bucket scanned again (`refresh`).
 struct Bucket {
     ids: Vec<Id>,
     min: i64,
     holder: Id,
-    valid: bool,
 }
 
 impl Bucket {
     fn empty() -> Self {
-        Bucket { ids: Vec::new(), min: i64::MAX, holder: 0, valid: true }
+        Bucket { ids: Vec::new(), min: i64::MAX, holder: 0 }
     }
 
     /// File `id` (due at `when`) here.
@@ -57,38 +58,24 @@ impl Bucket {
         self.lower(id, when);
     }
 
-    /// The earliest wake of the live ids (those whose slot says `b`), after dropping the stale
-    /// entries if the cached one is not known; returns the stale entries dropped.
+    /// `id` (live here) is now due at `when`.
+    fn lower(&mut self, id: Id, when: i64) {
+        if when <= self.min {
+            (self.min, self.holder) = (when, id);
+        }
+    }
+
+    /// Make `min` the earliest wake of the live ids (those whose slot says `b`) if its holder
+    /// no longer has it, dropping the stale entries; returns the stale entries dropped.
     fn refresh<V>(&mut self, b: i64, slots: &[Slot<V>]) -> usize {
-        if self.valid {
+        if slots.get(self.holder as usize).is_some_and(|s| s.queued == b && s.wake == self.min) {
             return 0;
         }
         let before = self.ids.len();
         self.ids.retain(|&id| queued_in(slots, id, b));
         let m = self.ids.iter().map(|&id| (slots[id as usize].wake, id)).min();
         (self.min, self.holder) = m.unwrap_or((i64::MAX, 0));
-        self.valid = true;
         before - self.ids.len()
-    }
-
-    /// `id` (live here) is now due at `when`.
-    fn lower(&mut self, id: Id, when: i64) {
-        if !self.valid {
-            return;
-        }
-        if when < self.min {
-            self.min = when;
-            self.holder = id;
-        } else if self.holder == id && when > self.min {
-            self.valid = false;
-        }
-    }
-
-    /// `id` left the bucket.
-    fn left(&mut self, id: Id) {
-        if self.holder == id {
-            self.valid = false;
-        }
     }
 }
 
@@ -228,17 +215,20 @@ impl<V: Default> Keys<V> {
         let b = if when >= AT_END { PARKED } else { when >> SHIFT };
         let s = &mut self.slots[id as usize];
         let was = s.queued;
+        let earlier = when < s.wake;
         s.wake = when;
         if was == b {
-            if b == PARKED {
-                self.parked.lower(id, when);
-            } else if let Some(k) = self.buckets.get_mut(&b) {
-                k.lower(id, when);
+            // Later in the same bucket: the bound still holds (no lookup).
+            if earlier {
+                match self.buckets.get_mut(&b) {
+                    Some(k) => k.lower(id, when),
+                    None => self.parked.lower(id, when),
+                }
             }
             return;
         }
         s.queued = b;
-        self.left(id, was);
+        self.left(was);
         self.waiting += 1;
         if b == PARKED {
             self.parked.push(id, when);
@@ -252,19 +242,12 @@ impl<V: Default> Keys<V> {
         }
     }
 
-    /// `id` is no longer queued in `b` (its entry there is stale).
-    fn left(&mut self, id: Id, b: i64) {
+    /// A key is no longer queued in `b` (its entry there is stale; the bucket's bound holds).
+    fn left(&mut self, b: i64) {
         match b {
             NOT_QUEUED => return,
-            PARKED => {
-                self.nparked -= 1;
-                self.parked.left(id);
-            }
-            _ => {
-                if let Some(k) = self.buckets.get_mut(&b) {
-                    k.left(id);
-                }
-            }
+            PARKED => self.nparked -= 1,
+            _ => {}
         }
         self.waiting -= 1;
     }
@@ -272,7 +255,7 @@ impl<V: Default> Keys<V> {
     pub fn discard_wake(&mut self, id: Id) {
         let s = &mut self.slots[id as usize];
         let b = std::mem::replace(&mut s.queued, NOT_QUEUED);
-        self.left(id, b);
+        self.left(b);
     }
 
     pub fn wake_of(&self, id: Id) -> Option<i64> {
@@ -297,7 +280,7 @@ impl<V: Default> Keys<V> {
         while let Some(mut e) = self.buckets.first_entry() {
             let b = *e.key();
             let k = e.get_mut();
-            if b > last || (k.valid && k.min > top) {
+            if b > last || k.min > top {
                 break;
             }
             let before = k.ids.len();
@@ -321,7 +304,7 @@ impl<V: Default> Keys<V> {
             });
             let gone = before - k.ids.len();
             self.entries -= gone;
-            (k.min, k.holder, k.valid) = (min, holder, true);
+            (k.min, k.holder) = (min, holder);
             if !k.ids.is_empty() {
                 break;
             }
@@ -329,7 +312,6 @@ impl<V: Default> Keys<V> {
         }
         if top >= AT_END && self.nparked > 0 {
             let before = self.parked.ids.len();
-            self.parked.valid = false;
             self.parked.ids.retain(|&id| {
                 let Some(s) = slots.get_mut(id as usize).filter(|s| s.queued == PARKED) else {
                     return false;
@@ -394,7 +376,7 @@ impl<V: Default> Keys<V> {
             k.ids.retain(|&id| queued_in(slots, id, b));
             k.ids.sort_unstable();
             k.ids.dedup();
-            k.valid = false;
+            k.holder = Id::MAX;
             k.refresh(b, slots);
             entries += k.ids.len();
         }
@@ -559,19 +541,22 @@ mod tests {
         }
         assert_eq!(k.next_due(), Some(5_000));
         let b = &k.buckets[&(5_000 >> SHIFT)];
-        assert!(b.valid && b.holder == ids[0]);
+        assert!(b.min == 5_000 && b.holder == ids[0]);
         // Moving other keys within the bucket or out of it keeps the cached minimum.
         k.set_wake(ids[50], 5_010);
         k.discard_wake(ids[60]);
         let mut due = Vec::new();
         k.pop_due(4_999, &mut due);
         assert!(due.is_empty());
-        assert!(k.buckets[&(5_000 >> SHIFT)].valid);
+        assert_eq!(k.buckets[&(5_000 >> SHIFT)].ids.len(), 100, "the bucket was not rescanned");
         assert_eq!(k.next_due(), Some(5_000));
-        // The holder leaving: the minimum is recomputed.
+        assert_eq!(k.buckets[&(5_000 >> SHIFT)].ids.len(), 100, "the bucket was not rescanned");
+        // The holder leaving: the minimum is recomputed (and the stale entry dropped).
         k.set_wake(ids[0], AT_END);
-        assert!(!k.buckets[&(5_000 >> SHIFT)].valid);
         assert_eq!(k.next_due(), Some(5_001));
+        assert_eq!(k.buckets[&(5_000 >> SHIFT)].ids.len(), 98);
+        k.set_wake(ids[1], 5_900);
+        assert_eq!(k.next_due(), Some(5_002), "the holder moving later in its bucket");
         k.pop_due(6_000, &mut due);
         assert_eq!(due.len(), 98);
         assert_eq!(k.next_due(), Some(AT_END));
