@@ -9,8 +9,6 @@
 //! bytes (`Engine.key_bytes` / `Engine.load_key`).
 
 use std::cmp::Ordering;
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -27,9 +25,10 @@ use crate::value::Value;
 use crate::family::{self, FOut, FState, Family};
 use crate::matcher::{Core, MState, Out, NO_CID};
 use crate::keycodec::{self, KeyEnc, Known, Src};
+use crate::keys::{prefetch, Id, Keys, TooManyKeys};
 use crate::{build_core, panic_message, CoreError};
 
-/// Hash maps keyed by (group, key) with foldhash (seeded per process, much cheaper than SipHash
+/// Hash maps (by key id, field name, condition text) with foldhash (seeded per process, much cheaper than SipHash
 /// on short keys; SipHash was ~5% of the fraud workload's samples).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
@@ -90,80 +89,127 @@ struct KeyState {
     fams: Vec<(u32, FState)>,
 }
 
-/// (group index, key).
-type Sk = (u32, Arc<str>);
+/// A key's slot in `EngineState::keys`: its decoded state (None while the key is held as bytes
+/// in `raw`, or has no state yet) and the events the current call brought it.
+#[derive(Default)]
+struct KeySlot {
+    state: Option<KeyState>,
+    new: Vec<Item>,
+}
 
-/// The keys' states and the wake index of one engine (the native `MemoryKeyStore`).
+/// The keys' states and the wake index of one engine (the native `MemoryKeyStore`). A key
+/// (group, text) has an integer id while it has state (`keys.rs`): every map here is by id.
 #[pyclass(module = "cep._core", name = "EngineState")]
 #[derive(Default)]
 pub struct EngineState {
-    states: HashMap<Sk, KeyState>,
-    /// The wake index, as the Python engine's `Wake`: `wake_at[key]` is when the key is due; a
-    /// min-heap of (time, key) finds the due keys (superseded entries are skipped lazily).
-    wake_at: HashMap<Sk, i64>,
-    wake: BinaryHeap<Reverse<(i64, Sk)>>,
+    /// The keys, their slots and the wake index (as the Python engine's `Wake`: one time per
+    /// key, when it is due).
+    keys: Keys<KeySlot>,
+    /// The keys the current call brought events to (their `KeySlot::new`).
+    arrived: Vec<Id>,
     /// The keys advanced since `Engine.export_blobs` last ran (kept only when `track_dirty`):
-    /// what a store that writes changed keys back must write.
-    dirty: HashSet<Sk>,
+    /// what a store that writes changed keys back must write. A dirty key keeps its id until
+    /// that export, even with no state left (its record is then a tombstone).
+    dirty: HashSet<Id>,
     track_dirty: bool,
     /// Keys read from the store and not needed since: their `CEPNK` bytes, decoded when an
     /// event or a deadline reaches the key (`Engine.import_blob`, `Engine.export_blobs`).
-    raw: HashMap<Sk, Vec<u8>>,
+    raw: HashMap<Id, Vec<u8>>,
     /// Decoded keys unchanged since `export_blobs` encoded them: those bytes (reused, not
     /// re-encoded, by the next export that needs them, e.g. a compaction).
-    enc: HashMap<Sk, Vec<u8>>,
+    enc: HashMap<Id, Vec<u8>>,
     /// Keys changed since the last export: their bytes as last exported or read (kept only
     /// when `track_dirty`): a key whose new bytes are the same needs no record.
-    was: HashMap<Sk, Vec<u8>>,
+    was: HashMap<Id, Vec<u8>>,
     /// Decoded keys stay decoded after an export while their bytes total at most this much
     /// (the others are held as bytes).
     keep_decoded: usize,
+    /// The keys with state (decoded or in `raw`), kept as they change (`counted`).
+    stateful: usize,
     /// Column tables named by fingerprint in the blobs read (`import_blob`): a key read from
     /// the store may name a table of an earlier declaration of its stream.
     imported: Known,
 }
 
+impl From<TooManyKeys> for PyErr {
+    fn from(e: TooManyKeys) -> PyErr {
+        pyo3::exceptions::PyOverflowError::new_err(e.to_string())
+    }
+}
+
 impl EngineState {
-    fn wake_set(&mut self, sk: Sk, when: i64) {
-        if self.wake_at.insert(sk.clone(), when) == Some(when) {
-            return;
+    /// An event for (group, key) in the current call.
+    fn add_new(&mut self, group: u32, key: Arc<str>, item: Item) -> Result<(), TooManyKeys> {
+        let id = self.keys.intern(group, &key)?;
+        let slot = self.keys.val_mut(id);
+        if slot.new.is_empty() {
+            self.arrived.push(id);
         }
-        self.wake.push(Reverse((when, sk)));
-        if self.wake.len() > 2 * self.wake_at.len() + 64 {
-            self.wake = self.wake_at.iter().map(|(k, t)| Reverse((*t, k.clone()))).collect();
+        slot.new.push(item);
+        Ok(())
+    }
+
+    /// Forget the events a failed call left in the keys' slots (each call starts with it).
+    fn drop_new(&mut self) {
+        for id in std::mem::take(&mut self.arrived) {
+            self.keys.val_mut(id).new.clear();
+            self.release_if_empty(id);
         }
     }
 
-    fn wake_discard(&mut self, sk: &Sk) {
-        self.wake_at.remove(sk);
-    }
-
-    fn pop_due(&mut self, top: i64) -> Vec<Sk> {
-        let mut due = Vec::new();
-        while self.wake.peek().is_some_and(|Reverse((t, _))| *t <= top) {
-            if let Some(Reverse((when, sk))) = self.wake.pop() {
-                if self.wake_at.get(&sk) == Some(&when) {
-                    self.wake_at.remove(&sk);
-                    due.push(sk);
-                }
-            }
+    /// Free the key's id when nothing refers to it any more.
+    fn release_if_empty(&mut self, id: Id) {
+        let slot = &self.keys.slot(id).val;
+        if slot.state.is_none()
+            && slot.new.is_empty()
+            && !self.raw.contains_key(&id)
+            && !(self.track_dirty && self.dirty.contains(&id))
+        {
+            self.enc.remove(&id);
+            self.keys.release(id);
         }
-        due
     }
 
-    fn pop_all(&mut self) -> Vec<Sk> {
-        self.wake.clear();
-        self.wake_at.drain().map(|(k, _)| k).collect()
+    /// Drop the key's state, bytes and wake (its id is freed unless a tombstone is owed).
+    fn forget(&mut self, id: Id) {
+        self.put_state(id, None);
+        self.take_raw(id);
+        self.enc.remove(&id);
+        self.keys.discard_wake(id);
+        self.release_if_empty(id);
     }
 
-    fn next_due(&mut self) -> Option<i64> {
-        while let Some(Reverse((when, sk))) = self.wake.peek() {
-            if self.wake_at.get(sk) == Some(when) {
-                return Some(*when);
-            }
-            self.wake.pop();
-        }
-        None
+    fn has_state(&self, id: Id) -> bool {
+        self.keys.slot(id).val.state.is_some() || self.raw.contains_key(&id)
+    }
+
+    /// Run `f` (which changes the key's state or bytes), keeping `stateful` right.
+    fn counted<R>(&mut self, id: Id, f: impl FnOnce(&mut Self) -> R) -> R {
+        let had = self.has_state(id);
+        let r = f(self);
+        self.stateful = self.stateful + usize::from(self.has_state(id)) - usize::from(had);
+        r
+    }
+
+    fn take_state(&mut self, id: Id) -> Option<KeyState> {
+        self.counted(id, |st| st.keys.val_mut(id).state.take())
+    }
+
+    fn put_state(&mut self, id: Id, ks: Option<KeyState>) {
+        self.counted(id, |st| st.keys.val_mut(id).state = ks);
+    }
+
+    fn take_raw(&mut self, id: Id) -> Option<Vec<u8>> {
+        self.counted(id, |st| st.raw.remove(&id))
+    }
+
+    fn put_raw(&mut self, id: Id, bytes: Vec<u8>) {
+        self.counted(id, |st| st.raw.insert(id, bytes));
+    }
+
+    /// The ids of the keys with state.
+    fn with_state(&self) -> Vec<Id> {
+        self.keys.ids().filter(|&id| self.has_state(id)).collect()
     }
 }
 
@@ -183,17 +229,17 @@ impl EngineState {
 
     /// The number of keys with state.
     fn __len__(&self) -> usize {
-        self.states.len() + self.raw.len()
+        self.stateful
     }
 
     /// The number of keys in the wake index.
     fn wake_len(&self) -> usize {
-        self.wake_at.len()
+        self.keys.waiting()
     }
 
     /// The smallest max event time at which some key has work to do.
     fn next_wake(&mut self) -> Option<i64> {
-        self.next_due()
+        self.keys.next_due()
     }
 }
 
@@ -376,21 +422,21 @@ fn advance_key(
     partials: Option<&mut [i64]>,
     g: &mut Group,
     st: &mut EngineState,
-    sk: Sk,
+    (id, key): (Id, Arc<str>),
     new: Option<Vec<Item>>,
     safe: i64,
     eof: bool,
     matches: &Bound<'_, PyList>,
     counts: &mut Counts,
 ) -> PyResult<()> {
-    let loaded = st.states.remove(&sk);
+    let loaded = st.take_state(id);
     if st.track_dirty {
-        st.dirty.insert(sk.clone());
-        if let Some(b) = st.enc.remove(&sk) {
-            st.was.entry(sk.clone()).or_insert(b);
+        st.dirty.insert(id);
+        if let Some(b) = st.enc.remove(&id) {
+            st.was.entry(id).or_insert(b);
         }
-    } else {
-        st.enc.remove(&sk);
+    } else if !st.enc.is_empty() {
+        st.enc.remove(&id);
     }
     let mut partials = partials;
     let KeyState { mut buffer, parts, fams: mut fstates } = loaded.unwrap_or_default();
@@ -406,7 +452,7 @@ fn advance_key(
     }
     let n = buffer.partition_point(|x| x.ts <= safe);
     let released: Vec<Item> = if n == buffer.len() { std::mem::take(&mut buffer) } else { buffer.drain(..n).collect() };
-    let out = Out::lazy(matches.clone(), sk.1.clone());
+    let out = Out::lazy(matches.clone(), key.clone());
     // One `Ev` per released event, shared by every rule of the group (one field table).
     let mut evs: Vec<Arc<Ev>> = Vec::with_capacity(released.len());
     for it in &released {
@@ -438,7 +484,7 @@ fn advance_key(
             let fi = fi as usize;
             if fam_outs[fi].is_none() {
                 let fam = &fams.0[fi];
-                let mut fout = FOut::new(py, sk.1.clone());
+                let mut fout = FOut::new(py, key.clone());
                 let track = partials.is_some();
                 // Regrouping reads the key's bytes: inside the boundary too (a panic on corrupt
                 // state becomes an error naming the rule).
@@ -537,16 +583,17 @@ fn advance_key(
     counts.reset += parts.iter().filter(|p| p.is_some()).count();
     counts.touched += 1;
     if buffer.is_empty() && kept.is_empty() && kept_fams.is_empty() {
-        st.wake_discard(&sk);
+        st.keys.discard_wake(id);
+        st.release_if_empty(id);
         counts.released += 1;
         return Ok(());
     }
-    st.states.insert(sk.clone(), KeyState { buffer, parts: kept, fams: kept_fams });
+    st.put_state(id, Some(KeyState { buffer, parts: kept, fams: kept_fams }));
     let when = match due {
         None => AT_END,
         Some(d) => d.saturating_add(g.lateness).saturating_add(1),
     };
-    st.wake_set(sk, when);
+    st.keys.set_wake(id, when);
     Ok(())
 }
 
@@ -557,34 +604,129 @@ impl Engine {
         &mut self,
         py: Python<'py>,
         st: &mut EngineState,
-        mut pending: HashMap<Sk, Vec<Item>>,
         max_ts: i64,
         eof: bool,
     ) -> PyResult<(Bound<'py, PyList>, Counts)> {
-        let mut due: Vec<Sk> = pending.keys().cloned().collect();
-        due.extend(if eof { st.pop_all() } else { st.pop_due(max_ts) });
-        let rank = &self.rank;
-        due.sort_by(|a, b| rank[a.0 as usize].cmp(&rank[b.0 as usize]).then_with(|| a.1.cmp(&b.1)));
+        // Keys are advanced in id order (their slots in memory order); results are put in
+        // (group id, key) order afterwards, as the Python engine advances its keys.
+        let mut due: Vec<Id> = std::mem::take(&mut st.arrived);
+        if eof {
+            st.keys.pop_all(&mut due);
+        } else {
+            st.keys.pop_due(max_ts, &mut due);
+        }
+        due.sort_unstable();
         due.dedup();
         let matches = PyList::empty(py);
         let mut counts = Counts::default();
-        for sk in due {
-            if let Some(raw) = st.raw.remove(&sk) {
-                let ks = decode_key(py, &raw, &sk.1, [&self.known, &st.imported])?;
-                st.states.insert(sk.clone(), ks);
-                if st.track_dirty {
-                    st.was.entry(sk.clone()).or_insert(raw);
+        let mut runs: Vec<(u32, Arc<str>, usize, usize)> = Vec::new();
+        for (k, &id) in due.iter().enumerate() {
+            prefetch_ahead(st, &due, k);
+            let start = matches.len();
+            let (gi, key) = {
+                let slot = st.keys.slot(id);
+                (slot.group, slot.key.clone())
+            };
+            let r = self.finish_key(py, st, (id, gi, key.clone()), max_ts, eof, &matches, &mut counts);
+            if let Err(e) = r {
+                // The keys not advanced keep their state and come due again; their events of
+                // this call are dropped (as `drop_new` does for a call that fails earlier).
+                for &id in &due[k..] {
+                    if let Some(when) = self.wake_again(st, id) {
+                        st.keys.set_wake(id, when);
+                    }
                 }
+                st.arrived = due[k..].to_vec();
+                st.drop_new();
+                return Err(e);
             }
-            let g = &mut self.groups[sk.0 as usize];
-            let safe = if eof { max_ts } else { max_ts.saturating_sub(g.lateness).saturating_sub(1) };
-            let new = pending.remove(&sk);
-            let partials = self.partials.as_deref_mut();
-            let fams = (&self.families[..], &self.fam_of[..]);
-            advance_key(py, &mut self.rules, fams, partials, g, st, sk, new, safe, eof, &matches, &mut counts)?;
+            if matches.len() > start {
+                runs.push((self.rank[gi as usize], key, start, matches.len()));
+            }
         }
-        Ok((matches, counts))
+        Ok((in_key_order(py, matches, runs)?, counts))
     }
+
+    /// Advance one due key (decoded first if it is held as bytes).
+    #[allow(clippy::too_many_arguments)]
+    fn finish_key(
+        &mut self,
+        py: Python<'_>,
+        st: &mut EngineState,
+        (id, gi, key): (Id, u32, Arc<str>),
+        max_ts: i64,
+        eof: bool,
+        matches: &Bound<'_, PyList>,
+        counts: &mut Counts,
+    ) -> PyResult<()> {
+        if let Some(raw) = st.raw.get(&id) {
+            // Decoded before it is taken: bytes that fail to decode stay the key's state.
+            let ks = decode_key(py, raw, &key, [&self.known, &st.imported])?;
+            let raw = st.take_raw(id).unwrap_or_default();
+            st.put_state(id, Some(ks));
+            if st.track_dirty {
+                st.was.entry(id).or_insert(raw);
+            }
+        }
+        let g = &mut self.groups[gi as usize];
+        let safe = if eof { max_ts } else { max_ts.saturating_sub(g.lateness).saturating_sub(1) };
+        let new = std::mem::take(&mut st.keys.val_mut(id).new);
+        let new = (!new.is_empty()).then_some(new);
+        let partials = self.partials.as_deref_mut();
+        let fams = (&self.families[..], &self.fam_of[..]);
+        advance_key(py, &mut self.rules, fams, partials, g, st, (id, key), new, safe, eof, matches, counts)
+    }
+}
+
+/// With many keys each key's state is out of the caches: load the slots of the keys a few
+/// places ahead in `due`, then what they point to (events, matcher states), in stages, so
+/// that the loads overlap instead of stalling the key being advanced.
+fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
+    if let Some(&id) = due.get(k + 12) {
+        st.keys.prefetch(id);
+    }
+    if let Some(&id) = due.get(k + 6) {
+        let s = st.keys.slot(id);
+        prefetch(Arc::as_ptr(&s.key).cast::<u8>());
+        prefetch(s.val.new.as_ptr());
+        if let Some(ks) = &s.val.state {
+            prefetch(ks.buffer.as_ptr());
+            prefetch(ks.parts.as_ptr());
+        }
+    }
+    if let Some(&id) = due.get(k + 3) {
+        let s = st.keys.slot(id);
+        for it in s.val.new.iter().take(2) {
+            if let Some(r) = &it.row {
+                prefetch(Arc::as_ptr(r));
+            }
+        }
+        if let Some(ks) = &s.val.state {
+            for p in &ks.parts {
+                prefetch(p.state.runs.as_ptr());
+            }
+        }
+    }
+}
+
+/// `matches` with the runs of results of each key (rank of its group, key, start, end) put in
+/// (group id, key) order.
+fn in_key_order<'py>(
+    py: Python<'py>,
+    matches: Bound<'py, PyList>,
+    mut runs: Vec<(u32, Arc<str>, usize, usize)>,
+) -> PyResult<Bound<'py, PyList>> {
+    if runs.windows(2).all(|w| (w[0].0, &w[0].1) <= (w[1].0, &w[1].1)) {
+        return Ok(matches);
+    }
+    runs.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    let out = PyList::empty(py);
+    for (_, _, start, end) in runs {
+        for i in start..end {
+            out.append(matches.get_item(i)?)?;
+        }
+    }
+    Ok(out)
 }
 
 type IngestOut<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, usize, usize, usize);
@@ -596,6 +738,16 @@ impl Engine {
             .position(|g| g.gid == gid)
             .map(|i| i as u32)
             .ok_or_else(|| PyValueError::new_err(format!("no rule group {gid:?} in this engine")))
+    }
+
+    /// When a key with state that a failed call did not advance is due: from its decoded
+    /// state, or (held as bytes) the time it was due at.
+    fn wake_again(&self, st: &EngineState, id: Id) -> Option<i64> {
+        let slot = st.keys.slot(id);
+        match &slot.val.state {
+            Some(ks) => Some(self.wake_of(slot.group, ks)),
+            None => st.raw.contains_key(&id).then(|| st.keys.last_wake(id)),
+        }
     }
 
     fn wake_of(&self, gi: u32, ks: &KeyState) -> i64 {
@@ -765,7 +917,7 @@ impl Engine {
         let late_wms: Vec<i64> =
             self.groups.iter().map(|g| if eof { max_ts } else { max_ts.saturating_sub(g.lateness) }).collect();
         let late = PyList::empty(py);
-        let mut pending: HashMap<Sk, Vec<Item>> = HashMap::default();
+        st.drop_new();
         let mut top = i64::MIN;
         let (a_stream, a_ts, a_seq, a_data, a_route) = (
             intern!(py, "stream"),
@@ -806,20 +958,20 @@ impl Engine {
                     late_for.add(key, late_wms[gi as usize], &g.rule_ids);
                     continue;
                 }
-                pending.entry((gi, key)).or_default().push(Item {
+                st.add_new(gi, key, Item {
                     ts,
                     seqi: seq_int(&seq),
                     seq: Some(seq.clone().unbind()),
                     data: Some(data.clone().unbind()),
                     row: None,
-                });
+                })?;
             }
             late_for.report(py, &late, i)?;
         }
         if !events.is_empty() && !eof {
             max_ts = max_ts.max(top);
         }
-        let (matches, counts) = self.finish(py, &mut st, pending, max_ts, eof)?;
+        let (matches, counts) = self.finish(py, &mut st, max_ts, eof)?;
         Ok((matches, late, counts.touched, counts.released, counts.reset))
     }
 
@@ -887,7 +1039,7 @@ impl Engine {
         let late_wms: Vec<i64> =
             self.groups.iter().map(|g| if eof { max_ts } else { max_ts.saturating_sub(g.lateness) }).collect();
         let late = PyList::empty(py);
-        let mut pending: HashMap<Sk, Vec<Item>> = HashMap::default();
+        st.drop_new();
         let mut top = i64::MIN;
         for j in 0..b.len {
             let ts = tss[j];
@@ -942,37 +1094,37 @@ impl Engine {
                     late_for.add(key, late_wms[gi as usize], &g.rule_ids);
                     continue;
                 }
-                pending.entry((gi, key)).or_default().push(Item {
+                st.add_new(gi, key, Item {
                     ts,
                     seqi: Some(seqs[j]),
                     seq: None,
                     data: None,
                     row: Some(row.clone()),
-                });
+                })?;
             }
             late_for.report(py, &late, j)?;
         }
         if b.len > 0 && !eof {
             max_ts = max_ts.max(top);
         }
-        let (matches, counts) = self.finish(py, &mut st, pending, max_ts, eof)?;
+        let (matches, counts) = self.finish(py, &mut st, max_ts, eof)?;
         Ok((matches, late, counts.touched, counts.released, counts.reset))
     }
 
 
     /// The smallest max event time at which some key of `state` has work to do.
     fn next_wake(&self, state: &Bound<'_, EngineState>) -> PyResult<Option<i64>> {
-        Ok(state.try_borrow_mut()?.next_due())
+        Ok(state.try_borrow_mut()?.keys.next_due())
     }
 
     /// The (group id, key) of every key with state.
     fn keys(&self, state: &Bound<'_, EngineState>) -> PyResult<Vec<(String, String)>> {
         let st = state.try_borrow()?;
         let mut v: Vec<(String, String)> = st
-            .states
-            .keys()
-            .chain(st.raw.keys())
-            .map(|(g, k)| (self.groups[*g as usize].gid.clone(), k.to_string()))
+            .with_state()
+            .into_iter()
+            .map(|id| st.keys.slot(id))
+            .map(|s| (self.groups[s.group as usize].gid.clone(), s.key.to_string()))
             .collect();
         v.sort();
         Ok(v)
@@ -983,8 +1135,8 @@ impl Engine {
     fn key_bytes(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<Option<Py<PyAny>>> {
         let gi = self.gid_index(gid)?;
         let st = state.try_borrow()?;
-        let sk: Sk = (gi, Arc::from(key));
-        let buf = match (st.states.get(&sk), st.enc.get(&sk).or_else(|| st.raw.get(&sk))) {
+        let Some(id) = st.keys.find(gi, key) else { return Ok(None) };
+        let buf = match (&st.keys.slot(id).val.state, st.enc.get(&id).or_else(|| st.raw.get(&id))) {
             (_, Some(raw)) => raw.clone(),
             (Some(ks), None) => encode_key(py, ks, key, [&self.known, &st.imported], &self.families, &self.rules)?,
             (None, None) => return Ok(None),
@@ -998,11 +1150,11 @@ impl Engine {
         let mut st = state.try_borrow_mut()?;
         let ks = decode_key(py, data, key, [&self.known, &st.imported])?;
         let when = self.wake_of(gi, &ks);
-        let sk: Sk = (gi, Arc::from(key));
-        st.raw.remove(&sk);
-        st.enc.insert(sk.clone(), data.to_vec());
-        st.states.insert(sk.clone(), ks);
-        st.wake_set(sk, when);
+        let id = st.keys.intern(gi, &Arc::from(key))?;
+        st.take_raw(id);
+        st.enc.insert(id, data.to_vec());
+        st.put_state(id, Some(ks));
+        st.keys.set_wake(id, when);
         Ok(())
     }
 
@@ -1010,11 +1162,8 @@ impl Engine {
     fn delete_key(&self, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<()> {
         let gi = self.gid_index(gid)?;
         let mut st = state.try_borrow_mut()?;
-        let sk: Sk = (gi, Arc::from(key));
-        st.states.remove(&sk);
-        st.raw.remove(&sk);
-        st.enc.remove(&sk);
-        st.wake_discard(&sk);
+        let Some(id) = st.keys.find(gi, key) else { return Ok(()) };
+        st.forget(id);
         Ok(())
     }
 
@@ -1065,15 +1214,14 @@ impl Engine {
                 dropped += 1;
                 continue;
             };
-            let sk: Sk = (gi as u32, key);
-            st.states.remove(&sk);
-            st.enc.remove(&sk);
+            let id = st.keys.intern(gi as u32, &key)?;
             if bytes.is_empty() {
-                st.raw.remove(&sk);
-                st.wake_discard(&sk);
+                st.forget(id);
             } else {
-                st.raw.insert(sk.clone(), bytes.to_vec());
-                st.wake_set(sk, wake);
+                st.put_state(id, None);
+                st.enc.remove(&id);
+                st.put_raw(id, bytes.to_vec());
+                st.keys.set_wake(id, wake);
             }
         }
         Ok(dropped)
@@ -1091,42 +1239,50 @@ impl Engine {
         let mut st = state.try_borrow_mut()?;
         let st = &mut *st;
         // Decoded keys without bytes: when tracked, only keys advanced since the last export.
-        let fresh: Vec<Sk> = if all || !st.track_dirty {
-            st.states.keys().filter(|k| !st.enc.contains_key(*k)).cloned().collect()
+        let decoded = |st: &EngineState, id: Id| st.keys.slot(id).val.state.is_some() && !st.enc.contains_key(&id);
+        let fresh: Vec<Id> = if all || !st.track_dirty {
+            st.keys.ids().filter(|&id| decoded(st, id)).collect()
         } else {
-            st.dirty.iter().filter(|k| st.states.contains_key(*k) && !st.enc.contains_key(*k)).cloned().collect()
+            st.dirty.iter().copied().filter(|&id| decoded(st, id)).collect()
         };
-        for sk in fresh {
-            let bytes = encode_key(py, &st.states[&sk], &sk.1, [&self.known, &st.imported], &self.families, &self.rules)?;
-            st.enc.insert(sk, bytes);
+        for id in fresh {
+            let slot = st.keys.slot(id);
+            let Some(ks) = &slot.val.state else { continue };
+            let bytes = encode_key(py, ks, &slot.key, [&self.known, &st.imported], &self.families, &self.rules)?;
+            st.enc.insert(id, bytes);
         }
         let was = std::mem::take(&mut st.was);
-        let mut keys: Vec<Sk> = if all {
-            st.states.keys().chain(st.raw.keys()).cloned().collect()
+        let mut keys: Vec<Id> = if all {
+            st.with_state()
         } else {
-            st.dirty.iter().filter(|sk| was.get(*sk).is_none_or(|b| st.enc.get(*sk) != Some(b))).cloned().collect()
+            st.dirty.iter().copied().filter(|id| was.get(id).is_none_or(|b| st.enc.get(id) != Some(b))).collect()
         };
         // Over the budget: keys not changed in this call are held as bytes first.
         let mut over = st.enc.values().map(Vec::len).sum::<usize>().saturating_sub(st.keep_decoded);
         if over > 0 {
-            let (old, new): (Vec<&Sk>, Vec<&Sk>) = st.enc.keys().partition(|sk| !st.dirty.contains(*sk));
+            let (old, new): (Vec<Id>, Vec<Id>) = st.enc.keys().partition(|id| !st.dirty.contains(*id));
             let mut evict = Vec::new();
-            for sk in old.into_iter().chain(new) {
+            for id in old.into_iter().chain(new) {
                 if over == 0 {
                     break;
                 }
-                over = over.saturating_sub(st.enc[sk].len());
-                evict.push(sk.clone());
+                over = over.saturating_sub(st.enc[&id].len());
+                evict.push(id);
             }
-            for sk in evict {
-                st.states.remove(&sk);
-                if let Some(b) = st.enc.remove(&sk) {
-                    st.raw.insert(sk, b);
+            for id in evict {
+                st.put_state(id, None);
+                if let Some(b) = st.enc.remove(&id) {
+                    st.put_raw(id, b);
                 }
             }
         }
-        st.dirty.clear();
-        keys.sort_by(|a, b| self.rank[a.0 as usize].cmp(&self.rank[b.0 as usize]).then_with(|| a.1.cmp(&b.1)));
+        // Keys left without state keep their ids until their tombstones are written (below).
+        let written: Vec<Id> = st.dirty.drain().collect();
+        let order = |id: &Id| {
+            let s = st.keys.slot(*id);
+            (self.rank[s.group as usize], s.key.clone())
+        };
+        keys.sort_by_cached_key(order);
         let mut out = Vec::new();
         let mut blob: Vec<u8> = Vec::new();
         let mut count = 0u32;
@@ -1139,7 +1295,7 @@ impl Engine {
             blob.clear();
             *count = 0;
         };
-        for sk in &keys {
+        for &id in &keys {
             if blob.is_empty() {
                 blob.extend_from_slice(BLOB_MAGIC);
                 blob.extend_from_slice(&BLOB_VERSION.to_le_bytes());
@@ -1159,10 +1315,11 @@ impl Engine {
                 }
                 wake = 0;
             }
-            put_uv(&mut blob, u64::from(sk.0));
-            put_str(&mut blob, &sk.1);
-            let bytes: &[u8] = st.enc.get(sk).or_else(|| st.raw.get(sk)).map_or(&[], Vec::as_slice);
-            let w = st.wake_at.get(sk).copied().unwrap_or(AT_END);
+            let slot = st.keys.slot(id);
+            put_uv(&mut blob, u64::from(slot.group));
+            put_str(&mut blob, &slot.key);
+            let bytes: &[u8] = st.enc.get(&id).or_else(|| st.raw.get(&id)).map_or(&[], Vec::as_slice);
+            let w = st.keys.wake_of(id).unwrap_or(AT_END);
             put_iv(&mut blob, w.wrapping_sub(wake));
             wake = w;
             put_uv(&mut blob, bytes.len() as u64);
@@ -1173,6 +1330,9 @@ impl Engine {
             }
         }
         flush(&mut blob, &mut count, &mut out);
+        for id in written {
+            st.release_if_empty(id);
+        }
         Ok(out)
     }
 

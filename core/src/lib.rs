@@ -15,6 +15,7 @@ mod family_build;
 mod expr;
 mod json;
 mod keycodec;
+mod keys;
 mod matcher;
 mod program;
 mod state;

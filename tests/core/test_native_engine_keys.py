@@ -1,0 +1,189 @@
+"""Many keys on the native engine (core/src/keys.rs: integer key ids, a slab of key slots, a
+bucketed wake index): keys that come in waves, are released and come back under the same text
+(their ids reused by other keys meanwhile) give the Python engine's results, late reports, live
+keys, wake keys and next wake time, call by call; and a key state exported and imported
+(`export_blobs` / `import_blob`, what the Spark operator stores) mid-stream continues to the
+same results.
+
+Timeline of one card (W = wave length, 2 h; cards of wave w start at w * W):
+
+    card c{i % 90}:  |--- 4 charges over ~12 min ---|....1 h window....|  (released)
+    same text, wave + 3:                                                   |--- charges ---|
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from cep.runtime.alerts import alert_record
+from cep.runtime.bind import build_embedded_engine, build_engine
+from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore
+from tests.core.test_native_engine import _batch, native_bundled
+
+HOUR = 3_600_000
+WAVE = 2 * HOUR
+
+
+def _waves(n_cards: int, seed: int) -> list[Event]:
+    """Cards in waves of 30; card texts repeat every 90 cards (three waves later, after the
+    earlier card's state is released). Some charges probe (< 2.00), some go abroad, a few
+    come late (before the watermark)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n_cards):
+        t = (i // 30) * WAVE + rng.randrange(20 * 60_000)
+        home = rng.choice(["NL", "DE", "FR"])
+        for _ in range(rng.choice([1, 2, 2, 4, 6])):
+            amount = rng.choice([1.5, 25.0, 120.0, 900.0])
+            country = home if rng.random() < 0.8 else "US"
+            rows.append({"ts": t, "card": f"c{i % 90}", "amount": amount, "merchant": "m1",
+                         "country": country})
+            t += rng.choice([5_000, 9_000, 30_000, 4 * 60_000])
+    events = [Event("transactions", r["ts"], seq, r) for seq, r in enumerate(rows)]
+    events.sort(key=lambda e: (e.ts, e.seq))
+    # A few events come after many later ones (minutes): reported late by both engines.
+    for k in range(40, len(events) - 600, 97):
+        events.insert(k + 600, events.pop(k))
+    return events
+
+
+def _records(engine: Any, results: list[Any]) -> list[dict[str, Any]]:
+    return [alert_record(engine, r) for r in results]
+
+
+@pytest.mark.parametrize("batch", [1, 37, 500])
+def test_keys_in_waves_match_the_python_engine_call_by_call(batch: int) -> None:
+    events = _waves(450 if batch == 1 else 900, seed=batch)
+    ruleset = native_bundled()
+    python = build_engine(ruleset, use_native=False)
+    native = build_embedded_engine(ruleset)
+    py_store, nat_store, max_ts = MemoryKeyStore(), MemoryKeyStore(), NEG_INF
+    results = late = peak = 0
+    for i in range(0, len(events), batch):
+        chunk = events[i:i + batch]
+        want = python.ingest(py_store, chunk, max_ts)
+        got = native.ingest(nat_store, chunk, max_ts)
+        assert _records(native, got.matches) == _records(python, want.matches)
+        assert [(x.rule_ids, x.key, x.event.seq) for x in got.late] == \
+            [(x.rule_ids, x.key, x.event.seq) for x in want.late]
+        assert native.live_keys(nat_store) == len(py_store.states)
+        assert native.wake_keys(nat_store) == len(py_store.wake)
+        assert native.next_wake(nat_store) == python.next_wake(py_store)
+        max_ts = max(max_ts, max(e.ts for e in chunk))
+        results, late = results + len(want.matches), late + len(want.late)
+        peak = max(peak, len(py_store.states))
+    want = python.advance(py_store, max_ts, end_of_input=max_ts)
+    got = native.advance(nat_store, max_ts, end_of_input=max_ts)
+    assert _records(native, got.matches) == _records(python, want.matches)
+    assert native.live_keys(nat_store) == 0 and native.wake_keys(nat_store) == 0
+    assert native.next_wake(nat_store) is None
+    assert results + len(want.matches) > 10 and late > 0, "the stream raises alerts and late reports"
+    assert peak >= 30, "many keys are live at once"
+
+
+def test_a_state_exported_and_imported_mid_stream_continues_the_same() -> None:
+    """The Spark operator's round trip, with keys held as bytes past a small decoded budget:
+    every call's changed keys are exported and logged; at the middle of the stream a new
+    EngineState reads the log back and goes on. Results equal an uninterrupted Python run."""
+    from cep import _core
+
+    events = _waves(600, seed=11)
+    ruleset = native_bundled()
+    python = build_engine(ruleset, use_native=False)
+    native = build_embedded_engine(ruleset)
+    core = native.core
+    py_store, max_ts = MemoryKeyStore(), NEG_INF
+    state = _core.EngineState(track_dirty=True, keep_decoded=2_000)
+    log: list[bytes] = []
+    half = len(events) // 2
+    for i in range(0, len(events), 200):
+        if i >= half and log is not None:
+            state = _core.EngineState(track_dirty=True, keep_decoded=2_000)
+            for blob in log:
+                assert core.import_blob(state, blob) == 0
+            assert sorted(core.keys(state)) == sorted(
+                (gid, str(key)) for gid, key in py_store.states)
+            log = None  # type: ignore[assignment]
+        chunk = events[i:i + 200]
+        want = python.ingest(py_store, chunk, max_ts).matches
+        got, _late, *_ = core.ingest_arrow(state, _batch(chunk, False), max_ts)
+        assert _records(native, got) == _records(python, want)
+        if log is not None:
+            log += core.export_blobs(state)
+        # The running count of keys with state (decoded, held as bytes, or read back).
+        assert len(state) == len(core.keys(state)) == len(py_store.states)
+        max_ts = max(max_ts, max(e.ts for e in chunk))
+    want = python.advance(py_store, max_ts, end_of_input=max_ts).matches
+    got, *_ = core.ingest_arrow(state, _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
+    assert _records(native, got) == _records(python, want)
+    assert len(state) == 0 and state.wake_len() == 0
+
+
+def _blob(gid: str, key: str, wake: int, data: bytes) -> bytes:
+    """One key record in `export_blobs`' format (magic, version, count, no tables, one group)."""
+    def uv(v: int) -> bytes:
+        out = bytearray()
+        while v >= 0x80:
+            out.append((v & 0x7F) | 0x80)
+            v >>= 7
+        return bytes(out + bytes([v]))
+
+    def s(b: bytes) -> bytes:
+        return uv(len(b)) + b
+
+    rec = uv(0) + s(key.encode()) + uv((wake << 1) ^ (wake >> 63)) + s(data)
+    return b"CEPNB" + (2).to_bytes(2, "little") + (1).to_bytes(4, "little") + uv(0) + uv(1) \
+        + s(gid.encode()) + rec
+
+
+def test_a_key_that_fails_to_decode_keeps_its_bytes_and_the_other_due_keys_their_wake() -> None:
+    """A call fails on a key whose stored bytes do not decode (advanced first: lowest id). Its
+    bytes stay (it still counts, is still due), the due keys after it stay due, and once it is
+    deleted the next call gives what a state that never had it gives."""
+    from cep import _core
+
+    events = _waves(60, seed=5)[:150]
+    native = build_embedded_engine(native_bundled())
+    core = native.core
+    first = _core.EngineState()
+    max_ts = max(e.ts for e in events)
+    core.ingest_arrow(first, _batch(events, False), max_ts)
+    good = core.export_blobs(first, all=True)
+    gid = core.keys(first)[0][0]
+
+    def fresh(with_bad: bool) -> Any:
+        st = _core.EngineState()
+        if with_bad:
+            assert core.import_blob(st, _blob(gid, "bad", 0, b"CEPNK\xff\xff\xff")) == 0
+        for blob in good:
+            assert core.import_blob(st, blob) == 0
+        return st
+
+    state, clean = fresh(True), fresh(False)
+    keys, wake, nxt = len(state), state.wake_len(), state.next_wake()
+    assert keys == len(clean) + 1 and wake == clean.wake_len() + 1 and nxt == 0
+    late = max_ts + 3 * HOUR  # every key is due
+    empty = _batch(events[:1], False).slice(0, 0)
+    with pytest.raises(Exception):
+        core.ingest_arrow(state, empty, late)
+    assert (len(state), state.wake_len(), state.next_wake()) == (keys, wake, nxt)
+    assert (gid, "bad") in core.keys(state)
+    core.delete_key(state, gid, "bad")
+    assert sorted(core.keys(state)) == sorted(core.keys(clean))
+    more = [e for e in _waves(600, seed=5) if e.ts > late]
+    out = []
+    for st in (state, clean):
+        got, top, n_late = [], late, 0
+        for i in range(0, len(more), 200):
+            chunk = more[i:i + 200]
+            res, late_rows, *_ = core.ingest_arrow(st, _batch(chunk, False), top)
+            top = max(top, max(e.ts for e in chunk))
+            got += _records(native, res)
+            n_late += len(late_rows)
+        end, *_ = core.ingest_arrow(st, empty, top, top)
+        out.append((got + _records(native, end), n_late))
+    assert out[0] == out[1] and len(out[0][0]) > 0
+    assert (len(state), state.wake_len()) == (len(clean), clean.wake_len()) == (0, 0)
