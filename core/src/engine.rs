@@ -377,6 +377,32 @@ pub(crate) fn canon(obj: &Bound<'_, PyAny>, names: &[String], out: &mut String, 
     Ok(())
 }
 
+/// Asks for the rows the key's rules are about to read: the released events' and the last
+/// capture of each partial match. The batch wrote its rows in event order and the rules read
+/// them key by key, so each first read missed the cache, one miss at a time as the tests
+/// reached them (perf: the operand load of the first condition was the hottest line); asked
+/// for together, the misses overlap.
+fn prefetch_key(evs: &[Arc<Ev>], parts: &[Part]) {
+    for ev in evs {
+        prefetch_row(ev);
+    }
+    let last_caps = parts.iter().flat_map(|p| &p.state.runs).filter_map(|r| r.entries.first()).filter_map(|e| e.caps.last());
+    for c in last_caps.take(16) {
+        prefetch_row(&c.ev);
+    }
+}
+
+#[inline(always)]
+fn prefetch_row(ev: &Ev) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(row) = &ev.row {
+        // SAFETY: a prefetch is a hint; it reads nothing and faults on no address.
+        unsafe { std::arch::x86_64::_mm_prefetch(row.vals.as_ptr() as *const i8, std::arch::x86_64::_MM_HINT_T0) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = ev;
+}
+
 /// `Engine._advance`: add the key's new events, release what is safe, fire deadlines up to
 /// `safe`, end of input, keep or release the key's state.
 #[allow(clippy::too_many_arguments)]
@@ -434,6 +460,7 @@ fn advance_key(
             _ => Ev::from_py(it.data_obj(py)?, it.seq_obj(py)?, it.ts),
         }));
     }
+    prefetch_key(&evs, &parts);
     // Per event, the group's distinct local conditions known so far (0 unknown, 1 false,
     // 2 true): a condition that several rules share is evaluated once per event.
     let ncids = g.ncids;
@@ -514,7 +541,7 @@ fn advance_key(
             let mut s = mstate;
             for (k, ev) in evs.iter().enumerate() {
                 let known = &mut shared[k * ncids..(k + 1) * ncids];
-                s = core.feed(py, s, ev.clone(), None, known, &out)?;
+                s = core.feed(py, s, ev, None, known, &out)?;
             }
             if s.as_ref().and_then(|m| m.deadline).is_some_and(|d| d <= safe) {
                 if let Some(m) = s.take() {
