@@ -386,6 +386,11 @@ fn prefetch_key(evs: &[Arc<Ev>], parts: &[Part]) {
     for ev in evs {
         prefetch_row(ev);
     }
+    prefetch_parts(parts);
+}
+
+/// `prefetch_key` for the last capture of each partial match of `parts`.
+fn prefetch_parts(parts: &[Part]) {
     let last_caps = parts.iter().flat_map(|p| &p.state.runs).filter_map(|r| r.entries.first()).filter_map(|e| e.caps.last());
     for c in last_caps.take(16) {
         prefetch_row(&c.ev);
@@ -609,7 +614,17 @@ impl Engine {
         due.dedup();
         let matches = PyList::empty(py);
         let mut counts = Counts::default();
-        for sk in due {
+        let mut due = due.into_iter().peekable();
+        while let Some(sk) = due.next() {
+            // The next key's rows and partial matches are asked for while this key is advanced.
+            if let Some(next) = due.peek() {
+                if let Some(items) = pending.get(next) {
+                    items.iter().filter_map(|it| it.ev.as_deref()).for_each(prefetch_row);
+                }
+                if let Some(ks) = st.states.get(next) {
+                    prefetch_parts(&ks.parts);
+                }
+            }
             if let Some(raw) = st.raw.remove(&sk) {
                 let ks = decode_key(py, &raw, &sk.1, [&self.known, &st.imported])?;
                 st.states.insert(sk.clone(), ks);
