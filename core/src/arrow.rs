@@ -130,16 +130,27 @@ impl Batch<'_> {
     /// Cell `j` of string column `c` as text borrowed from the batch (no `Value`, no
     /// interning); None when the cell is null or the column holds no strings.
     pub fn str_at(&self, c: usize, j: usize) -> PyResult<Option<&str>> {
+        match self.bytes_at(c, j) {
+            None => Ok(None),
+            Some(b) => std::str::from_utf8(b).map(Some).map_err(|_| bad("arrow: a string that is not UTF-8")),
+        }
+    }
+
+    /// `str_at` without the UTF-8 check: the cell's bytes (for a caller that compares them
+    /// with text it has checked already).
+    pub fn bytes_at(&self, c: usize, j: usize) -> Option<&[u8]> {
         let col = &self.cols[c];
         let i = col.base + j;
         if !matches!(col.kind, Kind::Utf8 | Kind::LargeUtf8) {
-            return Ok(None);
+            return None;
         }
         // SAFETY: as in `get`.
-        if !col.validity.is_null() && unsafe { !bit(col.validity, i) } {
-            return Ok(None);
+        unsafe {
+            if !col.validity.is_null() && !bit(col.validity, i) {
+                return None;
+            }
+            Some(col.bytes(i))
         }
-        unsafe { col.text(i) }.map(Some)
     }
 }
 
@@ -149,6 +160,11 @@ impl Col {
     /// # Safety
     /// `i` is within the column and the column is `Utf8` or `LargeUtf8` (`Batch::get`).
     unsafe fn text(&self, i: usize) -> PyResult<&str> {
+        std::str::from_utf8(self.bytes(i)).map_err(|_| bad("arrow: a string that is not UTF-8"))
+    }
+
+    /// The bytes of cell `i` of a string column (same contract as `text`).
+    unsafe fn bytes(&self, i: usize) -> &[u8] {
         let (start, end) = if self.kind == Kind::Utf8 {
             let o = self.offsets as *const i32;
             (std::ptr::read_unaligned(o.add(i)) as usize, std::ptr::read_unaligned(o.add(i + 1)) as usize)
@@ -156,8 +172,11 @@ impl Col {
             let o = self.offsets as *const i64;
             (std::ptr::read_unaligned(o.add(i)) as usize, std::ptr::read_unaligned(o.add(i + 1)) as usize)
         };
-        let bytes: &[u8] = if end > start { std::slice::from_raw_parts(self.data.add(start), end - start) } else { &[] };
-        std::str::from_utf8(bytes).map_err(|_| bad("arrow: a string that is not UTF-8"))
+        if end > start {
+            std::slice::from_raw_parts(self.data.add(start), end - start)
+        } else {
+            &[]
+        }
     }
 
     fn interned(&self, text: &str) -> std::sync::Arc<str> {

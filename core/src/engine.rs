@@ -949,23 +949,24 @@ impl Engine {
         // Each group's projection of the batch's table (JSON rows: per row, later).
         let pidx: Vec<Option<Arc<[u32]>>> =
             self.groups.iter_mut().map(|g| json_i.is_none().then(|| g.proj.idx_cols(&g.fields, &cols))).collect();
-        let mut last_gs: Option<(&str, Option<&[u32]>)> = None;
+        let mut last_gs: Option<(&[u8], Option<&[u32]>)> = None;
         for j in 0..b.len {
             let ts = tss[j];
             top = top.max(ts);
-            let sname: &str = match stream_i {
-                Some(i) => match b.str_at(i, j)? {
+            let sname: &[u8] = match stream_i {
+                Some(i) => match b.bytes_at(i, j) {
                     Some(s) => s,
                     None => continue,
                 },
-                None => stream.as_deref().unwrap_or(""),
+                None => stream.as_deref().unwrap_or("").as_bytes(),
             };
-            // The rows of a batch mostly share their stream: its groups are looked up again
-            // only when the name changes.
+            // The rows of a batch mostly share their stream: its name is checked and its groups
+            // looked up again only when the bytes change.
             let gs = match last_gs {
                 Some((n, gs)) if n == sname => gs,
                 _ => {
-                    let gs = self.by_stream.get(sname).map(Vec::as_slice);
+                    let name = std::str::from_utf8(sname).map_err(|_| crate::program::bad("arrow: a string that is not UTF-8"))?;
+                    let gs = self.by_stream.get(name).map(Vec::as_slice);
                     last_gs = Some((sname, gs));
                     gs
                 }
