@@ -291,3 +291,46 @@ pub fn read_batch<'py>(batch: &Bound<'py, PyAny>) -> PyResult<Batch<'py>> {
         Ok(Batch { names, cols, len, _keep: pair })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn string_col() -> Col {
+        Col {
+            kind: Kind::Utf8,
+            validity: std::ptr::null(),
+            data: std::ptr::null(),
+            offsets: std::ptr::null(),
+            base: 0,
+            intern: std::cell::RefCell::new(Some(Intern::default())),
+            seen: std::cell::Cell::new(0),
+            last: std::cell::Cell::new(u32::MAX),
+        }
+    }
+
+    #[test]
+    fn equal_strings_share_one_value_through_the_last_and_the_map() {
+        let col = string_col();
+        let a = col.interned("card-1");
+        assert!(Arc::ptr_eq(&a, &col.interned("card-1")), "the last value");
+        let b = col.interned("card-2");
+        assert!(Arc::ptr_eq(&a, &col.interned("card-1")), "from the map after another value");
+        assert!(Arc::ptr_eq(&b, &col.interned("card-2")));
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert_eq!((&*a, &*b), ("card-1", "card-2"));
+    }
+
+    #[test]
+    fn a_column_of_mostly_distinct_values_stops_interning() {
+        let col = string_col();
+        for i in 0..9000 {
+            assert_eq!(&*col.interned(&format!("v{i}")), format!("v{i}"));
+        }
+        assert!(col.intern.borrow().is_none());
+        let (x, y) = (col.interned("v1"), col.interned("v1"));
+        assert_eq!((&*x, &*y), ("v1", "v1"));
+        assert!(!Arc::ptr_eq(&x, &y), "no longer shared");
+    }
+}
