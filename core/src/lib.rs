@@ -39,8 +39,8 @@ const MI_OPTION_PURGE_DECOMMITS: std::ffi::c_int = 5;
 /// Freed memory that mimalloc purges is reset (`MADV_FREE`: the OS may take it back when it
 /// needs it) instead of decommitted: a decommitted page faults and is zeroed again when the
 /// next batch reuses it. The engine frees most of a batch's memory before the next batch, and
-/// on a loaded machine the 10 ms purge delay passes between batches: 35-50k page faults per
-/// 1M fraud events, 0-3k with this (perf stat, bench/results/native.md, session 12). An explicit
+/// on a loaded machine the 10 ms purge delay passes between batches: 20-55k page faults per
+/// 1M fraud events, 2-3k with this (perf stat, bench/results/native.md, session 12). An explicit
 /// `MIMALLOC_PURGE_DECOMMITS` in the environment wins.
 fn tune_allocator() {
     if std::env::var_os("MIMALLOC_PURGE_DECOMMITS").is_none() {
