@@ -53,6 +53,13 @@ pub struct Batch<'py> {
     _keep: Bound<'py, PyAny>,
 }
 
+/// The distinct values of a string column: each value's index in `dict`.
+#[derive(Default)]
+struct Intern {
+    map: std::collections::HashMap<std::sync::Arc<str>, u32, foldhash::fast::RandomState>,
+    dict: Vec<std::sync::Arc<str>>,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Null,
@@ -79,10 +86,12 @@ struct Col {
     /// A string column's distinct values so far: equal strings share one `Arc<str>` (one
     /// allocation per distinct value, and keys compare by pointer first). Given up when the
     /// column turns out to be mostly distinct values.
-    intern: std::cell::RefCell<Option<std::collections::HashSet<std::sync::Arc<str>, foldhash::fast::RandomState>>>,
+    intern: std::cell::RefCell<Option<Intern>>,
     seen: std::cell::Cell<usize>,
-    /// The value interned last (a column of one repeated value needs no hashing).
-    last: std::cell::RefCell<Option<std::sync::Arc<str>>>,
+    /// The index in `Intern::dict` of the value interned last (a column of one repeated value
+    /// needs no hashing); `u32::MAX`: none. An index, not an `Arc`: no reference count is
+    /// touched to remember it.
+    last: std::cell::Cell<u32>,
 }
 
 impl Batch<'_> {
@@ -113,68 +122,83 @@ impl Batch<'_> {
                 Kind::I64 => Value::Int(prim!(i64)),
                 Kind::F32 => Value::Float(prim!(f32) as f64),
                 Kind::F64 => Value::Float(prim!(f64)),
-                Kind::Utf8 | Kind::LargeUtf8 => {
-                    let text = self.text_at(col, i)?;
-                    Value::Str(col.interned(text))
-                }
+                Kind::Utf8 | Kind::LargeUtf8 => Value::Str(col.interned(col.text(i)?)),
             })
         }
     }
 
-    /// Cell `j` of string column `c`, borrowed from the batch (None: null or not a string
-    /// column): for text that is parsed, not kept (a JSON column).
-    pub fn text(&self, c: usize, j: usize) -> PyResult<Option<&str>> {
+    /// Cell `j` of string column `c` as text borrowed from the batch (no `Value`, no
+    /// interning); None when the cell is null or the column holds no strings.
+    pub fn str_at(&self, c: usize, j: usize) -> PyResult<Option<&str>> {
+        match self.bytes_at(c, j) {
+            None => Ok(None),
+            Some(b) => std::str::from_utf8(b).map(Some).map_err(|_| bad("arrow: a string that is not UTF-8")),
+        }
+    }
+
+    /// `str_at` without the UTF-8 check: the cell's bytes (for a caller that compares them
+    /// with text it has checked already).
+    pub fn bytes_at(&self, c: usize, j: usize) -> Option<&[u8]> {
         let col = &self.cols[c];
         let i = col.base + j;
         if !matches!(col.kind, Kind::Utf8 | Kind::LargeUtf8) {
-            return Ok(None);
+            return None;
         }
         // SAFETY: as in `get`.
         unsafe {
             if !col.validity.is_null() && !bit(col.validity, i) {
-                return Ok(None);
+                return None;
             }
-            self.text_at(col, i).map(Some)
+            Some(col.bytes(i))
         }
-    }
-
-    /// The text of a string column's cell `i` (offset included).
-    ///
-    /// # Safety
-    /// `col` is a string column of this batch and `i` within its length.
-    unsafe fn text_at(&self, col: &Col, i: usize) -> PyResult<&str> {
-        let (start, end) = if col.kind == Kind::Utf8 {
-            let o = col.offsets as *const i32;
-            (std::ptr::read_unaligned(o.add(i)) as usize, std::ptr::read_unaligned(o.add(i + 1)) as usize)
-        } else {
-            let o = col.offsets as *const i64;
-            (std::ptr::read_unaligned(o.add(i)) as usize, std::ptr::read_unaligned(o.add(i + 1)) as usize)
-        };
-        let bytes: &[u8] = if end > start { std::slice::from_raw_parts(col.data.add(start), end - start) } else { &[] };
-        std::str::from_utf8(bytes).map_err(|_| bad("arrow: a string that is not UTF-8"))
     }
 }
 
 impl Col {
+    /// The text of cell `i` (an absolute index) of a string column.
+    ///
+    /// # Safety
+    /// `i` is within the column and the column is `Utf8` or `LargeUtf8` (`Batch::get`).
+    unsafe fn text(&self, i: usize) -> PyResult<&str> {
+        std::str::from_utf8(self.bytes(i)).map_err(|_| bad("arrow: a string that is not UTF-8"))
+    }
+
+    /// The bytes of cell `i` of a string column (same contract as `text`).
+    unsafe fn bytes(&self, i: usize) -> &[u8] {
+        let (start, end) = if self.kind == Kind::Utf8 {
+            let o = self.offsets as *const i32;
+            (std::ptr::read_unaligned(o.add(i)) as usize, std::ptr::read_unaligned(o.add(i + 1)) as usize)
+        } else {
+            let o = self.offsets as *const i64;
+            (std::ptr::read_unaligned(o.add(i)) as usize, std::ptr::read_unaligned(o.add(i + 1)) as usize)
+        };
+        if end > start {
+            std::slice::from_raw_parts(self.data.add(start), end - start)
+        } else {
+            &[]
+        }
+    }
+
     fn interned(&self, text: &str) -> std::sync::Arc<str> {
         let mut guard = self.intern.borrow_mut();
-        let Some(set) = guard.as_mut() else { return std::sync::Arc::from(text) };
-        let mut last = self.last.borrow_mut();
+        let Some(it) = guard.as_mut() else { return std::sync::Arc::from(text) };
         let seen = self.seen.get() + 1;
         self.seen.set(seen);
-        if let Some(l) = last.as_ref().filter(|l| ***l == *text) {
+        if let Some(l) = it.dict.get(self.last.get() as usize).filter(|l| ***l == *text) {
             return l.clone();
         }
-        if let Some(a) = set.get(text) {
-            *last = Some(a.clone());
-            return a.clone();
+        if let Some(&i) = it.map.get(text) {
+            self.last.set(i);
+            return it.dict[i as usize].clone();
         }
         let a: std::sync::Arc<str> = std::sync::Arc::from(text);
-        set.insert(a.clone());
-        *last = Some(a.clone());
-        if seen >= 8192 && set.len() * 4 > seen * 3 {
+        let i = it.dict.len() as u32;
+        it.map.insert(a.clone(), i);
+        it.dict.push(a.clone());
+        self.last.set(i);
+        if seen >= 8192 && it.map.len() * 4 > seen * 3 {
             *guard = None;
-            *last = None;
+            self.last.set(u32::MAX);
         }
         a
     }
@@ -230,8 +254,8 @@ unsafe fn col_of(fmt: &str, a: &FfiArray, parent_offset: usize, len: usize) -> P
     if len > 0 && kind != Kind::Null && (data.is_null() && kind != Kind::Utf8 && kind != Kind::LargeUtf8 || (offsets.is_null() && matches!(kind, Kind::Utf8 | Kind::LargeUtf8))) {
         return Err(bad("arrow: a column without values"));
     }
-    let intern = matches!(kind, Kind::Utf8 | Kind::LargeUtf8).then(std::collections::HashSet::default);
-    Ok(Col { kind, validity, data, offsets, base, intern: std::cell::RefCell::new(intern), seen: std::cell::Cell::new(0), last: std::cell::RefCell::new(None) })
+    let intern = matches!(kind, Kind::Utf8 | Kind::LargeUtf8).then(Intern::default);
+    Ok(Col { kind, validity, data, offsets, base, intern: std::cell::RefCell::new(intern), seen: std::cell::Cell::new(0), last: std::cell::Cell::new(u32::MAX) })
 }
 
 pub fn read_batch<'py>(batch: &Bound<'py, PyAny>) -> PyResult<Batch<'py>> {
@@ -265,5 +289,48 @@ pub fn read_batch<'py>(batch: &Bound<'py, PyAny>) -> PyResult<Batch<'py>> {
             cols.push(col_of(&cstr(cs.format), ca, parent_offset, len)?);
         }
         Ok(Batch { names, cols, len, _keep: pair })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn string_col() -> Col {
+        Col {
+            kind: Kind::Utf8,
+            validity: std::ptr::null(),
+            data: std::ptr::null(),
+            offsets: std::ptr::null(),
+            base: 0,
+            intern: std::cell::RefCell::new(Some(Intern::default())),
+            seen: std::cell::Cell::new(0),
+            last: std::cell::Cell::new(u32::MAX),
+        }
+    }
+
+    #[test]
+    fn equal_strings_share_one_value_through_the_last_and_the_map() {
+        let col = string_col();
+        let a = col.interned("card-1");
+        assert!(Arc::ptr_eq(&a, &col.interned("card-1")), "the last value");
+        let b = col.interned("card-2");
+        assert!(Arc::ptr_eq(&a, &col.interned("card-1")), "from the map after another value");
+        assert!(Arc::ptr_eq(&b, &col.interned("card-2")));
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert_eq!((&*a, &*b), ("card-1", "card-2"));
+    }
+
+    #[test]
+    fn a_column_of_mostly_distinct_values_stops_interning() {
+        let col = string_col();
+        for i in 0..9000 {
+            assert_eq!(&*col.interned(&format!("v{i}")), format!("v{i}"));
+        }
+        assert!(col.intern.borrow().is_none());
+        let (x, y) = (col.interned("v1"), col.interned("v1"));
+        assert_eq!((&*x, &*y), ("v1", "v1"));
+        assert!(!Arc::ptr_eq(&x, &y), "no longer shared");
     }
 }

@@ -55,9 +55,17 @@ struct Item {
     seqi: Option<i64>,
     data: Option<Py<PyAny>>,
     row: Option<Arc<Row>>,
+    /// An event from an Arrow batch: its `Ev`, built when the batch is read (while its row is
+    /// in the cache), with `row` in it (`row` above is then None).
+    ev: Option<Arc<Ev>>,
 }
 
 impl Item {
+    /// The event's row (an event from an Arrow batch or read back from state).
+    fn row(&self) -> Option<&Arc<Row>> {
+        self.row.as_ref().or_else(|| self.ev.as_ref().and_then(|e| e.row.as_ref()))
+    }
+
     fn seq_obj(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         match &self.seq {
             Some(s) => Ok(s.clone_ref(py)),
@@ -66,7 +74,7 @@ impl Item {
     }
 
     fn data_obj(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        match (&self.data, &self.row) {
+        match (&self.data, self.row()) {
             (Some(d), _) => Ok(d.clone_ref(py)),
             (None, Some(r)) => r.to_dict(py),
             (None, None) => Ok(py.None()),
@@ -286,14 +294,17 @@ struct Proj {
 impl Proj {
     /// Where each of `fields` is among `row`'s columns (`u32::MAX`: absent).
     fn idx(&mut self, fields: &[String], row: &Row) -> Arc<[u32]> {
+        self.idx_cols(fields, &row.cols)
+    }
+
+    /// Where each of `fields` is among the columns `cols`.
+    fn idx_cols(&mut self, fields: &[String], cols: &Arc<Cols>) -> Arc<[u32]> {
         match (&self.cols, &self.idx) {
-            (Some(c), Some(i)) if Arc::ptr_eq(c, &row.cols) => i.clone(),
+            (Some(c), Some(i)) if Arc::ptr_eq(c, cols) => i.clone(),
             _ => {
-                let idx: Arc<[u32]> = fields
-                    .iter()
-                    .map(|f| row.cols.names.iter().position(|n| n == f).map_or(u32::MAX, |i| i as u32))
-                    .collect();
-                self.cols = Some(row.cols.clone());
+                let idx: Arc<[u32]> =
+                    fields.iter().map(|f| cols.names.iter().position(|n| n == f).map_or(u32::MAX, |i| i as u32)).collect();
+                self.cols = Some(cols.clone());
                 self.idx = Some(idx.clone());
                 idx
             }
@@ -412,6 +423,37 @@ pub(crate) fn canon(obj: &Bound<'_, PyAny>, names: &[String], out: &mut String, 
     Ok(())
 }
 
+/// Asks for the rows the key's rules are about to read: the released events' and the last
+/// capture of each partial match. The batch wrote its rows in event order and the rules read
+/// them key by key, so each first read missed the cache, one miss at a time as the tests
+/// reached them (perf: the operand load of the first condition was the hottest line); asked
+/// for together, the misses overlap.
+fn prefetch_key(evs: &[Arc<Ev>], parts: &[Part]) {
+    for ev in evs {
+        prefetch_row(ev);
+    }
+    prefetch_parts(parts);
+}
+
+/// `prefetch_key` for the last capture of each partial match of `parts`.
+fn prefetch_parts(parts: &[Part]) {
+    let last_caps = parts.iter().flat_map(|p| &p.state.runs).filter_map(|r| r.entries.first()).filter_map(|e| e.caps.last());
+    for c in last_caps.take(16) {
+        prefetch_row(&c.ev);
+    }
+}
+
+#[inline(always)]
+fn prefetch_row(ev: &Ev) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(row) = &ev.row {
+        // SAFETY: a prefetch is a hint; it reads nothing and faults on no address.
+        unsafe { std::arch::x86_64::_mm_prefetch(row.vals.as_ptr() as *const i8, std::arch::x86_64::_MM_HINT_T0) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = ev;
+}
+
 /// `Engine._advance`: add the key's new events, release what is safe, fire deadlines up to
 /// `safe`, end of input, keep or release the key's state.
 #[allow(clippy::too_many_arguments)]
@@ -455,7 +497,11 @@ fn advance_key(
     let out = Out::lazy(matches.clone(), key.clone());
     // One `Ev` per released event, shared by every rule of the group (one field table).
     let mut evs: Vec<Arc<Ev>> = Vec::with_capacity(released.len());
-    for it in &released {
+    for it in released {
+        if let Some(ev) = it.ev {
+            evs.push(ev);
+            continue;
+        }
         evs.push(Arc::new(match (&it.row, &it.data, &it.seq) {
             (Some(row), _, _) => {
                 let pidx = g.proj.idx(&g.fields, row);
@@ -465,7 +511,7 @@ fn advance_key(
             _ => Ev::from_py(it.data_obj(py)?, it.seq_obj(py)?, it.ts),
         }));
     }
-    drop(released);
+    prefetch_key(&evs, &parts);
     // Per event, the group's distinct local conditions known so far (0 unknown, 1 false,
     // 2 true): a condition that several rules share is evaluated once per event.
     let ncids = g.ncids;
@@ -546,7 +592,7 @@ fn advance_key(
             let mut s = mstate;
             for (k, ev) in evs.iter().enumerate() {
                 let known = &mut shared[k * ncids..(k + 1) * ncids];
-                s = core.feed(py, s, ev.clone(), None, known, &out)?;
+                s = core.feed(py, s, ev, None, known, &out)?;
             }
             if s.as_ref().and_then(|m| m.deadline).is_some_and(|d| d <= safe) {
                 if let Some(m) = s.take() {
@@ -964,6 +1010,7 @@ impl Engine {
                     seq: Some(seq.clone().unbind()),
                     data: Some(data.clone().unbind()),
                     row: None,
+                    ev: None,
                 })?;
             }
             late_for.report(py, &late, i)?;
@@ -1041,46 +1088,57 @@ impl Engine {
         let late = PyList::empty(py);
         st.drop_new();
         let mut top = i64::MIN;
+        // Each group's projection of the batch's table (JSON rows: per row, later).
+        let pidx: Vec<Option<Arc<[u32]>>> =
+            self.groups.iter_mut().map(|g| json_i.is_none().then(|| g.proj.idx_cols(&g.fields, &cols))).collect();
+        let mut last_gs: Option<(&[u8], Option<&[u32]>)> = None;
         for j in 0..b.len {
             let ts = tss[j];
             top = top.max(ts);
-            let sval = match stream_i {
-                Some(i) => b.get(i, j)?,
-                None => Value::Null,
+            let sname: &[u8] = match stream_i {
+                Some(i) => match b.bytes_at(i, j) {
+                    Some(s) => s,
+                    None => continue,
+                },
+                None => stream.as_deref().unwrap_or("").as_bytes(),
             };
-            let sname: &str = match (&sval, stream_i) {
-                (Value::Str(s), _) => s,
-                (_, Some(_)) => continue,
-                (_, None) => stream.as_deref().unwrap_or(""),
+            // The rows of a batch mostly share their stream: its name is checked and its groups
+            // looked up again only when the bytes change.
+            let gs = match last_gs {
+                Some((n, gs)) if n == sname => gs,
+                _ => {
+                    let name = std::str::from_utf8(sname).map_err(|_| crate::program::bad("arrow: a string that is not UTF-8"))?;
+                    let gs = self.by_stream.get(name).map(Vec::as_slice);
+                    last_gs = Some((sname, gs));
+                    gs
+                }
             };
-            let Some(gs) = self.by_stream.get(sname) else { continue };
-            let row = Arc::new(match json_i {
-                Some(ji) => match b.text(ji, j)? {
+            let Some(gs) = gs else { continue };
+            let mut row = Some(Arc::new(match json_i {
+                Some(ji) => match b.str_at(ji, j)? {
                     Some(text) => parse_row(py, text, &mut cols_cache)?,
                     None => return Err(PyValueError::new_err(format!("row {j}: the JSON column is null"))),
                 },
                 None => Row { cols: cols.clone(), vals: data_idx.iter().map(|&i| b.get(i, j)).collect::<PyResult<_>>()? },
-            });
+            }));
             let route = match route_i {
-                Some(i) => match b.get(i, j)? {
-                    Value::Str(r) => Some(r),
-                    _ => None,
-                },
+                Some(i) => b.str_at(i, j)?,
                 None => None,
             };
             let mut late_for = LateFor::default();
-            for &gi in gs {
+            for (k, &gi) in gs.iter().enumerate() {
                 let g = &self.groups[gi as usize];
-                if route.as_ref().is_some_and(|r| **r != *g.kf) {
+                if route.is_some_and(|r| r != g.kf) {
                     continue;
                 }
+                let Some(r) = row.as_ref() else { break };
                 let key: Arc<str> = if g.kf.is_empty() {
                     Arc::from("")
                 } else {
                     let kv = match (json_i, kf_col[gi as usize]) {
-                        (None, Some(c)) => row.vals[c].clone(),
+                        (None, Some(c)) => r.vals[c].clone(),
                         (None, None) => Value::Null,
-                        (Some(_), _) => row.get(&g.kf),
+                        (Some(_), _) => r.get(&g.kf),
                     };
                     match kv {
                         Value::Null => continue,
@@ -1094,13 +1152,23 @@ impl Engine {
                     late_for.add(key, late_wms[gi as usize], &g.rule_ids);
                     continue;
                 }
-                st.add_new(gi, key, Item {
-                    ts,
-                    seqi: Some(seqs[j]),
-                    seq: None,
-                    data: None,
-                    row: Some(row.clone()),
-                })?;
+                // The last group takes the row itself (no reference count touched).
+                let Some(r) = (if k + 1 == gs.len() { row.take() } else { row.clone() }) else { break };
+                // The event's `Ev` is built here, while its row is in the cache, on the group's
+                // projection of the batch's table (rows of a JSON column have tables of their
+                // own: theirs is built when the key is advanced).
+                let item = match &pidx[gi as usize] {
+                    Some(p) => Item {
+                        ts,
+                        seqi: Some(seqs[j]),
+                        seq: None,
+                        data: None,
+                        row: None,
+                        ev: Some(Arc::new(Ev::from_row(r, None, seqs[j], ts, p.clone()))),
+                    },
+                    None => Item { ts, seqi: Some(seqs[j]), seq: None, data: None, row: Some(r), ev: None },
+                };
+                st.add_new(gi, key, item)?;
             }
             late_for.report(py, &late, j)?;
         }
@@ -1398,7 +1466,7 @@ fn encode_key(py: Python<'_>, ks: &KeyState, key: &str, known: [&Known; 2], fams
     }
     let mut buffer = Vec::with_capacity(ks.buffer.len());
     for x in &ks.buffer {
-        buffer.push(match (&x.row, &x.data) {
+        buffer.push(match (x.row(), &x.data) {
             (Some(row), None) => Src::Row { row, seq: x.seqi.unwrap_or(0), ts: x.ts },
             _ => Src::Py { data: x.data_obj(py)?, seq: x.seq_obj(py)?, ts: x.ts },
         });
@@ -1425,7 +1493,7 @@ fn decode_key(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
     for i in dk.buffer {
         buffer.push(match &*dk.events[i] {
             keycodec::DEv::Row { row, seq, ts } => {
-                Item { ts: *ts, seqi: Some(*seq), seq: None, data: None, row: Some(row.clone()) }
+                Item { ts: *ts, seqi: Some(*seq), seq: None, data: None, row: Some(row.clone()), ev: None }
             }
             keycodec::DEv::Py { data, seq, ts } => Item {
                 ts: *ts,
@@ -1433,6 +1501,7 @@ fn decode_key(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
                 seq: Some(seq.clone_ref(py)),
                 data: Some(data.clone_ref(py)),
                 row: None,
+                ev: None,
             },
         });
     }

@@ -28,6 +28,27 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 // mimalloc: glibc's malloc/free were ~30% of the engine's samples (bench/results/native.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+extern "C" {
+    /// mimalloc's option setter (in the allocator's C library linked above).
+    fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
+}
+
+/// `mi_option_purge_decommits` (mimalloc.h, v2 and v3).
+const MI_OPTION_PURGE_DECOMMITS: std::ffi::c_int = 5;
+
+/// Freed memory that mimalloc purges is reset (`MADV_FREE`: the OS may take it back when it
+/// needs it) instead of decommitted: a decommitted page faults and is zeroed again when the
+/// next batch reuses it. The engine frees most of a batch's memory before the next batch, and
+/// on a loaded machine the 10 ms purge delay passes between batches: 20-55k page faults per
+/// 1M fraud events, 2-3k with this (perf stat, bench/results/native.md, session 12). An explicit
+/// `MIMALLOC_PURGE_DECOMMITS` in the environment wins.
+fn tune_allocator() {
+    if std::env::var_os("MIMALLOC_PURGE_DECOMMITS").is_none() {
+        // SAFETY: a plain option store; mimalloc reads its options when it purges.
+        unsafe { mi_option_set(MI_OPTION_PURGE_DECOMMITS, 0) };
+    }
+}
 use std::sync::Arc;
 
 use pyo3::exceptions::PyException;
@@ -283,7 +304,7 @@ impl Matcher {
         };
         let out = Out::new(PyList::empty(py), key.filter(|k| !k.is_none(py)));
         let st = Self::take(&state)?;
-        let new = self.guard(|core| core.feed(py, st, ev, pre, &mut [], &out))?;
+        let new = self.guard(|core| core.feed(py, st, &ev, pre, &mut [], &out))?;
         Ok((Self::give(py, state, new)?, out.list))
     }
 
@@ -308,7 +329,7 @@ impl Matcher {
         let mut st = Self::take(&state)?;
         let r = self.guard(|core| {
             for ev in evs {
-                st = core.feed(py, st.take(), ev, None, &mut [], &o)?;
+                st = core.feed(py, st.take(), &ev, None, &mut [], &o)?;
             }
             Ok(st.take())
         });
@@ -386,6 +407,7 @@ impl Matcher {
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    tune_allocator();
     m.add_class::<Matcher>()?;
     m.add_class::<State>()?;
     m.add_class::<engine::Engine>()?;

@@ -185,8 +185,11 @@ impl Core {
                 let mut caps = CapVec::from(vec![Cap { var: *var as u32, row, ev: ev.clone() }]);
                 caps.fold_last(&self.cx(py, local.rows));
                 let caps: Caps = Arc::new(caps);
-                for &t in nxt {
-                    out.push(Entry { pos: t, caps: caps.clone() });
+                if let [rest @ .., last] = &nxt[..] {
+                    for &t in rest {
+                        out.push(Entry { pos: t, caps: caps.clone() });
+                    }
+                    out.push(Entry { pos: *last, caps });
                 }
             }
         }
@@ -300,7 +303,7 @@ impl Core {
         &mut self,
         py: Python<'_>,
         state: Option<MState>,
-        ev: Arc<Ev>,
+        ev: &Arc<Ev>,
         pre: Option<Vec<Option<bool>>>,
         shared: &mut [u8],
         out: &Out,
@@ -344,7 +347,7 @@ impl Core {
         let local = &mut Loc { own, shared, rows };
         let (row, runs) = match state {
             None => {
-                let spawned = self.spawn(py, &ev, 0, local)?;
+                let spawned = self.spawn(py, ev, 0, local)?;
                 if spawned.is_empty() {
                     return Ok(None);
                 }
@@ -356,11 +359,11 @@ impl Core {
                 let mut spare = std::mem::take(&mut self.spare);
                 let mut acts = std::mem::take(&mut self.acts);
                 for r in s.runs.iter_mut() {
-                    self.step(py, &mut r.entries, &mut spare, &mut acts, &ev, row, local)?;
+                    self.step(py, &mut r.entries, &mut spare, &mut acts, ev, row, local)?;
                 }
                 self.spare = spare;
                 self.acts = acts;
-                let spawned = self.spawn(py, &ev, row, local)?;
+                let spawned = self.spawn(py, ev, row, local)?;
                 if !spawned.is_empty() {
                     s.runs.push(Run { start: row, entries: spawned, tpart: None, matched: false });
                 }
