@@ -8,7 +8,7 @@ use pyo3::types::{PyFrozenSet, PyList};
 use regex::Regex;
 
 use crate::program::bad;
-use crate::value::{self, ArOp, CmpOp, PyOps, Value};
+use crate::value::{self, ArOp, CmpOp, Num, PyOps, Value};
 
 /// One event as the matcher keeps it: the Python object (returned in results), its sequence
 /// number, its time and the values of the fields the rule reads (filled on first use). An event
@@ -607,6 +607,50 @@ impl Expr {
         }
     }
 
+    /// The value of this expression when it is a native number (int, bool or float),
+    /// computed without building a `Value` and without Python: the fast path of comparisons
+    /// and arithmetic. `None` whenever the answer is anything else (NULL, a string, a Python
+    /// object, an int beyond 64 bits, a division by zero, a row that raises) or needs a node
+    /// this path does not know: `eval` then computes it as before. It never raises and never
+    /// changes state (the per-event memo it fills is the one `eval` fills).
+    pub(crate) fn num(&self, cx: &Cx, e: &Ev, c: &CapVec) -> Option<Num> {
+        match self {
+            Expr::Const(v) => value::num(v),
+            Expr::Field(i) => match (&e.pidx, &e.row) {
+                (Some(p), Some(row)) => match p[*i] {
+                    u32::MAX => None,
+                    k => value::num(&row.vals[k as usize]),
+                },
+                _ => value::num(cx.vals(e).ok()?.get(*i)?),
+            },
+            Expr::Local { slot, e: x } => match cx.rows.get(*slot as usize) {
+                Some(memo) => value::num(memo.get_or_init(|| x.eval(cx, e, &NO_CAPS).ok()).as_ref()?),
+                None => x.num(cx, e, &NO_CAPS),
+            },
+            Expr::VarRow { var, first, row, cur } => {
+                // The row `eval` reads: the last (or first) capture of the variable, else the
+                // current event when it is being tested for it.
+                if !*first && *cur {
+                    return row.num(cx, e, &NO_CAPS);
+                }
+                let found = if *first { c.iter().find(|cap| cap.var == *var) } else { c.iter().rev().find(|cap| cap.var == *var) };
+                match found {
+                    Some(cap) => row.num(cx, &cap.ev, &NO_CAPS),
+                    None if *cur => row.num(cx, e, &NO_CAPS),
+                    None => None,
+                }
+            }
+            Expr::Prev { row, back } if c.len() >= *back => row.num(cx, &c[c.len() - back].ev, &NO_CAPS),
+            Expr::AggSlot { slot, cur } => agg_slot_num(cx, *slot as usize, *cur, e, c),
+            Expr::Arith(op, l, r) => {
+                let x = l.num(cx, e, c)?;
+                let y = r.num(cx, e, c)?;
+                value::arith_num(*op, x, y)?
+            }
+            _ => None,
+        }
+    }
+
     /// The value of this expression for event `e` with the match so far `c`.
     pub fn eval(&self, cx: &Cx, e: &Ev, c: &CapVec) -> PyResult<Value> {
         let py = cx.py;
@@ -676,6 +720,9 @@ impl Expr {
                 value::neg(py, cx.ops, &v)?
             }
             Expr::Arith(op, l, r) => {
+                if let Some(x) = self.num(cx, e, c) {
+                    return Ok(x.value());
+                }
                 let a = l.operand(cx, e, c)?;
                 if a.is_null() {
                     return Ok(Value::Null);
@@ -687,6 +734,11 @@ impl Expr {
                 value::arith(py, cx.ops, *op, &a, &b)?
             }
             Expr::Cmp(op, l, r) => {
+                if let Some(x) = l.num(cx, e, c) {
+                    if let Some(y) = r.num(cx, e, c) {
+                        return Ok(Value::Bool(value::holds(*op, value::num_cmp(x, y))));
+                    }
+                }
                 let a = l.operand(cx, e, c)?;
                 if a.is_null() {
                     return Ok(Value::Null);
@@ -915,6 +967,47 @@ fn agg_slot(cx: &Cx, slot: usize, cur: bool, e: &Ev, c: &CapVec) -> PyResult<Val
     match next {
         Some(v) if !matches!(spec.func, AggF::Count) => finish(cx, spec.func, &fold_step(cx, spec.func, &acc.fold, v)?, n),
         _ => finish(cx, spec.func, &acc.fold, n),
+    }
+}
+
+/// `agg_slot` when its value is a native number computed from the running state alone (no
+/// Python, no recomputation over the captures); `None` sends the caller to `agg_slot`.
+fn agg_slot_num(cx: &Cx, slot: usize, cur: bool, e: &Ev, c: &CapVec) -> Option<Num> {
+    let spec = &cx.aggs[slot];
+    let acc = c.acc.get(slot).filter(|a| !a.broken)?;
+    let mut n = acc.n;
+    let mut fold = match &acc.fold {
+        Fold::Val(v) => Some(value::num(v)?),
+        Fold::Empty => None,
+        Fold::Null => return None,
+    };
+    if let (true, Some(row)) = (cur, &spec.row) {
+        let v = match cx.rows.get(slot) {
+            Some(memo) => memo.get_or_init(|| row.eval(cx, e, &NO_CAPS).ok()).clone()?,
+            None => row.eval(cx, e, &NO_CAPS).ok()?,
+        };
+        if !v.is_null() {
+            n += 1;
+            // `fold_step`: the running sum from 0, or the first value, or a better one.
+            fold = match (spec.func, fold) {
+                (AggF::Count, f) => f,
+                (AggF::Sum | AggF::Avg, f) => value::arith_num(ArOp::Add, f.unwrap_or(Num::I(0)), value::num(&v)?)?,
+                (AggF::Min | AggF::Max, None) => Some(value::num(&v)?),
+                (AggF::Min | AggF::Max, Some(best)) => {
+                    let x = value::num(&v)?;
+                    let op = if matches!(spec.func, AggF::Max) { CmpOp::Gt } else { CmpOp::Lt };
+                    Some(if value::holds(op, value::num_cmp(x, best)) { x } else { best })
+                }
+            };
+        }
+    } else if cur {
+        n += 1; // COUNT(var.*)
+    }
+    match (spec.func, fold) {
+        (AggF::Count, _) => Some(Num::I(n)),
+        (_, None) => None,
+        (AggF::Avg, Some(sum)) => value::arith_num(ArOp::Div, sum, Num::I(n))?,
+        (_, Some(x)) => Some(x),
     }
 }
 

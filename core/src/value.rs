@@ -82,13 +82,24 @@ impl Value {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Num {
+/// A native number: an int (a bool counts as 0 or 1, as in Python arithmetic) or a float.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Num {
     I(i64),
     F(f64),
 }
 
-fn num(v: &Value) -> Option<Num> {
+impl Num {
+    pub(crate) fn value(self) -> Value {
+        match self {
+            Num::I(i) => Value::Int(i),
+            Num::F(f) => Value::Float(f),
+        }
+    }
+}
+
+#[inline]
+pub(crate) fn num(v: &Value) -> Option<Num> {
     match v {
         Value::Bool(b) => Some(Num::I(*b as i64)),
         Value::Int(i) => Some(Num::I(*i)),
@@ -218,52 +229,49 @@ fn py_float_mod(x: f64, y: f64) -> f64 {
     m
 }
 
+/// `x op y` on two native numbers as CPython computes it: `Some(Some(r))` the result,
+/// `Some(None)` NULL (division or modulo by zero), `None` when CPython's answer needs Python
+/// (an int result beyond 64 bits, an inexact int division).
+#[inline]
+pub(crate) fn arith_num(op: ArOp, x: Num, y: Num) -> Option<Option<Num>> {
+    match (x, y) {
+        (Num::I(i), Num::I(j)) => match op {
+            ArOp::Add => i.checked_add(j).map(|r| Some(Num::I(r))),
+            ArOp::Sub => i.checked_sub(j).map(|r| Some(Num::I(r))),
+            ArOp::Mul => i.checked_mul(j).map(|r| Some(Num::I(r))),
+            ArOp::Div if j == 0 => Some(None),
+            ArOp::Div if (-EXACT..=EXACT).contains(&i) && (-EXACT..=EXACT).contains(&j) => {
+                Some(Some(Num::F(i as f64 / j as f64)))
+            }
+            ArOp::Div => None,
+            ArOp::Mod if j == 0 => Some(None),
+            ArOp::Mod => {
+                let mut r = i.wrapping_rem(j);
+                if r != 0 && ((r < 0) != (j < 0)) {
+                    r += j;
+                }
+                Some(Some(Num::I(r)))
+            }
+        },
+        _ => {
+            let (x, y) = (as_f64(x), as_f64(y));
+            Some(match op {
+                ArOp::Add => Some(Num::F(x + y)),
+                ArOp::Sub => Some(Num::F(x - y)),
+                ArOp::Mul => Some(Num::F(x * y)),
+                ArOp::Div | ArOp::Mod if y == 0.0 => None,
+                ArOp::Div => Some(Num::F(x / y)),
+                ArOp::Mod => Some(Num::F(py_float_mod(x, y))),
+            })
+        }
+    }
+}
+
 /// `a op b` for non-NULL operands, NULL on TypeError/ZeroDivisionError/OverflowError.
 pub fn arith(py: Python<'_>, ops: &PyOps, op: ArOp, a: &Value, b: &Value) -> PyResult<Value> {
     if let (Some(x), Some(y)) = (num(a), num(b)) {
-        match (x, y) {
-            (Num::I(i), Num::I(j)) => {
-                let r = match op {
-                    ArOp::Add => i.checked_add(j).map(Value::Int),
-                    ArOp::Sub => i.checked_sub(j).map(Value::Int),
-                    ArOp::Mul => i.checked_mul(j).map(Value::Int),
-                    ArOp::Div => {
-                        if j == 0 {
-                            return Ok(Value::Null);
-                        }
-                        if (-EXACT..=EXACT).contains(&i) && (-EXACT..=EXACT).contains(&j) {
-                            Some(Value::Float(i as f64 / j as f64))
-                        } else {
-                            None
-                        }
-                    }
-                    ArOp::Mod => {
-                        if j == 0 {
-                            return Ok(Value::Null);
-                        }
-                        let mut r = i.wrapping_rem(j);
-                        if r != 0 && ((r < 0) != (j < 0)) {
-                            r += j;
-                        }
-                        Some(Value::Int(r))
-                    }
-                };
-                if let Some(v) = r {
-                    return Ok(v);
-                }
-            }
-            _ => {
-                let (x, y) = (as_f64(x), as_f64(y));
-                return Ok(match op {
-                    ArOp::Add => Value::Float(x + y),
-                    ArOp::Sub => Value::Float(x - y),
-                    ArOp::Mul => Value::Float(x * y),
-                    ArOp::Div if y == 0.0 => Value::Null,
-                    ArOp::Div => Value::Float(x / y),
-                    ArOp::Mod if y == 0.0 => Value::Null,
-                    ArOp::Mod => Value::Float(py_float_mod(x, y)),
-                });
-            }
+        if let Some(r) = arith_num(op, x, y) {
+            return Ok(r.map_or(Value::Null, Num::value));
         }
     }
     soft(py, call2(py, op_fn(ops, op), a, b))
@@ -313,7 +321,7 @@ fn cmp_int_float(i: i64, f: f64) -> Option<Ordering> {
     }
 }
 
-fn num_cmp(x: Num, y: Num) -> Option<Ordering> {
+pub(crate) fn num_cmp(x: Num, y: Num) -> Option<Ordering> {
     match (x, y) {
         (Num::I(i), Num::I(j)) => Some(i.cmp(&j)),
         (Num::F(a), Num::F(b)) => a.partial_cmp(&b),
@@ -322,7 +330,7 @@ fn num_cmp(x: Num, y: Num) -> Option<Ordering> {
     }
 }
 
-fn holds(op: CmpOp, o: Option<Ordering>) -> bool {
+pub(crate) fn holds(op: CmpOp, o: Option<Ordering>) -> bool {
     match o {
         None => op == CmpOp::Ne,
         Some(o) => match op {
