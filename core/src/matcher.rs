@@ -129,6 +129,17 @@ impl<'py> Out<'py> {
     }
 }
 
+/// One entry per next position `next`, all sharing `caps` (moved into the last: one reference
+/// count less per step than cloning it for each).
+fn push_next(out: &mut Vec<Entry>, next: &[i32], caps: Caps) {
+    if let Some((&last, rest)) = next.split_last() {
+        for &t in rest {
+            out.push(Entry { pos: t, caps: caps.clone() });
+        }
+        out.push(Entry { pos: last, caps });
+    }
+}
+
 /// `caps` with `cap` appended, in a new vector (the running aggregates copied).
 fn grown_caps(caps: &CapVec, cap: Cap) -> CapVec {
     let mut grown = Vec::with_capacity(caps.len() + 1);
@@ -184,10 +195,7 @@ impl Core {
             if self.test(py, *var, ev, &NO_CAPS, local)? {
                 let mut caps = CapVec::from(vec![Cap { var: *var as u32, row, ev: ev.clone() }]);
                 caps.fold_last(&self.cx(py, local.rows));
-                let caps: Caps = Arc::new(caps);
-                for &t in nxt {
-                    out.push(Entry { pos: t, caps: caps.clone() });
-                }
+                push_next(&mut out, nxt, Arc::new(caps));
             }
         }
         Ok(out)
@@ -231,10 +239,7 @@ impl Core {
                     let st = &self.p.table[pos as usize];
                     let cap = Cap { var: st.var as u32, row, ev: ev.clone() };
                     if also_after {
-                        let grown: Caps = Arc::new(self.grown(py, &caps, cap, local));
-                        for &t in &st.next {
-                            out.push(Entry { pos: t, caps: grown.clone() });
-                        }
+                        push_next(&mut out, &st.next, Arc::new(self.grown(py, &caps, cap, local)));
                         out.push(Entry { pos: st.after, caps });
                         continue;
                     }
@@ -249,9 +254,7 @@ impl Core {
                         }
                         None => Arc::new(self.grown(py, &c, cap, local)),
                     };
-                    for &t in &st.next {
-                        out.push(Entry { pos: t, caps: grown.clone() });
-                    }
+                    push_next(&mut out, &st.next, grown);
                 }
             }
         }
@@ -393,6 +396,16 @@ impl Core {
         // In place: the entries a deadline ends are removed from their run's vector (no new
         // vectors per run and call).
         for r in state.runs.iter_mut() {
+            // Without STEP WITHIN every entry of a run has the run's deadline (WITHIN from its
+            // first capture, the start row's): a run whose deadline is not reached is left as
+            // it is without visiting its entries.
+            if !flushing && self.p.step.is_none() {
+                if let Some(e) = r.entries.first() {
+                    if self.deadline(&e.caps).is_none_or(|d| d > now) {
+                        continue;
+                    }
+                }
+            }
             let mut tpart = r.tpart.take();
             let entries = &mut r.entries;
             let mut w = 0;
@@ -475,6 +488,9 @@ impl Core {
                         if deadline.is_none_or(|x| d < x) {
                             deadline = Some(d);
                         }
+                    }
+                    if self.p.step.is_none() {
+                        break; // the run's other entries share its first capture (`advance`)
                     }
                 }
             }
