@@ -1042,9 +1042,14 @@ fn fold_cap(cx: &Cx, acc: &mut [Acc], cap: &Cap, current: bool) {
             a.n += 1;
             continue;
         };
+        // The row's value, borrowed from the event's memo when it is the event being fed.
+        let owned: Option<Value>;
         let v = match (current, cx.rows.get(slot)) {
-            (true, Some(memo)) => memo.get_or_init(|| row.eval(cx, &cap.ev, &NO_CAPS).ok()).clone(),
-            _ => row.eval(cx, &cap.ev, &NO_CAPS).ok(),
+            (true, Some(memo)) => memo.get_or_init(|| row.eval(cx, &cap.ev, &NO_CAPS).ok()).as_ref(),
+            _ => {
+                owned = row.eval(cx, &cap.ev, &NO_CAPS).ok();
+                owned.as_ref()
+            }
         };
         let Some(v) = v else {
             a.broken = true;
@@ -1060,7 +1065,7 @@ fn fold_cap(cx: &Cx, acc: &mut [Acc], cap: &Cap, current: bool) {
         // A running sum of floats or of ints that stay within 64 bits: added in place (the
         // value `value::arith` gives; anything else takes `fold_step`).
         if let (AggF::Sum | AggF::Avg, Fold::Val(sum)) = (spec.func, &mut a.fold) {
-            match (sum, &v) {
+            match (sum, v) {
                 (Value::Float(x), Value::Float(y)) => {
                     *x += *y;
                     continue;
@@ -1074,7 +1079,7 @@ fn fold_cap(cx: &Cx, acc: &mut [Acc], cap: &Cap, current: bool) {
                 _ => {}
             }
         }
-        match fold_step(cx, spec.func, &a.fold, v) {
+        match fold_step(cx, spec.func, &a.fold, v.clone()) {
             Ok(f) => a.fold = f,
             Err(_) => a.broken = true,
         }

@@ -193,7 +193,10 @@ impl Core {
         let mut out = Vec::new();
         for (var, nxt) in &self.p.starts {
             if self.test(py, *var, ev, &NO_CAPS, local)? {
-                let mut caps = CapVec::from(vec![Cap { var: *var as u32, row, ev: ev.clone() }]);
+                // Room for the first growths of the match (a vector's first step is 4).
+                let mut v = Vec::with_capacity(4);
+                v.push(Cap { var: *var as u32, row, ev: ev.clone() });
+                let mut caps = CapVec::from(v);
                 caps.fold_last(&self.cx(py, local.rows));
                 push_next(&mut out, nxt, Arc::new(caps));
             }
@@ -548,33 +551,38 @@ impl Core {
         {
             return Ok(runs);
         }
-        let mut kept = Vec::with_capacity(runs.len());
+        // In place: the kept runs are moved to the front, in order.
+        let mut runs = runs;
         let mut floor = -1i64;
         let mut head = true;
-        for run in runs {
-            if run.start < floor {
-                continue;
-            }
-            if head {
-                if run.entries.is_empty() {
-                    if let Some(t) = &run.tpart {
-                        self.emit_timeout(py, t, out)?;
-                    }
-                    continue;
+        let mut w = 0;
+        for i in 0..runs.len() {
+            let run = &runs[i];
+            let keep = if run.start < floor {
+                false
+            } else if !head {
+                !run.entries.is_empty() || run.tpart.is_some()
+            } else if run.entries.is_empty() {
+                if let Some(t) = &run.tpart {
+                    self.emit_timeout(py, t, out)?;
                 }
-                if run.entries[0].pos == DONE {
-                    let caps = run.entries[0].caps.clone();
-                    self.emit_match(py, &caps, out)?;
-                    floor = self.resume(&caps);
-                    continue;
-                }
+                false
+            } else if run.entries[0].pos == DONE {
+                let caps = &run.entries[0].caps;
+                self.emit_match(py, caps, out)?;
+                floor = self.resume(caps);
+                false
+            } else {
                 head = false;
-                kept.push(run);
-            } else if !run.entries.is_empty() || run.tpart.is_some() {
-                kept.push(run);
+                true
+            };
+            if keep {
+                runs.swap(w, i);
+                w += 1;
             }
         }
-        Ok(kept)
+        runs.truncate(w);
+        Ok(runs)
     }
 
     fn decide_all(&mut self, py: Python<'_>, runs: Vec<Run>, out: &Out) -> PyResult<Vec<Run>> {
