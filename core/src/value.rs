@@ -98,7 +98,7 @@ impl Num {
     }
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn num(v: &Value) -> Option<Num> {
     match v {
         Value::Bool(b) => Some(Num::I(*b as i64)),
@@ -108,6 +108,7 @@ pub(crate) fn num(v: &Value) -> Option<Num> {
     }
 }
 
+#[inline(always)]
 fn as_f64(n: Num) -> f64 {
     match n {
         Num::I(i) => i as f64,
@@ -232,7 +233,7 @@ fn py_float_mod(x: f64, y: f64) -> f64 {
 /// `x op y` on two native numbers as CPython computes it: `Some(Some(r))` the result,
 /// `Some(None)` NULL (division or modulo by zero), `None` when CPython's answer needs Python
 /// (an int result beyond 64 bits, an inexact int division).
-#[inline]
+#[inline(always)]
 pub(crate) fn arith_num(op: ArOp, x: Num, y: Num) -> Option<Option<Num>> {
     match (x, y) {
         (Num::I(i), Num::I(j)) => match op {
@@ -321,6 +322,7 @@ fn cmp_int_float(i: i64, f: f64) -> Option<Ordering> {
     }
 }
 
+#[inline(always)]
 pub(crate) fn num_cmp(x: Num, y: Num) -> Option<Ordering> {
     match (x, y) {
         (Num::I(i), Num::I(j)) => Some(i.cmp(&j)),
@@ -330,6 +332,7 @@ pub(crate) fn num_cmp(x: Num, y: Num) -> Option<Ordering> {
     }
 }
 
+#[inline(always)]
 pub(crate) fn holds(op: CmpOp, o: Option<Ordering>) -> bool {
     match o {
         None => op == CmpOp::Ne,
