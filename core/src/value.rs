@@ -501,6 +501,26 @@ mod tests {
     }
 
     #[test]
+    fn native_arithmetic_follows_python() {
+        use Num::{F, I};
+        // Results: int stays int, `/` is a float, a float operand makes a float.
+        assert_eq!(arith_num(ArOp::Add, I(2), I(3)), Some(Some(I(5))));
+        assert_eq!(arith_num(ArOp::Div, I(7), I(2)), Some(Some(F(3.5))));
+        assert_eq!(arith_num(ArOp::Mul, I(3), F(0.5)), Some(Some(F(1.5))));
+        assert_eq!(arith_num(ArOp::Mod, I(-7), I(3)), Some(Some(I(2))));
+        assert_eq!(arith_num(ArOp::Mod, F(-1.0), I(3)), Some(Some(F(2.0))));
+        // Division and modulo by zero (int or float zero): NULL.
+        assert_eq!(arith_num(ArOp::Div, I(1), I(0)), Some(None));
+        assert_eq!(arith_num(ArOp::Mod, I(1), I(0)), Some(None));
+        assert_eq!(arith_num(ArOp::Div, F(1.0), F(-0.0)), Some(None));
+        assert_eq!(arith_num(ArOp::Mod, I(1), F(0.0)), Some(None));
+        // Beyond 64 bits, or an int division CPython computes exactly: Python's to answer.
+        assert_eq!(arith_num(ArOp::Add, I(i64::MAX), I(1)), None);
+        assert_eq!(arith_num(ArOp::Mul, I(1 << 62), I(4)), None);
+        assert_eq!(arith_num(ArOp::Div, I((1 << 53) + 1), I(3)), None);
+    }
+
+    #[test]
     fn comparisons_with_nan() {
         assert!(holds(CmpOp::Ne, None));
         assert!(!holds(CmpOp::Eq, None));
