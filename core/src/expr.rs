@@ -651,6 +651,21 @@ impl Expr {
         }
     }
 
+    /// Whether this condition holds (`eval(..).is_true()`): a comparison of native numbers is
+    /// answered without building a `Value` (the test of every partial match).
+    #[inline]
+    pub fn holds(&self, cx: &Cx, e: &Ev, c: &CapVec) -> PyResult<bool> {
+        if let Expr::Cmp(op, l, r) = self {
+            if let Some(x) = l.num(cx, e, c) {
+                if let Some(y) = r.num(cx, e, c) {
+                    return Ok(value::holds(*op, value::num_cmp(x, y)));
+                }
+            }
+            return Ok(compare(cx, *op, l, r, e, c)?.is_true());
+        }
+        Ok(self.eval(cx, e, c)?.is_true())
+    }
+
     /// The value of this expression for event `e` with the match so far `c`.
     pub fn eval(&self, cx: &Cx, e: &Ev, c: &CapVec) -> PyResult<Value> {
         let py = cx.py;
@@ -739,15 +754,7 @@ impl Expr {
                         return Ok(Value::Bool(value::holds(*op, value::num_cmp(x, y))));
                     }
                 }
-                let a = l.operand(cx, e, c)?;
-                if a.is_null() {
-                    return Ok(Value::Null);
-                }
-                let b = r.operand(cx, e, c)?;
-                if b.is_null() {
-                    return Ok(Value::Null);
-                }
-                value::compare(py, cx.ops, *op, &a, &b)?
+                compare(cx, *op, l, r, e, c)?
             }
             Expr::And(l, r) => {
                 let a = l.eval(cx, e, c)?;
@@ -870,6 +877,19 @@ impl Expr {
         })
     }
 
+}
+
+/// `l op r` by `value::compare` (NULL when either side is NULL; `r` is not evaluated then).
+fn compare(cx: &Cx, op: CmpOp, l: &Expr, r: &Expr, e: &Ev, c: &CapVec) -> PyResult<Value> {
+    let a = l.operand(cx, e, c)?;
+    if a.is_null() {
+        return Ok(Value::Null);
+    }
+    let b = r.operand(cx, e, c)?;
+    if b.is_null() {
+        return Ok(Value::Null);
+    }
+    value::compare(cx.py, cx.ops, op, &a, &b)
 }
 
 /// An aggregate computed over the captures (and the current event when `cur`), as `cep.expr`'s

@@ -170,14 +170,14 @@ impl Core {
                     return Ok(v);
                 }
             }
-            let v = cond.eval(&self.cx(py, local.rows), ev, caps)?.is_true();
+            let v = cond.holds(&self.cx(py, local.rows), ev, caps)?;
             local.own[var] = Some(v);
             if let Some(slot) = local.shared.get_mut(cid) {
                 *slot = 1 + v as u8;
             }
             return Ok(v);
         }
-        Ok(cond.eval(&self.cx(py, local.rows), ev, caps)?.is_true())
+        cond.holds(&self.cx(py, local.rows), ev, caps)
     }
 
     fn any(&self, py: Python<'_>, vars: &[usize], ev: &Ev, caps: &CapVec, local: &mut Loc<'_>) -> PyResult<bool> {
@@ -223,12 +223,17 @@ impl Core {
         for entry in entries.iter() {
             acts.push(self.decide_step(py, entry, ev, local)?);
         }
-        let mut i = 0;
-        entries.retain(|_| {
-            i += 1;
-            acts[i - 1] != Act::Drop
-        });
-        acts.retain(|a| *a != Act::Drop);
+        // The entries that end are dropped (one pass over both vectors, order kept).
+        let mut w = 0;
+        for i in 0..entries.len() {
+            if acts[i] != Act::Drop {
+                entries.swap(w, i);
+                acts[w] = acts[i];
+                w += 1;
+            }
+        }
+        entries.truncate(w);
+        acts.truncate(w);
         let mut out = std::mem::take(spare);
         out.clear();
         out.reserve(entries.len());
