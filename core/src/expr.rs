@@ -738,15 +738,7 @@ impl Expr {
                 if let Some(x) = self.num(cx, e, c) {
                     return Ok(x.value());
                 }
-                let a = l.operand(cx, e, c)?;
-                if a.is_null() {
-                    return Ok(Value::Null);
-                }
-                let b = r.operand(cx, e, c)?;
-                if b.is_null() {
-                    return Ok(Value::Null);
-                }
-                value::arith(py, cx.ops, *op, &a, &b)?
+                binary(cx, l, r, e, c, |a, b| value::arith(py, cx.ops, *op, a, b))?
             }
             Expr::Cmp(op, l, r) => {
                 if let Some(x) = l.num(cx, e, c) {
@@ -879,8 +871,14 @@ impl Expr {
 
 }
 
-/// `l op r` by `value::compare` (NULL when either side is NULL; `r` is not evaluated then).
+/// `l op r` by `value::compare`.
 fn compare(cx: &Cx, op: CmpOp, l: &Expr, r: &Expr, e: &Ev, c: &CapVec) -> PyResult<Value> {
+    binary(cx, l, r, e, c, |a, b| value::compare(cx.py, cx.ops, op, a, b))
+}
+
+/// `f` on the values of `l` and `r`; NULL when either is NULL (`r` is not evaluated then).
+#[inline]
+fn binary(cx: &Cx, l: &Expr, r: &Expr, e: &Ev, c: &CapVec, f: impl FnOnce(&Value, &Value) -> PyResult<Value>) -> PyResult<Value> {
     let a = l.operand(cx, e, c)?;
     if a.is_null() {
         return Ok(Value::Null);
@@ -889,7 +887,7 @@ fn compare(cx: &Cx, op: CmpOp, l: &Expr, r: &Expr, e: &Ev, c: &CapVec) -> PyResu
     if b.is_null() {
         return Ok(Value::Null);
     }
-    value::compare(cx.py, cx.ops, op, &a, &b)
+    f(&a, &b)
 }
 
 /// An aggregate computed over the captures (and the current event when `cur`), as `cep.expr`'s
