@@ -8,7 +8,7 @@ use pyo3::types::{PyFrozenSet, PyList};
 use regex::Regex;
 
 use crate::program::bad;
-use crate::value::{self, ArOp, CmpOp, PyOps, Value};
+use crate::value::{self, ArOp, CmpOp, Num, PyOps, Value};
 
 /// One event as the matcher keeps it: the Python object (returned in results), its sequence
 /// number, its time and the values of the fields the rule reads (filled on first use). An event
@@ -607,6 +607,65 @@ impl Expr {
         }
     }
 
+    /// The value of this expression when it is a native number (int, bool or float),
+    /// computed without building a `Value` and without Python: the fast path of comparisons
+    /// and arithmetic. `None` whenever the answer is anything else (NULL, a string, a Python
+    /// object, an int beyond 64 bits, a division by zero, a row that raises) or needs a node
+    /// this path does not know: `eval` then computes it as before. It never raises and never
+    /// changes state (the per-event memo it fills is the one `eval` fills).
+    pub(crate) fn num(&self, cx: &Cx, e: &Ev, c: &CapVec) -> Option<Num> {
+        match self {
+            Expr::Const(v) => value::num(v),
+            Expr::Field(i) => match (&e.pidx, &e.row) {
+                (Some(p), Some(row)) => match p[*i] {
+                    u32::MAX => None,
+                    k => value::num(&row.vals[k as usize]),
+                },
+                _ => value::num(cx.vals(e).ok()?.get(*i)?),
+            },
+            Expr::Local { slot, e: x } => match cx.rows.get(*slot as usize) {
+                Some(memo) => value::num(memo.get_or_init(|| x.eval(cx, e, &NO_CAPS).ok()).as_ref()?),
+                None => x.num(cx, e, &NO_CAPS),
+            },
+            Expr::VarRow { var, first, row, cur } => {
+                // The row `eval` reads: the last (or first) capture of the variable, else the
+                // current event when it is being tested for it.
+                if !*first && *cur {
+                    return row.num(cx, e, &NO_CAPS);
+                }
+                let found = if *first { c.iter().find(|cap| cap.var == *var) } else { c.iter().rev().find(|cap| cap.var == *var) };
+                match found {
+                    Some(cap) => row.num(cx, &cap.ev, &NO_CAPS),
+                    None if *cur => row.num(cx, e, &NO_CAPS),
+                    None => None,
+                }
+            }
+            Expr::Prev { row, back } if c.len() >= *back => row.num(cx, &c[c.len() - back].ev, &NO_CAPS),
+            Expr::AggSlot { slot, cur } => agg_slot_num(cx, *slot as usize, *cur, e, c),
+            Expr::Arith(op, l, r) => {
+                let x = l.num(cx, e, c)?;
+                let y = r.num(cx, e, c)?;
+                value::arith_num(*op, x, y)?
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether this condition holds (`eval(..).is_true()`): a comparison of native numbers is
+    /// answered without building a `Value` (the test of every partial match).
+    #[inline]
+    pub fn holds(&self, cx: &Cx, e: &Ev, c: &CapVec) -> PyResult<bool> {
+        if let Expr::Cmp(op, l, r) = self {
+            if let Some(x) = l.num(cx, e, c) {
+                if let Some(y) = r.num(cx, e, c) {
+                    return Ok(value::holds(*op, value::num_cmp(x, y)));
+                }
+            }
+            return Ok(compare(cx, *op, l, r, e, c)?.is_true());
+        }
+        Ok(self.eval(cx, e, c)?.is_true())
+    }
+
     /// The value of this expression for event `e` with the match so far `c`.
     pub fn eval(&self, cx: &Cx, e: &Ev, c: &CapVec) -> PyResult<Value> {
         let py = cx.py;
@@ -676,26 +735,18 @@ impl Expr {
                 value::neg(py, cx.ops, &v)?
             }
             Expr::Arith(op, l, r) => {
-                let a = l.operand(cx, e, c)?;
-                if a.is_null() {
-                    return Ok(Value::Null);
+                if let Some(x) = self.num(cx, e, c) {
+                    return Ok(x.value());
                 }
-                let b = r.operand(cx, e, c)?;
-                if b.is_null() {
-                    return Ok(Value::Null);
-                }
-                value::arith(py, cx.ops, *op, &a, &b)?
+                binary(cx, l, r, e, c, |a, b| value::arith(py, cx.ops, *op, a, b))?
             }
             Expr::Cmp(op, l, r) => {
-                let a = l.operand(cx, e, c)?;
-                if a.is_null() {
-                    return Ok(Value::Null);
+                if let Some(x) = l.num(cx, e, c) {
+                    if let Some(y) = r.num(cx, e, c) {
+                        return Ok(Value::Bool(value::holds(*op, value::num_cmp(x, y))));
+                    }
                 }
-                let b = r.operand(cx, e, c)?;
-                if b.is_null() {
-                    return Ok(Value::Null);
-                }
-                value::compare(py, cx.ops, *op, &a, &b)?
+                compare(cx, *op, l, r, e, c)?
             }
             Expr::And(l, r) => {
                 let a = l.eval(cx, e, c)?;
@@ -820,6 +871,25 @@ impl Expr {
 
 }
 
+/// `l op r` by `value::compare`.
+fn compare(cx: &Cx, op: CmpOp, l: &Expr, r: &Expr, e: &Ev, c: &CapVec) -> PyResult<Value> {
+    binary(cx, l, r, e, c, |a, b| value::compare(cx.py, cx.ops, op, a, b))
+}
+
+/// `f` on the values of `l` and `r`; NULL when either is NULL (`r` is not evaluated then).
+#[inline]
+fn binary(cx: &Cx, l: &Expr, r: &Expr, e: &Ev, c: &CapVec, f: impl FnOnce(&Value, &Value) -> PyResult<Value>) -> PyResult<Value> {
+    let a = l.operand(cx, e, c)?;
+    if a.is_null() {
+        return Ok(Value::Null);
+    }
+    let b = r.operand(cx, e, c)?;
+    if b.is_null() {
+        return Ok(Value::Null);
+    }
+    f(&a, &b)
+}
+
 /// An aggregate computed over the captures (and the current event when `cur`), as `cep.expr`'s
 /// `Agg` computes it: every row value first, then `sum()` / `min()` / `max()` left to right.
 #[allow(clippy::too_many_arguments)]
@@ -918,6 +988,47 @@ fn agg_slot(cx: &Cx, slot: usize, cur: bool, e: &Ev, c: &CapVec) -> PyResult<Val
     }
 }
 
+/// `agg_slot` when its value is a native number computed from the running state alone (no
+/// Python, no recomputation over the captures); `None` sends the caller to `agg_slot`.
+fn agg_slot_num(cx: &Cx, slot: usize, cur: bool, e: &Ev, c: &CapVec) -> Option<Num> {
+    let spec = &cx.aggs[slot];
+    let acc = c.acc.get(slot).filter(|a| !a.broken)?;
+    let mut n = acc.n;
+    let mut fold = match &acc.fold {
+        Fold::Val(v) => Some(value::num(v)?),
+        Fold::Empty => None,
+        Fold::Null => return None,
+    };
+    if let (true, Some(row)) = (cur, &spec.row) {
+        let v = match cx.rows.get(slot) {
+            Some(memo) => memo.get_or_init(|| row.eval(cx, e, &NO_CAPS).ok()).clone()?,
+            None => row.eval(cx, e, &NO_CAPS).ok()?,
+        };
+        if !v.is_null() {
+            n += 1;
+            // `fold_step`: the running sum from 0, or the first value, or a better one.
+            fold = match (spec.func, fold) {
+                (AggF::Count, f) => f,
+                (AggF::Sum | AggF::Avg, f) => value::arith_num(ArOp::Add, f.unwrap_or(Num::I(0)), value::num(&v)?)?,
+                (AggF::Min | AggF::Max, None) => Some(value::num(&v)?),
+                (AggF::Min | AggF::Max, Some(best)) => {
+                    let x = value::num(&v)?;
+                    let op = if matches!(spec.func, AggF::Max) { CmpOp::Gt } else { CmpOp::Lt };
+                    Some(if value::holds(op, value::num_cmp(x, best)) { x } else { best })
+                }
+            };
+        }
+    } else if cur {
+        n += 1; // COUNT(var.*)
+    }
+    match (spec.func, fold) {
+        (AggF::Count, _) => Some(Num::I(n)),
+        (_, None) => None,
+        (AggF::Avg, Some(sum)) => value::arith_num(ArOp::Div, sum, Num::I(n))?,
+        (_, Some(x)) => Some(x),
+    }
+}
+
 impl CapVec {
     /// Folds the capture just appended (the event being fed: its row values are read through
     /// `cx.rows`) into the running aggregates; when they are not kept yet (captures read back
@@ -949,9 +1060,14 @@ fn fold_cap(cx: &Cx, acc: &mut [Acc], cap: &Cap, current: bool) {
             a.n += 1;
             continue;
         };
+        // The row's value, borrowed from the event's memo when it is the event being fed.
+        let owned: Option<Value>;
         let v = match (current, cx.rows.get(slot)) {
-            (true, Some(memo)) => memo.get_or_init(|| row.eval(cx, &cap.ev, &NO_CAPS).ok()).clone(),
-            _ => row.eval(cx, &cap.ev, &NO_CAPS).ok(),
+            (true, Some(memo)) => memo.get_or_init(|| row.eval(cx, &cap.ev, &NO_CAPS).ok()).as_ref(),
+            _ => {
+                owned = row.eval(cx, &cap.ev, &NO_CAPS).ok();
+                owned.as_ref()
+            }
         };
         let Some(v) = v else {
             a.broken = true;
@@ -967,7 +1083,7 @@ fn fold_cap(cx: &Cx, acc: &mut [Acc], cap: &Cap, current: bool) {
         // A running sum of floats or of ints that stay within 64 bits: added in place (the
         // value `value::arith` gives; anything else takes `fold_step`).
         if let (AggF::Sum | AggF::Avg, Fold::Val(sum)) = (spec.func, &mut a.fold) {
-            match (sum, &v) {
+            match (sum, v) {
                 (Value::Float(x), Value::Float(y)) => {
                     *x += *y;
                     continue;
@@ -981,7 +1097,7 @@ fn fold_cap(cx: &Cx, acc: &mut [Acc], cap: &Cap, current: bool) {
                 _ => {}
             }
         }
-        match fold_step(cx, spec.func, &a.fold, v) {
+        match fold_step(cx, spec.func, &a.fold, v.clone()) {
             Ok(f) => a.fold = f,
             Err(_) => a.broken = true,
         }

@@ -129,6 +129,17 @@ impl<'py> Out<'py> {
     }
 }
 
+/// One entry per next position `next`, all sharing `caps` (moved into the last: one reference
+/// count less per step than cloning it for each).
+fn push_next(out: &mut Vec<Entry>, next: &[i32], caps: Caps) {
+    if let Some((&last, rest)) = next.split_last() {
+        for &t in rest {
+            out.push(Entry { pos: t, caps: caps.clone() });
+        }
+        out.push(Entry { pos: last, caps });
+    }
+}
+
 /// `caps` with `cap` appended, in a new vector (the running aggregates copied).
 fn grown_caps(caps: &CapVec, cap: Cap) -> CapVec {
     let mut grown = Vec::with_capacity(caps.len() + 1);
@@ -159,14 +170,14 @@ impl Core {
                     return Ok(v);
                 }
             }
-            let v = cond.eval(&self.cx(py, local.rows), ev, caps)?.is_true();
+            let v = cond.holds(&self.cx(py, local.rows), ev, caps)?;
             local.own[var] = Some(v);
             if let Some(slot) = local.shared.get_mut(cid) {
                 *slot = 1 + v as u8;
             }
             return Ok(v);
         }
-        Ok(cond.eval(&self.cx(py, local.rows), ev, caps)?.is_true())
+        cond.holds(&self.cx(py, local.rows), ev, caps)
     }
 
     fn any(&self, py: Python<'_>, vars: &[usize], ev: &Ev, caps: &CapVec, local: &mut Loc<'_>) -> PyResult<bool> {
@@ -182,15 +193,12 @@ impl Core {
         let mut out = Vec::new();
         for (var, nxt) in &self.p.starts {
             if self.test(py, *var, ev, &NO_CAPS, local)? {
-                let mut caps = CapVec::from(vec![Cap { var: *var as u32, row, ev: ev.clone() }]);
+                // Room for the first growths of the match (a vector's first step is 4).
+                let mut v = Vec::with_capacity(4);
+                v.push(Cap { var: *var as u32, row, ev: ev.clone() });
+                let mut caps = CapVec::from(v);
                 caps.fold_last(&self.cx(py, local.rows));
-                let caps: Caps = Arc::new(caps);
-                if let [rest @ .., last] = &nxt[..] {
-                    for &t in rest {
-                        out.push(Entry { pos: t, caps: caps.clone() });
-                    }
-                    out.push(Entry { pos: *last, caps });
-                }
+                push_next(&mut out, nxt, Arc::new(caps));
             }
         }
         Ok(out)
@@ -215,12 +223,17 @@ impl Core {
         for entry in entries.iter() {
             acts.push(self.decide_step(py, entry, ev, local)?);
         }
-        let mut i = 0;
-        entries.retain(|_| {
-            i += 1;
-            acts[i - 1] != Act::Drop
-        });
-        acts.retain(|a| *a != Act::Drop);
+        // The entries that end are dropped (one pass over both vectors, order kept).
+        let mut w = 0;
+        for i in 0..entries.len() {
+            if acts[i] != Act::Drop {
+                entries.swap(w, i);
+                acts[w] = acts[i];
+                w += 1;
+            }
+        }
+        entries.truncate(w);
+        acts.truncate(w);
         let mut out = std::mem::take(spare);
         out.clear();
         out.reserve(entries.len());
@@ -234,10 +247,7 @@ impl Core {
                     let st = &self.p.table[pos as usize];
                     let cap = Cap { var: st.var as u32, row, ev: ev.clone() };
                     if also_after {
-                        let grown: Caps = Arc::new(self.grown(py, &caps, cap, local));
-                        for &t in &st.next {
-                            out.push(Entry { pos: t, caps: grown.clone() });
-                        }
+                        push_next(&mut out, &st.next, Arc::new(self.grown(py, &caps, cap, local)));
                         out.push(Entry { pos: st.after, caps });
                         continue;
                     }
@@ -252,9 +262,7 @@ impl Core {
                         }
                         None => Arc::new(self.grown(py, &c, cap, local)),
                     };
-                    for &t in &st.next {
-                        out.push(Entry { pos: t, caps: grown.clone() });
-                    }
+                    push_next(&mut out, &st.next, grown);
                 }
             }
         }
@@ -396,6 +404,16 @@ impl Core {
         // In place: the entries a deadline ends are removed from their run's vector (no new
         // vectors per run and call).
         for r in state.runs.iter_mut() {
+            // Without STEP WITHIN every entry of a run has the run's deadline (WITHIN from its
+            // first capture, the start row's): a run whose deadline is not reached is left as
+            // it is without visiting its entries.
+            if !flushing && self.p.step.is_none() {
+                if let Some(e) = r.entries.first() {
+                    if self.deadline(&e.caps).is_none_or(|d| d > now) {
+                        continue;
+                    }
+                }
+            }
             let mut tpart = r.tpart.take();
             let entries = &mut r.entries;
             let mut w = 0;
@@ -479,6 +497,9 @@ impl Core {
                             deadline = Some(d);
                         }
                     }
+                    if self.p.step.is_none() {
+                        break; // the run's other entries share its first capture (`advance`)
+                    }
                 }
             }
         }
@@ -535,33 +556,38 @@ impl Core {
         {
             return Ok(runs);
         }
-        let mut kept = Vec::with_capacity(runs.len());
+        // In place: the kept runs are moved to the front, in order.
+        let mut runs = runs;
         let mut floor = -1i64;
         let mut head = true;
-        for run in runs {
-            if run.start < floor {
-                continue;
-            }
-            if head {
-                if run.entries.is_empty() {
-                    if let Some(t) = &run.tpart {
-                        self.emit_timeout(py, t, out)?;
-                    }
-                    continue;
+        let mut w = 0;
+        for i in 0..runs.len() {
+            let run = &runs[i];
+            let keep = if run.start < floor {
+                false
+            } else if !head {
+                !run.entries.is_empty() || run.tpart.is_some()
+            } else if run.entries.is_empty() {
+                if let Some(t) = &run.tpart {
+                    self.emit_timeout(py, t, out)?;
                 }
-                if run.entries[0].pos == DONE {
-                    let caps = run.entries[0].caps.clone();
-                    self.emit_match(py, &caps, out)?;
-                    floor = self.resume(&caps);
-                    continue;
-                }
+                false
+            } else if run.entries[0].pos == DONE {
+                let caps = &run.entries[0].caps;
+                self.emit_match(py, caps, out)?;
+                floor = self.resume(caps);
+                false
+            } else {
                 head = false;
-                kept.push(run);
-            } else if !run.entries.is_empty() || run.tpart.is_some() {
-                kept.push(run);
+                true
+            };
+            if keep {
+                runs.swap(w, i);
+                w += 1;
             }
         }
-        Ok(kept)
+        runs.truncate(w);
+        Ok(runs)
     }
 
     fn decide_all(&mut self, py: Python<'_>, runs: Vec<Run>, out: &Out) -> PyResult<Vec<Run>> {

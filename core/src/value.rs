@@ -82,13 +82,24 @@ impl Value {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Num {
+/// A native number: an int (a bool counts as 0 or 1, as in Python arithmetic) or a float.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Num {
     I(i64),
     F(f64),
 }
 
-fn num(v: &Value) -> Option<Num> {
+impl Num {
+    pub(crate) fn value(self) -> Value {
+        match self {
+            Num::I(i) => Value::Int(i),
+            Num::F(f) => Value::Float(f),
+        }
+    }
+}
+
+#[inline(always)]
+pub(crate) fn num(v: &Value) -> Option<Num> {
     match v {
         Value::Bool(b) => Some(Num::I(*b as i64)),
         Value::Int(i) => Some(Num::I(*i)),
@@ -97,6 +108,7 @@ fn num(v: &Value) -> Option<Num> {
     }
 }
 
+#[inline(always)]
 fn as_f64(n: Num) -> f64 {
     match n {
         Num::I(i) => i as f64,
@@ -218,52 +230,49 @@ fn py_float_mod(x: f64, y: f64) -> f64 {
     m
 }
 
+/// `x op y` on two native numbers as CPython computes it: `Some(Some(r))` the result,
+/// `Some(None)` NULL (division or modulo by zero), `None` when CPython's answer needs Python
+/// (an int result beyond 64 bits, an inexact int division).
+#[inline(always)]
+pub(crate) fn arith_num(op: ArOp, x: Num, y: Num) -> Option<Option<Num>> {
+    match (x, y) {
+        (Num::I(i), Num::I(j)) => match op {
+            ArOp::Add => i.checked_add(j).map(|r| Some(Num::I(r))),
+            ArOp::Sub => i.checked_sub(j).map(|r| Some(Num::I(r))),
+            ArOp::Mul => i.checked_mul(j).map(|r| Some(Num::I(r))),
+            ArOp::Div if j == 0 => Some(None),
+            ArOp::Div if (-EXACT..=EXACT).contains(&i) && (-EXACT..=EXACT).contains(&j) => {
+                Some(Some(Num::F(i as f64 / j as f64)))
+            }
+            ArOp::Div => None,
+            ArOp::Mod if j == 0 => Some(None),
+            ArOp::Mod => {
+                let mut r = i.wrapping_rem(j);
+                if r != 0 && ((r < 0) != (j < 0)) {
+                    r += j;
+                }
+                Some(Some(Num::I(r)))
+            }
+        },
+        _ => {
+            let (x, y) = (as_f64(x), as_f64(y));
+            Some(match op {
+                ArOp::Add => Some(Num::F(x + y)),
+                ArOp::Sub => Some(Num::F(x - y)),
+                ArOp::Mul => Some(Num::F(x * y)),
+                ArOp::Div | ArOp::Mod if y == 0.0 => None,
+                ArOp::Div => Some(Num::F(x / y)),
+                ArOp::Mod => Some(Num::F(py_float_mod(x, y))),
+            })
+        }
+    }
+}
+
 /// `a op b` for non-NULL operands, NULL on TypeError/ZeroDivisionError/OverflowError.
 pub fn arith(py: Python<'_>, ops: &PyOps, op: ArOp, a: &Value, b: &Value) -> PyResult<Value> {
     if let (Some(x), Some(y)) = (num(a), num(b)) {
-        match (x, y) {
-            (Num::I(i), Num::I(j)) => {
-                let r = match op {
-                    ArOp::Add => i.checked_add(j).map(Value::Int),
-                    ArOp::Sub => i.checked_sub(j).map(Value::Int),
-                    ArOp::Mul => i.checked_mul(j).map(Value::Int),
-                    ArOp::Div => {
-                        if j == 0 {
-                            return Ok(Value::Null);
-                        }
-                        if (-EXACT..=EXACT).contains(&i) && (-EXACT..=EXACT).contains(&j) {
-                            Some(Value::Float(i as f64 / j as f64))
-                        } else {
-                            None
-                        }
-                    }
-                    ArOp::Mod => {
-                        if j == 0 {
-                            return Ok(Value::Null);
-                        }
-                        let mut r = i.wrapping_rem(j);
-                        if r != 0 && ((r < 0) != (j < 0)) {
-                            r += j;
-                        }
-                        Some(Value::Int(r))
-                    }
-                };
-                if let Some(v) = r {
-                    return Ok(v);
-                }
-            }
-            _ => {
-                let (x, y) = (as_f64(x), as_f64(y));
-                return Ok(match op {
-                    ArOp::Add => Value::Float(x + y),
-                    ArOp::Sub => Value::Float(x - y),
-                    ArOp::Mul => Value::Float(x * y),
-                    ArOp::Div if y == 0.0 => Value::Null,
-                    ArOp::Div => Value::Float(x / y),
-                    ArOp::Mod if y == 0.0 => Value::Null,
-                    ArOp::Mod => Value::Float(py_float_mod(x, y)),
-                });
-            }
+        if let Some(r) = arith_num(op, x, y) {
+            return Ok(r.map_or(Value::Null, Num::value));
         }
     }
     soft(py, call2(py, op_fn(ops, op), a, b))
@@ -313,7 +322,8 @@ fn cmp_int_float(i: i64, f: f64) -> Option<Ordering> {
     }
 }
 
-fn num_cmp(x: Num, y: Num) -> Option<Ordering> {
+#[inline(always)]
+pub(crate) fn num_cmp(x: Num, y: Num) -> Option<Ordering> {
     match (x, y) {
         (Num::I(i), Num::I(j)) => Some(i.cmp(&j)),
         (Num::F(a), Num::F(b)) => a.partial_cmp(&b),
@@ -322,7 +332,8 @@ fn num_cmp(x: Num, y: Num) -> Option<Ordering> {
     }
 }
 
-fn holds(op: CmpOp, o: Option<Ordering>) -> bool {
+#[inline(always)]
+pub(crate) fn holds(op: CmpOp, o: Option<Ordering>) -> bool {
     match o {
         None => op == CmpOp::Ne,
         Some(o) => match op {
@@ -487,6 +498,26 @@ mod tests {
         assert_eq!(cmp_int_float(3, 2.5), Some(Ordering::Greater));
         assert_eq!(cmp_int_float(-3, -2.5), Some(Ordering::Less));
         assert_eq!(cmp_int_float(1, f64::NAN), None);
+    }
+
+    #[test]
+    fn native_arithmetic_follows_python() {
+        use Num::{F, I};
+        // Results: int stays int, `/` is a float, a float operand makes a float.
+        assert_eq!(arith_num(ArOp::Add, I(2), I(3)), Some(Some(I(5))));
+        assert_eq!(arith_num(ArOp::Div, I(7), I(2)), Some(Some(F(3.5))));
+        assert_eq!(arith_num(ArOp::Mul, I(3), F(0.5)), Some(Some(F(1.5))));
+        assert_eq!(arith_num(ArOp::Mod, I(-7), I(3)), Some(Some(I(2))));
+        assert_eq!(arith_num(ArOp::Mod, F(-1.0), I(3)), Some(Some(F(2.0))));
+        // Division and modulo by zero (int or float zero): NULL.
+        assert_eq!(arith_num(ArOp::Div, I(1), I(0)), Some(None));
+        assert_eq!(arith_num(ArOp::Mod, I(1), I(0)), Some(None));
+        assert_eq!(arith_num(ArOp::Div, F(1.0), F(-0.0)), Some(None));
+        assert_eq!(arith_num(ArOp::Mod, I(1), F(0.0)), Some(None));
+        // Beyond 64 bits, or an int division CPython computes exactly: Python's to answer.
+        assert_eq!(arith_num(ArOp::Add, I(i64::MAX), I(1)), None);
+        assert_eq!(arith_num(ArOp::Mul, I(1 << 62), I(4)), None);
+        assert_eq!(arith_num(ArOp::Div, I((1 << 53) + 1), I(3)), None);
     }
 
     #[test]
