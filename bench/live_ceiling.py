@@ -36,6 +36,7 @@ from bench.latency import BENCH_RULES, COUNTRIES, ROOT, Services, _tree_cpu_s
 
 SHARDS = 8
 CARD_GAP_S = 20.0
+_OP_US = ("python_us", "engine_us", "store_us", "timer_us", "encode_us", "write_us")
 
 NOOP_JOB = r'''
 import json, sys, time
@@ -149,10 +150,16 @@ def run_ours(services: Services, work: Path, topic: str, batch: int, skip: int,
             q = json.loads(line.split(" cep.metrics progress ", 1)[1])
             progress.append({"numInputRows": q.get("input_rows"),
                              "durationMs": q.get("durations_ms") or {}})
-    events = (json.loads((d / "ck" / "metrics.json").read_text()).get("counters") or {}) \
-        .get("events") if (d / "ck" / "metrics.json").exists() else None
+    counters = (json.loads((d / "ck" / "metrics.json").read_text()).get("counters") or {}) \
+        if (d / "ck" / "metrics.json").exists() else {}
+    # The operator's own time over the whole run, in ms (jobs/metrics.py's counters; a
+    # baseline without a counter reports none).
+    operator = {k.removesuffix("_us") + "_ms": counters[k] // 1000 for k in _OP_US
+                if k in counters}
+    operator.update({k: counters[k] for k in ("state_compactions", "state_reloads")
+                     if k in counters})
     return {"variant": name, "exit": rc, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-            "events": events, **_steady(progress, skip)}
+            "events": counters.get("events"), **_steady(progress, skip), "operator": operator}
 
 
 def run_noop(services: Services, work: Path, topic: str, batch: int, skip: int,

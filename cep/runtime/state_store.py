@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -149,9 +150,12 @@ class NativeShardStore:
       changed) the log is read back into a new `EngineState` (`Engine.import_blob`: keys stay
       raw bytes until an event or a deadline reaches them: a reload copies, it does not decode).
     - A call ends by appending one blob with the records of the keys it changed (one state call,
-      bytes in proportion to the change) and a new token. When the log has grown past twice its
-      compacted size (plus 1 MiB) or 64 rows, it is rewritten as the current keys (a compaction,
-      one `put`).
+      bytes in proportion to the change) and a new token. When most of the log's records are
+      superseded (more than twice as many records as keys, plus `COMPACT_SLACK` records) or it
+      has 64 rows, it is rewritten as the current keys (a compaction, one `put`). (Until session
+      12 the trigger was the log's bytes, twice the compacted size plus 1 MiB: a shard whose keys
+      are mostly new, each written once, was rewritten whole with nothing to drop, every time
+      its key count doubled; the records count that: a blob's header holds its record count.)
 
     So a call costs two state round trips and writes what changed; a key no event touched
     costs nothing. (`MapStateKeyStore`, the Python loop's store, reads, unpickles, pickles and
@@ -161,7 +165,7 @@ class NativeShardStore:
     """
 
     COMPACT_ROWS = 64
-    COMPACT_SLACK = 1 << 20
+    COMPACT_SLACK = 16_384  # records
     # A shard's keys stay decoded between calls while their bytes total at most this
     # (`EngineState.keep_decoded`): a call then neither decodes the keys it reaches nor
     # re-encodes keys it did not change; the rest are held as bytes. A decoded fraud key
@@ -178,6 +182,10 @@ class NativeShardStore:
         self.reloads = 0  # calls that had to read the whole shard (the held copy was stale)
         self.compactions = 0
         self.dropped = 0  # keys of rule groups that no longer exist, dropped on a reload
+        # Where `flush` spends its time, in µs since the operator last reset them: the core
+        # encoding the changed keys (`encode_us`), the state server's writes (`write_us`).
+        self.encode_us = 0
+        self.write_us = 0
         self._cur: _Held | None = None
         self._shard: Any = None
         self._engine: Any = None
@@ -200,14 +208,16 @@ class NativeShardStore:
         from cep import _core  # type: ignore[attr-defined]
 
         state = _core.EngineState(track_dirty=True, keep_decoded=self.KEEP_DECODED)
-        dropped = 0
+        dropped = records = 0
         if row is not None:
             for (blob,) in self._log.get():
                 self.reads += 1
+                records += blob_records(blob)
                 dropped += engine.core.import_blob(state, blob)
         self.dropped += dropped
         # Records of dropped groups leave the store at the next write (a compaction).
-        self._cur = _Held(token, engine, state, rows, size, base, dropped > 0, UNKNOWN)
+        self._cur = _Held(token, engine, state, rows, size, base, records, dropped > 0,
+                          UNKNOWN)
 
     @property
     def timer(self) -> Any:
@@ -232,9 +242,11 @@ class NativeShardStore:
             return
         try:
             core = self._engine.core
+            t0 = time.perf_counter()
             if (cur.compact or cur.rows >= self.COMPACT_ROWS
-                    or cur.size > 2 * cur.base + self.COMPACT_SLACK):
+                    or cur.records > 2 * len(cur.state) + self.COMPACT_SLACK):
                 blobs = core.export_blobs(cur.state, True)
+                t1 = time.perf_counter()
                 if blobs:
                     self._log.put([(b,) for b in blobs])
                 else:
@@ -242,19 +254,25 @@ class NativeShardStore:
                 self.compactions += 1
                 cur.rows = len(blobs)
                 cur.size = cur.base = sum(len(b) for b in blobs)
+                cur.records = sum(map(blob_records, blobs))
                 cur.compact = False
             else:
                 blobs = core.export_blobs(cur.state)
+                t1 = time.perf_counter()
                 if not blobs:
+                    self.encode_us += int(1e6 * (t1 - t0))
                     self._held[self._shard] = cur  # nothing changed: the token stays valid
                     return
                 self._log.appendList([(b,) for b in blobs])
                 cur.rows += len(blobs)
                 cur.size += sum(len(b) for b in blobs)
+                cur.records += sum(map(blob_records, blobs))
             self.writes += 1
             cur.token = os.urandom(8)
             self._meta.update((pickle.dumps((cur.token, cur.rows, cur.size, cur.base),
                                             protocol=5),))
+            self.encode_us += int(1e6 * (t1 - t0))
+            self.write_us += int(1e6 * (time.perf_counter() - t1))
             self._held[self._shard] = cur
         except BaseException:
             self._held.pop(self._shard, None)
@@ -276,8 +294,17 @@ class _Held:
     rows: int  # log rows
     size: int  # log bytes
     base: int  # bytes at the last compaction
+    records: int  # key records in the log (a key's latest supersedes its earlier ones)
     compact: bool  # compact at the next flush
     timer: Any  # the registered timer (None: none), or UNKNOWN
 
 
 UNKNOWN = object()  # NativeShardStore.timer when this process does not know it
+
+
+def blob_records(blob: bytes) -> int:
+    """The number of key records in an `Engine.export_blobs` blob: its header is the magic
+    `CEPNB`, a u16 version and a u32 record count, little-endian (docs/native-core.md)."""
+    if blob[:5] != b"CEPNB":
+        raise ValueError("not a CEPNB blob")
+    return int.from_bytes(blob[7:11], "little")

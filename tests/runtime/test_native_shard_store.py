@@ -209,6 +209,37 @@ def test_the_log_is_compacted_and_reloads_to_the_same_state() -> None:
     assert _run(engine, log2, meta2, held, _batch(_stream(3_050)[3_000:], 3_000), 9_000) == want
 
 
+def _keys_stream(n: int, keys: int, start: int) -> list[tuple[str, str]]:
+    return [(f"k{i % keys}", json.dumps({"ts": 3 * i, "k": f"k{i % keys}", "v": (i * 37) % 11}))
+            for i in range(start, start + n)]
+
+
+@pytest.mark.parametrize(("keys", "compacted"), [(10**9, False), (50, True)])
+def test_a_log_is_compacted_when_its_records_are_superseded(keys: int, compacted: bool) -> None:
+    """New keys each call (`keys` past the events: nearly every record is a key's only one)
+    leave nothing to compact; the same 50 keys rewritten every call supersede their records,
+    and the log is rewritten as the current keys. Either way a reload gives the same state."""
+    engine = build_embedded_engine(RULES)
+    log, meta, held = DictListState(), DictValueState(), {}
+    calls, per, compactions = 12, 40, 0
+    for c in range(calls):
+        store = NativeShardStore(log, meta, held)
+        store.COMPACT_SLACK = 100
+        store.begin(("s",), engine)
+        engine.ingest_batch(store, _batch(_keys_stream(per, keys, c * per), c * per), NEG_INF)
+        store.flush()
+        compactions += store.compactions
+    assert (compactions > 0) == compacted
+    live = len(held[("s",)].state)
+    records = sum(int.from_bytes(b[7:11], "little") for (b,) in log.rows)
+    if compacted:
+        assert records <= 2 * live + 100 and len(log.rows) < calls
+    else:
+        # (a few keys of the previous call are written again: events held for LATENESS)
+        assert live == calls * per <= records < live + 3 * calls and len(log.rows) == calls
+    assert stored_keys(engine, log) == live  # the log replays to the held keys
+
+
 class WatchedValueState(DictValueState):
     """A ValueState that counts its round trips and the `get`s of an empty value (Spark's state
     server logs a WARN for each: 64 lines on a new live job's first batch)."""
