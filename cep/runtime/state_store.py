@@ -169,11 +169,24 @@ class NativeShardStore:
     # A shard's keys stay decoded between calls while their bytes total at most this
     # (`EngineState.keep_decoded`): a call then neither decodes the keys it reaches nor
     # re-encodes keys it did not change; the rest are held as bytes. A decoded fraud key
-    # takes ~1.6 KB against its ~100 B of bytes: at most ~35 MB per shard held by a worker (the
-    # budget is per shard, not per process; 20k fraud cards take ~2 MB of bytes in all).
+    # takes ~1.6 KB against its ~100 B of bytes: at most ~35 MB per 2 MB of budget held by a
+    # worker (20k fraud cards take ~2 MB of bytes in all). The budget is per shard: at least
+    # `KEEP_DECODED`, and `DECODED_PER_JOB` split over the job's shards when the operator knows
+    # them (`for_shards`): 8 shards 2 MB each, 2 shards 8 MB each (session 12: with 2 MB, a
+    # 2-shard job evicted and re-decoded keys an 8-shard one kept, `python -m bench.operator
+    # --rate 20000 --batch-s 1 --batches 10 --shards 2 --native-only`: engine + flush CPU
+    # 1.76 s at 2 MB, 1.34 s at 8 MB; 8 shards at 2 MB: 1.28 s).
     KEEP_DECODED = 2 << 20
+    DECODED_PER_JOB = 16 << 20
 
-    def __init__(self, log: Any, meta: Any, held: dict[Any, Any]) -> None:
+    @classmethod
+    def for_shards(cls, shards: int | None) -> int:
+        """The decoded-keys budget of each of a job's `shards` shards (None: unknown)."""
+        return max(cls.KEEP_DECODED, cls.DECODED_PER_JOB // shards if shards else 0)
+
+    def __init__(self, log: Any, meta: Any, held: dict[Any, Any],
+                 keep_decoded: int | None = None) -> None:
+        self.keep_decoded = self.KEEP_DECODED if keep_decoded is None else keep_decoded
         self._log = log
         self._meta = meta
         self._held = held  # shard -> _Held, shared by the stores of one worker process
@@ -207,7 +220,7 @@ class NativeShardStore:
         self.reloads += 1
         from cep import _core  # type: ignore[attr-defined]
 
-        state = _core.EngineState(track_dirty=True, keep_decoded=self.KEEP_DECODED)
+        state = _core.EngineState(track_dirty=True, keep_decoded=self.keep_decoded)
         dropped = records = 0
         if row is not None:
             for (blob,) in self._log.get():

@@ -40,8 +40,12 @@ class CepProcessor(StatefulProcessor):
     """Runs the engine for one shard. `engine_factory` is called once per worker process."""
 
     def __init__(self, engine_factory: EngineFactory, to_rows: RowsFromOutput,
-                 watermark_delay_ms: int, end_of_input: int | None = None) -> None:
+                 watermark_delay_ms: int, end_of_input: int | None = None,
+                 shards: int | None = None) -> None:
         self.engine_factory = engine_factory
+        # The job's shard count (None: unknown): the native store's decoded-keys budget per
+        # shard (`NativeShardStore.for_shards`).
+        self.shards = shards
         self.to_rows = to_rows
         self.delay = watermark_delay_ms
         # Replay only: the input's last event time, used once the end-of-input marker
@@ -61,16 +65,17 @@ class CepProcessor(StatefulProcessor):
         kind = engine_kind(self.engine)
         self.native = kind == "native"
         self.mixed = kind == "mixed"
+        keep = NativeShardStore.for_shards(self.shards)
         if self.native:
             self.store: Any = NativeShardStore(
                 handle.getListState("nlog", _BLOB_SCHEMA),
-                handle.getValueState("nshard", _BLOB_SCHEMA), _HELD)
+                handle.getValueState("nshard", _BLOB_SCHEMA), _HELD, keep)
         elif self.mixed:
             from cep.runtime.mixed import MixedShardStore
 
             self.store = MixedShardStore(
                 NativeShardStore(handle.getListState("nlog", _BLOB_SCHEMA),
-                                 handle.getValueState("nshard", _BLOB_SCHEMA), _HELD),
+                                 handle.getValueState("nshard", _BLOB_SCHEMA), _HELD, keep),
                 MapStateKeyStore(handle.getMapState("buckets", _BUCKET_SCHEMA, _BLOB_SCHEMA),
                                  handle.getValueState("shard", _BLOB_SCHEMA)))
         else:

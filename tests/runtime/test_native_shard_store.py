@@ -271,3 +271,13 @@ def test_a_new_shard_never_gets_an_empty_value_and_a_held_one_reads_once() -> No
     assert meta.calls == 1
     _run(engine, log, meta, other, _batch(texts[60:], 60), 170)  # another process: reloads
     assert meta.empty_gets == 0
+
+
+def test_the_decoded_keys_budget_is_split_over_the_jobs_shards() -> None:
+    """Fewer shards, more keys decoded each: a job holds as many decoded as at 8 shards."""
+    per = NativeShardStore.KEEP_DECODED
+    assert NativeShardStore.for_shards(8) == per == NativeShardStore.DECODED_PER_JOB // 8
+    assert NativeShardStore.for_shards(2) == 4 * per
+    assert NativeShardStore.for_shards(64) == NativeShardStore.for_shards(None) == per
+    store = NativeShardStore(DictListState(), DictValueState(), {}, NativeShardStore.for_shards(2))
+    assert store.keep_decoded == 4 * per
