@@ -44,9 +44,8 @@ class Settings:
     # count it was started with (`jobs.live.checkpoint_shards`). With one stateful task every
     # shard is a Python call per micro-batch, each with a fixed cost (state-server round trips,
     # a timer, an output frame), so the live job uses fewer shards than replay's `shards`
-    # (bench/results/latency_live.md: 64 → 8 in session 9, 8 → 2 in session 12). Checkpoints
-    # from before the count was recorded: 64.
-    live_shards: int = 2
+    # (bench/results/latency_live.md). Checkpoints from before the count was recorded: 64.
+    live_shards: int = 8
     # The live job's Kafka read tasks per micro-batch (Spark's `minPartitions`: a topic
     # partition's offset range is split into this many tasks; more topic partitions than this:
     # one task each). 0: the session's cores (`defaultParallelism`). The map stage (read,
