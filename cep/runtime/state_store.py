@@ -225,8 +225,10 @@ class NativeShardStore:
         if row is not None:
             for (blob,) in self._log.get():
                 self.reads += 1
-                records += blob_records(blob)
+                # The core first: it checks the header and gives the clearer error (a blob of
+                # another format version, a corrupt one).
                 dropped += engine.core.import_blob(state, blob)
+                records += blob_records(blob)
         self.dropped += dropped
         # Records of dropped groups leave the store at the next write (a compaction).
         self._cur = _Held(token, engine, state, rows, size, base, records, dropped > 0,
@@ -315,9 +317,19 @@ class _Held:
 UNKNOWN = object()  # NativeShardStore.timer when this process does not know it
 
 
+BLOB_VERSION = 2  # the core's `BLOB_VERSION` (core/src/engine.rs), the only one it reads
+
+
 def blob_records(blob: bytes) -> int:
     """The number of key records in an `Engine.export_blobs` blob: its header is the magic
-    `CEPNB`, a u16 version and a u32 record count, little-endian (docs/native-core.md)."""
-    if blob[:5] != b"CEPNB":
-        raise ValueError("not a CEPNB blob")
+    `CEPNB`, a u16 version and a u32 record count, little-endian (docs/native-core.md). Another
+    version may lay its header out otherwise: it is refused, as `Engine.import_blob` refuses
+    every version but its own (the store calls this after the core read the blob)."""
+    if len(blob) < 11 or blob[:5] != b"CEPNB":
+        raise ValueError("not a native key-state blob (CEPNB): wrong header")
+    version = int.from_bytes(blob[5:7], "little")
+    if version != BLOB_VERSION:
+        raise ValueError(f"native key-state blob format version {version}, but this build reads "
+                         f"version {BLOB_VERSION}: discard the state (reset the checkpoint) or "
+                         "replay the input")
     return int.from_bytes(blob[7:11], "little")

@@ -281,3 +281,23 @@ def test_the_decoded_keys_budget_is_split_over_the_jobs_shards() -> None:
     assert NativeShardStore.for_shards(64) == NativeShardStore.for_shards(None) == per
     store = NativeShardStore(DictListState(), DictValueState(), {}, NativeShardStore.for_shards(2))
     assert store.keep_decoded == 4 * per
+
+
+def test_a_blob_of_another_version_fails_with_the_cores_message() -> None:
+    """A log written by a build with another blob format: the core's message (the version,
+    what to do), not a bare header error; `blob_records` alone refuses it too."""
+    from cep.runtime.state_store import BLOB_VERSION, blob_records
+
+    engine = build_embedded_engine(RULES)
+    log, meta, held = DictListState(), DictValueState(), {}
+    _run(engine, log, meta, held, _batch(_stream(30), 0), NEG_INF)
+    (blob,) = log.rows[0]
+    assert blob_records(blob) > 0 and int.from_bytes(blob[5:7], "little") == BLOB_VERSION
+    log.rows = [(blob[:5] + (BLOB_VERSION + 1).to_bytes(2, "little") + blob[7:],)]
+    held.clear()
+    with pytest.raises(ValueError, match=f"format version {BLOB_VERSION + 1}.*reset the checkpoint"):
+        NativeShardStore(log, meta, held).begin(("s",), engine)
+    with pytest.raises(ValueError, match=f"format version {BLOB_VERSION + 1}"):
+        blob_records(log.rows[0][0])
+    with pytest.raises(ValueError, match="wrong header"):
+        blob_records(b"CEPNK" + blob[5:])
