@@ -151,8 +151,11 @@ class NativeShardStore:
       raw bytes until an event or a deadline reaches them: a reload copies, it does not decode).
     - A call ends by appending one blob with the records of the keys it changed (one state call,
       bytes in proportion to the change) and a new token. When most of the log's records are
-      superseded (more than twice as many records as keys, plus `COMPACT_SLACK` records) or it
-      has 64 rows, it is rewritten as the current keys (a compaction, one `put`). (Until session
+      superseded (more than twice as many records as keys, plus `COMPACT_SLACK` records), or its
+      bytes pass four full snapshots plus `COMPACT_SLACK_BYTES` (a snapshot estimated as the
+      log's mean record size times the keys: the backstop for few keys with large states,
+      which the records bound lets grow to tens of MB), or it has 64 rows, it is rewritten as
+      the current keys (a compaction, one `put`). (Until session
       12 the trigger was the log's bytes, twice the compacted size plus 1 MiB: a shard whose keys
       are mostly new, each written once, was rewritten whole with nothing to drop, every time
       its key count doubled; the records count that: a blob's header holds its record count.)
@@ -166,6 +169,7 @@ class NativeShardStore:
 
     COMPACT_ROWS = 64
     COMPACT_SLACK = 16_384  # records
+    COMPACT_SLACK_BYTES = 16 << 20
     # A shard's keys stay decoded between calls while their bytes total at most this
     # (`EngineState.keep_decoded`): a call then neither decodes the keys it reaches nor
     # re-encodes keys it did not change; the rest are held as bytes. A decoded fraud key
@@ -258,8 +262,7 @@ class NativeShardStore:
         try:
             core = self._engine.core
             t0 = time.perf_counter()
-            if (cur.compact or cur.rows >= self.COMPACT_ROWS
-                    or cur.records > 2 * len(cur.state) + self.COMPACT_SLACK):
+            if self._compact_now(cur):
                 blobs = core.export_blobs(cur.state, True)
                 t1 = time.perf_counter()
                 if blobs:
@@ -292,6 +295,19 @@ class NativeShardStore:
         except BaseException:
             self._held.pop(self._shard, None)
             raise
+
+    def _compact_now(self, cur: _Held) -> bool:
+        """Whether this flush rewrites the log as the current keys (the class docstring)."""
+        if cur.compact or cur.rows >= self.COMPACT_ROWS:
+            return True
+        keys = len(cur.state)  # O(1): the core's two key maps' sizes
+        if cur.records > 2 * keys + self.COMPACT_SLACK:
+            return True
+        # The byte backstop: few keys with large states, rewritten every call, pass the
+        # records bound only after many megabytes. One full snapshot's bytes are estimated
+        # as the log's mean record size times the keys.
+        snapshot = cur.size * keys // max(cur.records, 1)
+        return cur.size > 4 * snapshot + self.COMPACT_SLACK_BYTES
 
     def abandon(self) -> None:
         """The call failed: forget the held copy (the store is re-read next time)."""

@@ -302,3 +302,30 @@ def test_a_blob_of_another_version_fails_with_the_cores_message() -> None:
         blob_records(log.rows[0][0])
     with pytest.raises(ValueError, match="wrong header"):
         blob_records(b"CEPNK" + blob[5:])
+
+
+@pytest.mark.parametrize(("keys", "compacted"), [(10**9, False), (50, True)])
+def test_the_logs_bytes_are_bounded_by_a_few_snapshots(keys: int, compacted: bool) -> None:
+    """The byte backstop alone (the records and rows triggers off, no slack bytes): the same 50
+    keys rewritten every call pass four snapshots' bytes and are compacted; new keys each call
+    (each record a key's only one: the log is one snapshot) never are."""
+    engine = build_embedded_engine(RULES)
+    log, meta, held = DictListState(), DictValueState(), {}
+    calls, per, compactions = 12, 40, 0
+    for c in range(calls):
+        store = NativeShardStore(log, meta, held)
+        store.COMPACT_SLACK = store.COMPACT_ROWS = 10**9
+        store.COMPACT_SLACK_BYTES = 0
+        store.begin(("s",), engine)
+        engine.ingest_batch(store, _batch(_keys_stream(per, keys, c * per), c * per), NEG_INF)
+        store.flush()
+        compactions += store.compactions
+        size = sum(len(b) for (b,) in log.rows)
+        assert held[("s",)].size == size
+    assert (compactions > 0) == compacted
+    if compacted:  # the log is at most 4 snapshots and one call's records
+        snapshot = sum(len(b) for b in engine.core.export_blobs(held[("s",)].state, True))
+        assert size <= 5 * snapshot
+    else:
+        assert len(log.rows) == calls
+    assert stored_keys(engine, log) == len(held[("s",)].state)
