@@ -143,7 +143,8 @@ class NativeShardStore:
 
     Layout: a ListState of blobs the core writes (`Engine.export_blobs`: records of group, key,
     wake time and versioned `CEPNK` bytes, or none for a key whose state is gone), applied in
-    order, and a ValueState with `(token, log rows, log bytes, compacted bytes)`.
+    order, and a ValueState with `(token, log rows, log bytes, 0)` (the last field was the
+    bytes at the last compaction until session 12).
     - A call starts with one state read, the token. When it is the token this process wrote last
       (the store is exactly as this process left it), the held `EngineState` is used as it is.
       Otherwise (another process ran the shard, Spark re-ran a batch after a failure, the rules
@@ -215,7 +216,10 @@ class NativeShardStore:
         # holds no copy of asks `exists` first; one it holds was written, so `get` alone (one
         # round trip, as before, in the steady state).
         row = self._meta.get() if held is not None or self._meta.exists() else None
-        token, rows, size, base = (b"", 0, 0, 0) if row is None else pickle.loads(row[0])  # noqa: S301
+        # (token, log rows, log bytes, 0): the fourth field, the bytes at the last compaction,
+        # decided nothing since session 12; it is written as 0 so the tuple keeps its shape.
+        token, rows, size = ((b"", 0, 0) if row is None
+                             else pickle.loads(row[0])[:3])  # noqa: S301
         self._shard, self._engine = shard, engine
         if held is not None and held.token == token and held.engine is engine:
             self._cur = held
@@ -235,7 +239,7 @@ class NativeShardStore:
                 records += blob_records(blob)
         self.dropped += dropped
         # Records of dropped groups leave the store at the next write (a compaction).
-        self._cur = _Held(token, engine, state, rows, size, base, records, dropped > 0,
+        self._cur = _Held(token, engine, state, rows, size, records, dropped > 0,
                           UNKNOWN)
 
     @property
@@ -271,7 +275,7 @@ class NativeShardStore:
                     self._log.clear()
                 self.compactions += 1
                 cur.rows = len(blobs)
-                cur.size = cur.base = sum(len(b) for b in blobs)
+                cur.size = sum(len(b) for b in blobs)
                 cur.records = sum(map(blob_records, blobs))
                 cur.compact = False
             else:
@@ -287,7 +291,7 @@ class NativeShardStore:
                 cur.records += sum(map(blob_records, blobs))
             self.writes += 1
             cur.token = os.urandom(8)
-            self._meta.update((pickle.dumps((cur.token, cur.rows, cur.size, cur.base),
+            self._meta.update((pickle.dumps((cur.token, cur.rows, cur.size, 0),
                                             protocol=5),))
             self.encode_us += int(1e6 * (t1 - t0))
             self.write_us += int(1e6 * (time.perf_counter() - t1))
@@ -324,7 +328,6 @@ class _Held:
     state: Any
     rows: int  # log rows
     size: int  # log bytes
-    base: int  # bytes at the last compaction
     records: int  # key records in the log (a key's latest supersedes its earlier ones)
     compact: bool  # compact at the next flush
     timer: Any  # the registered timer (None: none), or UNKNOWN

@@ -329,3 +329,23 @@ def test_the_logs_bytes_are_bounded_by_a_few_snapshots(keys: int, compacted: boo
     else:
         assert len(log.rows) == calls
     assert stored_keys(engine, log) == len(held[("s",)].state)
+
+
+def test_a_checkpoint_with_the_old_compacted_bytes_field_restarts() -> None:
+    """Until session 12 the ValueState's last field was the bytes at the last compaction; a
+    store written so restarts (another process) to the alerts of one that never stopped."""
+    import pickle
+
+    engine = build_embedded_engine(RULES)
+    texts = _stream(60)
+    log, meta, held = DictListState(), DictValueState(), {}
+    _run(engine, log, meta, held, _batch(texts[:20], 0), NEG_INF)
+    _run(engine, log, meta, held, _batch(texts[20:40], 20), 57)
+    token, rows, size, zero = pickle.loads(meta.v[0])
+    assert (rows, size, zero) == (len(log.rows), sum(len(b) for (b,) in log.rows), 0)
+    old_log, old_meta = DictListState(), DictValueState()
+    old_log.rows = list(log.rows)
+    old_meta.v = (pickle.dumps((token, rows, size, 12_345), protocol=5),)
+    b3 = _batch(texts[40:], 40)
+    want = _run(engine, log, meta, held, b3, 117)
+    assert _run(engine, old_log, old_meta, {}, b3, 117) == want and want[0]
