@@ -155,8 +155,12 @@ class NativeShardStore:
       superseded (more than twice as many records as keys, plus `COMPACT_SLACK` records), or its
       bytes pass four full snapshots plus `COMPACT_SLACK_BYTES` (a snapshot estimated as the
       log's mean record size times the keys: the backstop for few keys with large states,
-      which the records bound lets grow to tens of MB), or it has 64 rows, it is rewritten as
-      the current keys (a compaction, one `put`). (Until session
+      which the records bound lets grow to tens of MB), or it has 64 rows and more than twice
+      as many records as keys (no slack: a small shard of hot keys), or 1,024 rows whatever its
+      records, it is rewritten as the current keys (a compaction, one `put`). A shard of mostly
+      new keys, each written once, has nothing to drop: it is rewritten every 1,024 writes,
+      not every 64 as until session 12 (the row bound keeps a reload to at most 1,024 state
+      rows of one call's changes each). (Until session
       12 the trigger was the log's bytes, twice the compacted size plus 1 MiB: a shard whose keys
       are mostly new, each written once, was rewritten whole with nothing to drop, every time
       its key count doubled; the records count that: a blob's header holds its record count.)
@@ -168,7 +172,8 @@ class NativeShardStore:
     every bucket changes, so each call rewrote the shard in 5-8 round trips.)
     """
 
-    COMPACT_ROWS = 64
+    COMPACT_ROWS = 64  # past this, half the records superseded is enough (no slack)
+    MAX_ROWS = 1024  # past this, compact whatever the records
     COMPACT_SLACK = 16_384  # records
     COMPACT_SLACK_BYTES = 16 << 20
     # A shard's keys stay decoded between calls while their bytes total at most this
@@ -302,10 +307,10 @@ class NativeShardStore:
 
     def _compact_now(self, cur: _Held) -> bool:
         """Whether this flush rewrites the log as the current keys (the class docstring)."""
-        if cur.compact or cur.rows >= self.COMPACT_ROWS:
+        if cur.compact or cur.rows >= self.MAX_ROWS:
             return True
         keys = len(cur.state)  # O(1): the core's two key maps' sizes
-        if cur.records > 2 * keys + self.COMPACT_SLACK:
+        if cur.records > 2 * keys + (0 if cur.rows >= self.COMPACT_ROWS else self.COMPACT_SLACK):
             return True
         # The byte backstop: few keys with large states, rewritten every call, pass the
         # records bound only after many megabytes. One full snapshot's bytes are estimated

@@ -349,3 +349,26 @@ def test_a_checkpoint_with_the_old_compacted_bytes_field_restarts() -> None:
     b3 = _batch(texts[40:], 40)
     want = _run(engine, log, meta, held, b3, 117)
     assert _run(engine, old_log, old_meta, {}, b3, 117) == want and want[0]
+
+
+@pytest.mark.parametrize(("keys", "first_at"), [(10**9, 10), (50, 4)])
+def test_the_row_bound_compacts_early_only_what_has_superseded_records(
+        keys: int, first_at: int) -> None:
+    """Past `COMPACT_ROWS` rows a log is compacted once more than half its records are
+    superseded (the same 50 keys every call); a log of new keys only at `MAX_ROWS` rows, and
+    a reload never reads more."""
+    engine = build_embedded_engine(RULES)
+    log, meta, held = DictListState(), DictValueState(), {}
+    at = []
+    for c in range(24):
+        store = NativeShardStore(log, meta, held)
+        store.COMPACT_ROWS, store.MAX_ROWS = 4, 10
+        rows = len(log.rows)
+        store.begin(("s",), engine)
+        engine.ingest_batch(store, _batch(_keys_stream(40, keys, c * 40), c * 40), NEG_INF)
+        store.flush()
+        if store.compactions:
+            at.append(rows)
+        assert len(log.rows) <= 10
+    assert at and at[0] == first_at and all(r >= 4 for r in at)
+    assert stored_keys(engine, log) == len(held[("s",)].state)
