@@ -7,8 +7,9 @@ in the same minutes, each as its own process on Spark local[2] reading the topic
 in micro-batches of `--batch` records (`maxOffsetsPerTrigger`), until the topic is read:
 
 - `ours`: `cep run --once --max-offsets-per-trigger B` (jobs/live.py: validation, fan-out,
-  packing, the operator with the rules' engine over 8 shards, delivery to Kafka and Redis);
-- `noop`: the same Kafka source and batch size, `shard = pmod(xxhash64('card', Kafka key), 8)`,
+  packing, the operator with the rules' engine over S shards, delivery to Kafka and Redis);
+- `noop`: the same Kafka source and batch size, `shard = pmod(xxhash64('card', Kafka key), S)`
+  with S the live job's shards for a new checkpoint (`Settings.live_shards`, `--shards`),
   `groupBy(shard).transformWithStateInPandas` with a processor that reads its rows and keeps
   no state (bench/noop_ops.py `NoopProcessor`), one stateful task (as the live job), output
   collected by foreachBatch.
@@ -33,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.latency import BENCH_RULES, COUNTRIES, ROOT, Services, _tree_cpu_s
+from cep.config import Settings
 
-SHARDS = 8
 CARD_GAP_S = 20.0
+_OP_US = ("python_us", "engine_us", "store_us", "timer_us", "encode_us", "write_us")
 
 NOOP_JOB = r'''
 import json, sys, time
@@ -126,7 +128,7 @@ def _run(cmd: list[str], env: dict[str, str], log: Path,
 
 
 def run_ours(services: Services, work: Path, topic: str, batch: int, skip: int,
-             tag: str, code: Path | None = None) -> dict[str, Any]:
+             tag: str, shards: int, code: Path | None = None) -> dict[str, Any]:
     """`code`: another checkout to run `cep run` from (`--baseline`: old vs new, alternated in
     the same harness); None: this one."""
     name = "ours" if code is None else "base"
@@ -141,7 +143,8 @@ def run_ours(services: Services, work: Path, topic: str, batch: int, skip: int,
         env["PYTHONPATH"] = str(code)
     cmd = [sys.executable, "-m", "cep.cli", "run", "--rules", str(d / "rules"),
            "--checkpoint", str(d / "ck"), "--topic", f"transactions={topic}",
-           "--starting-offsets", "earliest", "--once", "--max-offsets-per-trigger", str(batch)]
+           "--starting-offsets", "earliest", "--once", "--max-offsets-per-trigger", str(batch),
+           "--shards", str(shards)]
     rc, wall, cpu = _run(cmd, env, d / "run.log", ROOT if code is None else code)
     progress = []
     for line in (d / "run.log").read_text(errors="replace").splitlines():
@@ -149,24 +152,31 @@ def run_ours(services: Services, work: Path, topic: str, batch: int, skip: int,
             q = json.loads(line.split(" cep.metrics progress ", 1)[1])
             progress.append({"numInputRows": q.get("input_rows"),
                              "durationMs": q.get("durations_ms") or {}})
-    events = (json.loads((d / "ck" / "metrics.json").read_text()).get("counters") or {}) \
-        .get("events") if (d / "ck" / "metrics.json").exists() else None
-    return {"variant": name, "exit": rc, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-            "events": events, **_steady(progress, skip)}
+    counters = (json.loads((d / "ck" / "metrics.json").read_text()).get("counters") or {}) \
+        if (d / "ck" / "metrics.json").exists() else {}
+    # The operator's own time over the whole run, in ms (jobs/metrics.py's counters; a
+    # baseline without a counter reports none).
+    operator = {k.removesuffix("_us") + "_ms": counters[k] // 1000 for k in _OP_US
+                if k in counters}
+    operator.update({k: counters[k] for k in ("state_compactions", "state_reloads")
+                     if k in counters})
+    return {"variant": name, "shards": shards, "exit": rc, "wall_s": round(wall, 1),
+            "cpu_s": round(cpu, 1), "events": counters.get("events"), **_steady(progress, skip),
+            "operator": operator}
 
 
 def run_noop(services: Services, work: Path, topic: str, batch: int, skip: int,
-             tag: str) -> dict[str, Any]:
+             tag: str, shards: int) -> dict[str, Any]:
     d = work / f"noop-{tag}"
     d.mkdir(parents=True, exist_ok=True)
     out = d / "out.json"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-c", NOOP_JOB, services.bootstrap, topic, str(batch), str(SHARDS),
+    cmd = [sys.executable, "-c", NOOP_JOB, services.bootstrap, topic, str(batch), str(shards),
            str(d / "ck"), str(out)]
     rc, wall, cpu = _run(cmd, env, d / "run.log")
     res = json.loads(out.read_text()) if out.exists() else {"progress": [], "events": None}
-    return {"variant": "noop", "exit": rc, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-            "events": res["events"], **_steady(res["progress"], skip)}
+    return {"variant": "noop", "shards": shards, "exit": rc, "wall_s": round(wall, 1),
+            "cpu_s": round(cpu, 1), "events": res["events"], **_steady(res["progress"], skip)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", type=Path,
                     help="also run `cep run` from this checkout each round (old vs new)")
     ap.add_argument("--no-noop", action="store_true", help="leave the no-op out (A/B only)")
+    ap.add_argument("--shards", type=int, default=Settings().live_shards,
+                    help="the live job's shards (and the no-op's); default: the setting's")
+    ap.add_argument("--base-shards", type=int, help="the baseline's shards (default: --shards)")
     a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     services = Services(a.work / "services")
@@ -191,12 +204,14 @@ def main(argv: list[str] | None = None) -> int:
         topic = f"ceiling-{os.getpid()}"
         load_topic(services.bootstrap, topic, a.events, a.rate)
         for r in range(a.rounds):
-            jobs: list[Any] = [] if a.no_noop else [run_noop]
+            ours = functools.partial(run_ours, shards=a.shards)
+            jobs: list[Any] = [] if a.no_noop else [functools.partial(run_noop, shards=a.shards)]
             if a.baseline is not None:  # old and new in turn: which goes first alternates
-                base = functools.partial(run_ours, code=a.baseline)
-                jobs += [base, run_ours] if r % 2 == 0 else [run_ours, base]
+                base = functools.partial(run_ours, code=a.baseline,
+                                         shards=a.base_shards or a.shards)
+                jobs += [base, ours] if r % 2 == 0 else [ours, base]
             else:
-                jobs.append(run_ours)
+                jobs.append(ours)
             for fn in jobs:
                 res = fn(services, a.work, topic, a.batch, a.skip, str(r))
                 res["load"] = os.getloadavg()

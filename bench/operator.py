@@ -196,7 +196,8 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
     op._HELD.clear()
     cpu_in = _cpu_meters()
     shard = ShardState()
-    proc = op.CepProcessor(RulesEngineFactory.from_path(RULES), output_rows, DELAY_MS)
+    proc = op.CepProcessor(RulesEngineFactory.from_path(RULES), output_rows, DELAY_MS,
+                           shards=shards)
     handle = Handle(shard)
     proc.init(handle)  # type: ignore[arg-type]
     cards = rate * 20  # each card every 20 s: velocity's 5-in-1-minute never fits

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -142,16 +143,27 @@ class NativeShardStore:
 
     Layout: a ListState of blobs the core writes (`Engine.export_blobs`: records of group, key,
     wake time and versioned `CEPNK` bytes, or none for a key whose state is gone), applied in
-    order, and a ValueState with `(token, log rows, log bytes, compacted bytes)`.
+    order, and a ValueState with `(token, log rows, log bytes, 0)` (the last field was the
+    bytes at the last compaction until session 12).
     - A call starts with one state read, the token. When it is the token this process wrote last
       (the store is exactly as this process left it), the held `EngineState` is used as it is.
       Otherwise (another process ran the shard, Spark re-ran a batch after a failure, the rules
       changed) the log is read back into a new `EngineState` (`Engine.import_blob`: keys stay
       raw bytes until an event or a deadline reaches them: a reload copies, it does not decode).
     - A call ends by appending one blob with the records of the keys it changed (one state call,
-      bytes in proportion to the change) and a new token. When the log has grown past twice its
-      compacted size (plus 1 MiB) or 64 rows, it is rewritten as the current keys (a compaction,
-      one `put`).
+      bytes in proportion to the change) and a new token. When most of the log's records are
+      superseded (more than twice as many records as keys, plus `COMPACT_SLACK` records), or its
+      bytes pass four full snapshots plus `COMPACT_SLACK_BYTES` (a snapshot estimated as the
+      log's mean record size times the keys: the backstop for few keys with large states,
+      which the records bound lets grow to tens of MB), or it has 64 rows and more than twice
+      as many records as keys (no slack: a small shard of hot keys), or 1,024 rows whatever its
+      records, it is rewritten as the current keys (a compaction, one `put`). A shard of mostly
+      new keys, each written once, has nothing to drop: it is rewritten every 1,024 writes,
+      not every 64 as until session 12 (the row bound keeps a reload to at most 1,024 state
+      rows of one call's changes each). (Until session
+      12 the trigger was the log's bytes, twice the compacted size plus 1 MiB: a shard whose keys
+      are mostly new, each written once, was rewritten whole with nothing to drop, every time
+      its key count doubled; the records count that: a blob's header holds its record count.)
 
     So a call costs two state round trips and writes what changed; a key no event touched
     costs nothing. (`MapStateKeyStore`, the Python loop's store, reads, unpickles, pickles and
@@ -160,16 +172,31 @@ class NativeShardStore:
     every bucket changes, so each call rewrote the shard in 5-8 round trips.)
     """
 
-    COMPACT_ROWS = 64
-    COMPACT_SLACK = 1 << 20
+    COMPACT_ROWS = 64  # past this, half the records superseded is enough (no slack)
+    MAX_ROWS = 1024  # past this, compact whatever the records
+    COMPACT_SLACK = 16_384  # records
+    COMPACT_SLACK_BYTES = 16 << 20
     # A shard's keys stay decoded between calls while their bytes total at most this
     # (`EngineState.keep_decoded`): a call then neither decodes the keys it reaches nor
     # re-encodes keys it did not change; the rest are held as bytes. A decoded fraud key
-    # takes ~1.6 KB against its ~100 B of bytes: at most ~35 MB per shard held by a worker (the
-    # budget is per shard, not per process; 20k fraud cards take ~2 MB of bytes in all).
+    # takes ~1.6 KB against its ~100 B of bytes: at most ~35 MB per 2 MB of budget held by a
+    # worker (20k fraud cards take ~2 MB of bytes in all). The budget is per shard: at least
+    # `KEEP_DECODED`, and `DECODED_PER_JOB` split over the job's shards when the operator knows
+    # them (`for_shards`): 8 shards 2 MB each, 2 shards 8 MB each (session 12: with 2 MB, a
+    # 2-shard job evicted and re-decoded keys an 8-shard one kept, `python -m bench.operator
+    # --rate 20000 --batch-s 1 --batches 10 --shards 2 --native-only`: engine + flush CPU
+    # 1.76 s at 2 MB, 1.34 s at 8 MB; 8 shards at 2 MB: 1.28 s).
     KEEP_DECODED = 2 << 20
+    DECODED_PER_JOB = 16 << 20
 
-    def __init__(self, log: Any, meta: Any, held: dict[Any, Any]) -> None:
+    @classmethod
+    def for_shards(cls, shards: int | None) -> int:
+        """The decoded-keys budget of each of a job's `shards` shards (None: unknown)."""
+        return max(cls.KEEP_DECODED, cls.DECODED_PER_JOB // shards if shards else 0)
+
+    def __init__(self, log: Any, meta: Any, held: dict[Any, Any],
+                 keep_decoded: int | None = None) -> None:
+        self.keep_decoded = self.KEEP_DECODED if keep_decoded is None else keep_decoded
         self._log = log
         self._meta = meta
         self._held = held  # shard -> _Held, shared by the stores of one worker process
@@ -178,6 +205,10 @@ class NativeShardStore:
         self.reloads = 0  # calls that had to read the whole shard (the held copy was stale)
         self.compactions = 0
         self.dropped = 0  # keys of rule groups that no longer exist, dropped on a reload
+        # Where `flush` spends its time, in µs since the operator last reset them: the core
+        # encoding the changed keys (`encode_us`), the state server's writes (`write_us`).
+        self.encode_us = 0
+        self.write_us = 0
         self._cur: _Held | None = None
         self._shard: Any = None
         self._engine: Any = None
@@ -190,7 +221,10 @@ class NativeShardStore:
         # holds no copy of asks `exists` first; one it holds was written, so `get` alone (one
         # round trip, as before, in the steady state).
         row = self._meta.get() if held is not None or self._meta.exists() else None
-        token, rows, size, base = (b"", 0, 0, 0) if row is None else pickle.loads(row[0])  # noqa: S301
+        # (token, log rows, log bytes, 0): the fourth field, the bytes at the last compaction,
+        # decided nothing since session 12; it is written as 0 so the tuple keeps its shape.
+        token, rows, size = ((b"", 0, 0) if row is None
+                             else pickle.loads(row[0])[:3])  # noqa: S301
         self._shard, self._engine = shard, engine
         if held is not None and held.token == token and held.engine is engine:
             self._cur = held
@@ -199,15 +233,19 @@ class NativeShardStore:
         self.reloads += 1
         from cep import _core  # type: ignore[attr-defined]
 
-        state = _core.EngineState(track_dirty=True, keep_decoded=self.KEEP_DECODED)
-        dropped = 0
+        state = _core.EngineState(track_dirty=True, keep_decoded=self.keep_decoded)
+        dropped = records = 0
         if row is not None:
             for (blob,) in self._log.get():
                 self.reads += 1
+                # The core first: it checks the header and gives the clearer error (a blob of
+                # another format version, a corrupt one).
                 dropped += engine.core.import_blob(state, blob)
+                records += blob_records(blob)
         self.dropped += dropped
         # Records of dropped groups leave the store at the next write (a compaction).
-        self._cur = _Held(token, engine, state, rows, size, base, dropped > 0, UNKNOWN)
+        self._cur = _Held(token, engine, state, rows, size, records, dropped > 0,
+                          UNKNOWN)
 
     @property
     def timer(self) -> Any:
@@ -232,33 +270,53 @@ class NativeShardStore:
             return
         try:
             core = self._engine.core
-            if (cur.compact or cur.rows >= self.COMPACT_ROWS
-                    or cur.size > 2 * cur.base + self.COMPACT_SLACK):
+            t0 = time.perf_counter()
+            if self._compact_now(cur):
                 blobs = core.export_blobs(cur.state, True)
+                t1 = time.perf_counter()
                 if blobs:
                     self._log.put([(b,) for b in blobs])
                 else:
                     self._log.clear()
                 self.compactions += 1
                 cur.rows = len(blobs)
-                cur.size = cur.base = sum(len(b) for b in blobs)
+                cur.size = sum(len(b) for b in blobs)
+                cur.records = sum(map(blob_records, blobs))
                 cur.compact = False
             else:
                 blobs = core.export_blobs(cur.state)
+                t1 = time.perf_counter()
                 if not blobs:
+                    self.encode_us += int(1e6 * (t1 - t0))
                     self._held[self._shard] = cur  # nothing changed: the token stays valid
                     return
                 self._log.appendList([(b,) for b in blobs])
                 cur.rows += len(blobs)
                 cur.size += sum(len(b) for b in blobs)
+                cur.records += sum(map(blob_records, blobs))
             self.writes += 1
             cur.token = os.urandom(8)
-            self._meta.update((pickle.dumps((cur.token, cur.rows, cur.size, cur.base),
+            self._meta.update((pickle.dumps((cur.token, cur.rows, cur.size, 0),
                                             protocol=5),))
+            self.encode_us += int(1e6 * (t1 - t0))
+            self.write_us += int(1e6 * (time.perf_counter() - t1))
             self._held[self._shard] = cur
         except BaseException:
             self._held.pop(self._shard, None)
             raise
+
+    def _compact_now(self, cur: _Held) -> bool:
+        """Whether this flush rewrites the log as the current keys (the class docstring)."""
+        if cur.compact or cur.rows >= self.MAX_ROWS:
+            return True
+        keys = len(cur.state)  # O(1): the core's two key maps' sizes
+        if cur.records > 2 * keys + (0 if cur.rows >= self.COMPACT_ROWS else self.COMPACT_SLACK):
+            return True
+        # The byte backstop: few keys with large states, rewritten every call, pass the
+        # records bound only after many megabytes. One full snapshot's bytes are estimated
+        # as the log's mean record size times the keys.
+        snapshot = cur.size * keys // max(cur.records, 1)
+        return cur.size > 4 * snapshot + self.COMPACT_SLACK_BYTES
 
     def abandon(self) -> None:
         """The call failed: forget the held copy (the store is re-read next time)."""
@@ -275,9 +333,27 @@ class _Held:
     state: Any
     rows: int  # log rows
     size: int  # log bytes
-    base: int  # bytes at the last compaction
+    records: int  # key records in the log (a key's latest supersedes its earlier ones)
     compact: bool  # compact at the next flush
     timer: Any  # the registered timer (None: none), or UNKNOWN
 
 
 UNKNOWN = object()  # NativeShardStore.timer when this process does not know it
+
+
+BLOB_VERSION = 2  # the core's `BLOB_VERSION` (core/src/engine.rs), the only one it reads
+
+
+def blob_records(blob: bytes) -> int:
+    """The number of key records in an `Engine.export_blobs` blob: its header is the magic
+    `CEPNB`, a u16 version and a u32 record count, little-endian (docs/native-core.md). Another
+    version may lay its header out otherwise: it is refused, as `Engine.import_blob` refuses
+    every version but its own (the store calls this after the core read the blob)."""
+    if len(blob) < 11 or blob[:5] != b"CEPNB":
+        raise ValueError("not a native key-state blob (CEPNB): wrong header")
+    version = int.from_bytes(blob[5:7], "little")
+    if version != BLOB_VERSION:
+        raise ValueError(f"native key-state blob format version {version}, but this build reads "
+                         f"version {BLOB_VERSION}: discard the state (reset the checkpoint) or "
+                         "replay the input")
+    return int.from_bytes(blob[7:11], "little")

@@ -40,8 +40,12 @@ class CepProcessor(StatefulProcessor):
     """Runs the engine for one shard. `engine_factory` is called once per worker process."""
 
     def __init__(self, engine_factory: EngineFactory, to_rows: RowsFromOutput,
-                 watermark_delay_ms: int, end_of_input: int | None = None) -> None:
+                 watermark_delay_ms: int, end_of_input: int | None = None,
+                 shards: int | None = None) -> None:
         self.engine_factory = engine_factory
+        # The job's shard count (None: unknown): the native store's decoded-keys budget per
+        # shard (`NativeShardStore.for_shards`).
+        self.shards = shards
         self.to_rows = to_rows
         self.delay = watermark_delay_ms
         # Replay only: the input's last event time, used once the end-of-input marker
@@ -61,16 +65,17 @@ class CepProcessor(StatefulProcessor):
         kind = engine_kind(self.engine)
         self.native = kind == "native"
         self.mixed = kind == "mixed"
+        keep = NativeShardStore.for_shards(self.shards)
         if self.native:
             self.store: Any = NativeShardStore(
                 handle.getListState("nlog", _BLOB_SCHEMA),
-                handle.getValueState("nshard", _BLOB_SCHEMA), _HELD)
+                handle.getValueState("nshard", _BLOB_SCHEMA), _HELD, keep)
         elif self.mixed:
             from cep.runtime.mixed import MixedShardStore
 
             self.store = MixedShardStore(
                 NativeShardStore(handle.getListState("nlog", _BLOB_SCHEMA),
-                                 handle.getValueState("nshard", _BLOB_SCHEMA), _HELD),
+                                 handle.getValueState("nshard", _BLOB_SCHEMA), _HELD, keep),
                 MapStateKeyStore(handle.getMapState("buckets", _BUCKET_SCHEMA, _BLOB_SCHEMA),
                                  handle.getValueState("shard", _BLOB_SCHEMA)))
         else:
@@ -117,6 +122,7 @@ class CepProcessor(StatefulProcessor):
             out = self._run(batch, timerValues)
             stored = time.perf_counter()
             self._reset_timer()
+            timed = time.perf_counter()
             self.store.flush()
         except BaseException:
             self._abandon()
@@ -126,7 +132,8 @@ class CepProcessor(StatefulProcessor):
         # the state read, the engine, the state write and timer (`python_us`: all of it).
         yield self._frame(out, {"events": primary, "rows": n, "max_ts": max_ts,
                                 "rows_in_us": _us(got - started), "prepare_us": _us(ran - got),
-                                "engine_us": _us(stored - ran), "store_us": _us(done - stored)},
+                                "engine_us": _us(stored - ran), "store_us": _us(done - stored),
+                                "timer_us": _us(timed - stored)},
                           started, dead)
 
     @staticmethod
@@ -163,12 +170,19 @@ class CepProcessor(StatefulProcessor):
         self._begin(key)
         try:
             out = self._run([], timerValues)
+            stored = time.perf_counter()
             self._reset_timer(expired=True)
+            timed = time.perf_counter()
             self.store.flush()
         except BaseException:
             self._abandon()
             raise
-        yield self._frame(out, {"events": 0, "rows": 0, "max_ts": None}, started)
+        done = time.perf_counter()
+        # `store_us` and `timer_us` as in `handleInputRows`: this call's flush adds to
+        # `encode_us` / `write_us` too (`_frame`).
+        yield self._frame(out, {"events": 0, "rows": 0, "max_ts": None,
+                                "store_us": _us(done - stored), "timer_us": _us(timed - stored)},
+                          started)
 
     def _abandon(self) -> None:
         if self.native:
@@ -224,7 +238,11 @@ class CepProcessor(StatefulProcessor):
             nstore = self.store.native if self.mixed else self.store
             stats["state_reloads"] = nstore.reloads
             stats["state_compactions"] = nstore.compactions
-            nstore.reloads = nstore.compactions = 0
+            # `store_us` = `timer_us` + `encode_us` (the core) + `write_us` (state server), up
+            # to the clock reads between them: both kinds of call report all four, each its own
+            # flush's (the counters are reset here, once per call).
+            stats["encode_us"], stats["write_us"] = nstore.encode_us, nstore.write_us
+            nstore.reloads = nstore.compactions = nstore.encode_us = nstore.write_us = 0
         self.store.writes = self.store.reads = 0
         rows.append(("stats", "", "", "", json.dumps(stats)))
         # From an object array: about half the cost of pandas' own row-tuple path, paid on

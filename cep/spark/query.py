@@ -34,7 +34,7 @@ def match_packed(rows: DataFrame, plan: Plan, factory: EngineFactory,
     # The watermark is computed from event_time; the column itself is not handed to the
     # operator (so Spark does not drop late rows there: the engine reports them instead).
     rows = rows.withWatermark("event_time", f"{delay} milliseconds").drop("event_time")
-    processor = CepProcessor(factory, output_rows, delay, end_of_input)
+    processor = CepProcessor(factory, output_rows, delay, end_of_input, plan.shards)
     return rows.groupBy("shard").transformWithStateInPandas(  # type: ignore[no-any-return]
         statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA,
         outputMode="Append", timeMode="EventTime")

@@ -306,7 +306,7 @@ def drive_operator_store(engine, table, batch: int, seed: int) -> list:  # type:
         store = NativeShardStore(buckets, meta, held)
         store.COMPACT_ROWS = 3  # compact often
         # Keys kept decoded between calls: none, some (the rest held as bytes), all.
-        store.KEEP_DECODED = rnd.choice((0, 200, 1 << 20))
+        store.keep_decoded = rnd.choice((0, 200, 1 << 20))
         store.begin(shard, engine)
         if rb is None:
             out = engine.advance(store, max_ts, end_of_input=eoi)

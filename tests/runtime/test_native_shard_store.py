@@ -209,6 +209,37 @@ def test_the_log_is_compacted_and_reloads_to_the_same_state() -> None:
     assert _run(engine, log2, meta2, held, _batch(_stream(3_050)[3_000:], 3_000), 9_000) == want
 
 
+def _keys_stream(n: int, keys: int, start: int) -> list[tuple[str, str]]:
+    return [(f"k{i % keys}", json.dumps({"ts": 3 * i, "k": f"k{i % keys}", "v": (i * 37) % 11}))
+            for i in range(start, start + n)]
+
+
+@pytest.mark.parametrize(("keys", "compacted"), [(10**9, False), (50, True)])
+def test_a_log_is_compacted_when_its_records_are_superseded(keys: int, compacted: bool) -> None:
+    """New keys each call (`keys` past the events: nearly every record is a key's only one)
+    leave nothing to compact; the same 50 keys rewritten every call supersede their records,
+    and the log is rewritten as the current keys. Either way a reload gives the same state."""
+    engine = build_embedded_engine(RULES)
+    log, meta, held = DictListState(), DictValueState(), {}
+    calls, per, compactions = 12, 40, 0
+    for c in range(calls):
+        store = NativeShardStore(log, meta, held)
+        store.COMPACT_SLACK = 100
+        store.begin(("s",), engine)
+        engine.ingest_batch(store, _batch(_keys_stream(per, keys, c * per), c * per), NEG_INF)
+        store.flush()
+        compactions += store.compactions
+    assert (compactions > 0) == compacted
+    live = len(held[("s",)].state)
+    records = sum(int.from_bytes(b[7:11], "little") for (b,) in log.rows)
+    if compacted:
+        assert records <= 2 * live + 100 and len(log.rows) < calls
+    else:
+        # (a few keys of the previous call are written again: events held for LATENESS)
+        assert live == calls * per <= records < live + 3 * calls and len(log.rows) == calls
+    assert stored_keys(engine, log) == live  # the log replays to the held keys
+
+
 class WatchedValueState(DictValueState):
     """A ValueState that counts its round trips and the `get`s of an empty value (Spark's state
     server logs a WARN for each: 64 lines on a new live job's first batch)."""
@@ -240,3 +271,104 @@ def test_a_new_shard_never_gets_an_empty_value_and_a_held_one_reads_once() -> No
     assert meta.calls == 1
     _run(engine, log, meta, other, _batch(texts[60:], 60), 170)  # another process: reloads
     assert meta.empty_gets == 0
+
+
+def test_the_decoded_keys_budget_is_split_over_the_jobs_shards() -> None:
+    """Fewer shards, more keys decoded each: a job holds as many decoded as at 8 shards."""
+    per = NativeShardStore.KEEP_DECODED
+    assert NativeShardStore.for_shards(8) == per == NativeShardStore.DECODED_PER_JOB // 8
+    assert NativeShardStore.for_shards(2) == 4 * per
+    assert NativeShardStore.for_shards(64) == NativeShardStore.for_shards(None) == per
+    store = NativeShardStore(DictListState(), DictValueState(), {}, NativeShardStore.for_shards(2))
+    assert store.keep_decoded == 4 * per
+
+
+def test_a_blob_of_another_version_fails_with_the_cores_message() -> None:
+    """A log written by a build with another blob format: the core's message (the version,
+    what to do), not a bare header error; `blob_records` alone refuses it too."""
+    from cep.runtime.state_store import BLOB_VERSION, blob_records
+
+    engine = build_embedded_engine(RULES)
+    log, meta, held = DictListState(), DictValueState(), {}
+    _run(engine, log, meta, held, _batch(_stream(30), 0), NEG_INF)
+    (blob,) = log.rows[0]
+    assert blob_records(blob) > 0 and int.from_bytes(blob[5:7], "little") == BLOB_VERSION
+    log.rows = [(blob[:5] + (BLOB_VERSION + 1).to_bytes(2, "little") + blob[7:],)]
+    held.clear()
+    other = f"format version {BLOB_VERSION + 1}"
+    with pytest.raises(ValueError, match=f"{other}.*reset the checkpoint"):
+        NativeShardStore(log, meta, held).begin(("s",), engine)
+    with pytest.raises(ValueError, match=other):
+        blob_records(log.rows[0][0])
+    with pytest.raises(ValueError, match="wrong header"):
+        blob_records(b"CEPNK" + blob[5:])
+
+
+@pytest.mark.parametrize(("keys", "compacted"), [(10**9, False), (50, True)])
+def test_the_logs_bytes_are_bounded_by_a_few_snapshots(keys: int, compacted: bool) -> None:
+    """The byte backstop alone (the records and rows triggers off, no slack bytes): the same 50
+    keys rewritten every call pass four snapshots' bytes and are compacted; new keys each call
+    (each record a key's only one: the log is one snapshot) never are."""
+    engine = build_embedded_engine(RULES)
+    log, meta, held = DictListState(), DictValueState(), {}
+    calls, per, compactions = 12, 40, 0
+    for c in range(calls):
+        store = NativeShardStore(log, meta, held)
+        store.COMPACT_SLACK = store.COMPACT_ROWS = 10**9
+        store.COMPACT_SLACK_BYTES = 0
+        store.begin(("s",), engine)
+        engine.ingest_batch(store, _batch(_keys_stream(per, keys, c * per), c * per), NEG_INF)
+        store.flush()
+        compactions += store.compactions
+        size = sum(len(b) for (b,) in log.rows)
+        assert held[("s",)].size == size
+    assert (compactions > 0) == compacted
+    if compacted:  # the log is at most 4 snapshots and one call's records
+        snapshot = sum(len(b) for b in engine.core.export_blobs(held[("s",)].state, True))
+        assert size <= 5 * snapshot
+    else:
+        assert len(log.rows) == calls
+    assert stored_keys(engine, log) == len(held[("s",)].state)
+
+
+def test_a_checkpoint_with_the_old_compacted_bytes_field_restarts() -> None:
+    """Until session 12 the ValueState's last field was the bytes at the last compaction; a
+    store written so restarts (another process) to the alerts of one that never stopped."""
+    import pickle
+
+    engine = build_embedded_engine(RULES)
+    texts = _stream(60)
+    log, meta, held = DictListState(), DictValueState(), {}
+    _run(engine, log, meta, held, _batch(texts[:20], 0), NEG_INF)
+    _run(engine, log, meta, held, _batch(texts[20:40], 20), 57)
+    token, rows, size, zero = pickle.loads(meta.v[0])
+    assert (rows, size, zero) == (len(log.rows), sum(len(b) for (b,) in log.rows), 0)
+    old_log, old_meta = DictListState(), DictValueState()
+    old_log.rows = list(log.rows)
+    old_meta.v = (pickle.dumps((token, rows, size, 12_345), protocol=5),)
+    b3 = _batch(texts[40:], 40)
+    want = _run(engine, log, meta, held, b3, 117)
+    assert _run(engine, old_log, old_meta, {}, b3, 117) == want and want[0]
+
+
+@pytest.mark.parametrize(("keys", "first_at"), [(10**9, 10), (50, 4)])
+def test_the_row_bound_compacts_early_only_what_has_superseded_records(
+        keys: int, first_at: int) -> None:
+    """Past `COMPACT_ROWS` rows a log is compacted once more than half its records are
+    superseded (the same 50 keys every call); a log of new keys only at `MAX_ROWS` rows, and
+    a reload never reads more."""
+    engine = build_embedded_engine(RULES)
+    log, meta, held = DictListState(), DictValueState(), {}
+    at = []
+    for c in range(24):
+        store = NativeShardStore(log, meta, held)
+        store.COMPACT_ROWS, store.MAX_ROWS = 4, 10
+        rows = len(log.rows)
+        store.begin(("s",), engine)
+        engine.ingest_batch(store, _batch(_keys_stream(40, keys, c * 40), c * 40), NEG_INF)
+        store.flush()
+        if store.compactions:
+            at.append(rows)
+        assert len(log.rows) <= 10
+    assert at and at[0] == first_at and all(r >= 4 for r in at)
+    assert stored_keys(engine, log) == len(held[("s",)].state)
