@@ -59,9 +59,10 @@ class Settings:
     late_topic: str = "cep.late-events"
     # Extra Kafka client settings (SASL/TLS ...) passed through as `kafka.<key>` options.
     kafka_options: tuple[tuple[str, str], ...] = ()
-    # Micro-batch trigger of the live job: "default" (processingTime, `cep run --trigger`
-    # seconds, 1 s unless given), "processingTime:500ms", or "realTime:5s" (Spark's real-time
-    # mode; Spark rejects it for this job's stateful Python operator: docs/spark-runtime.md).
+    # Micro-batch trigger of the live job: "default" (`cep run --trigger` seconds if given, else
+    # each micro-batch starts when the previous one is done: `jobs.live.live_trigger`),
+    # "processingTime:500ms", or "realTime:5s" (Spark's real-time mode; Spark rejects it for
+    # this job's stateful Python operator: docs/spark-runtime.md).
     trigger: str = "default"
     # Options for Spark's JVMs (driver and executors), e.g. "-XX:TieredStopAtLevel=1": the
     # quick JIT only, which roughly halves the start-up and first micro-batch of a short job
