@@ -66,7 +66,8 @@ class Settings:
     trigger: str = "default"
     # Options for Spark's JVMs (driver and executors), e.g. "-XX:TieredStopAtLevel=1": the
     # quick JIT only, which roughly halves the start-up and first micro-batch of a short job
-    # (tests, `cep demo`, a small replay) and costs a long-running job its peak speed.
+    # (tests, `cep demo`, a small replay) and the live job's CPU per micro-batch; `cep demo`
+    # and `cep run` use it when this is empty (`jobs.live.live_jvm`).
     java_options: str = ""
 
     def with_overrides(self, values: Mapping[str, Any]) -> Settings:

@@ -35,11 +35,11 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cep.config import Settings, parse_trigger
+from cep.config import QUICK_JIT, Settings, parse_trigger
 from cep.delivery.dead_letters import dead_letter_record
 from cep.delivery.kafka_sink import ensure_topics
 from cep.delivery.preflight import claim_checkpoint, one_line, require_redis, require_topics
@@ -148,6 +148,16 @@ def live_trigger(settings: Settings, opts: LiveOptions) -> dict[str, Any]:
     return CONTINUOUS
 
 
+def live_jvm(settings: Settings) -> Settings:
+    """The live job's JVMs run the quick JIT only (`QUICK_JIT`, C1) unless `java_options` is
+    set. Each micro-batch plans and runs much the same JVM code again; with the full JIT the
+    C2 compiler's threads took half the JVM's CPU minutes into a run, on the cores the batch
+    needs (bench/results/latency_live.md, sessions 10 and 12: C1 about halved the CPU per
+    micro-batch and its duration). Whether C2's faster code pays that back over hours is not
+    measured: `java_options` (e.g. "-XX:+TieredCompilation") brings the JVM's default back."""
+    return settings if settings.java_options else replace(settings, java_options=QUICK_JIT)
+
+
 def rules_source(settings: Settings, rules: str) -> Any:
     """`--rules`: a directory (its path) or `kafka:TOPIC` (a rules topic)."""
     if rules.startswith("kafka:"):
@@ -232,7 +242,7 @@ class LiveJob:
         self.metrics.set_rule_files(change.files)
         self._preflight(change.ruleset)
         self._adopt(change)
-        self.spark = get_spark(self.settings, "cep-live", kafka=True)
+        self.spark = get_spark(live_jvm(self.settings), "cep-live", kafka=True)
         # One stateful task per batch by default: see `Settings.live_partitions`.
         self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.live_partitions))
         self.metrics.attach(self.spark)

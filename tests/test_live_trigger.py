@@ -1,14 +1,14 @@
-"""The live job's trigger (jobs/live.py, `live_trigger`): which Spark trigger a `cep run` gets
-from `--once`, the `trigger` setting and `--trigger`. No Spark here: the choice is made before
-the query starts. What the default costs and saves is measured in bench/results/latency_live.md,
-not here."""
+"""The live job's trigger and JIT (jobs/live.py, `live_trigger`, `live_jvm`): which Spark
+trigger a `cep run` gets from `--once`, the `trigger` setting and `--trigger`, and which JIT its
+JVMs run. No Spark here: the choice is made before the query starts. What the defaults cost and
+save is measured in bench/results/latency_live.md, not here."""
 
 from __future__ import annotations
 
 import pytest
 
-from cep.config import Settings
-from jobs.live import CONTINUOUS, LiveOptions, live_trigger
+from cep.config import QUICK_JIT, Settings
+from jobs.live import CONTINUOUS, LiveOptions, live_jvm, live_trigger
 
 
 def _opts(**kw: object) -> LiveOptions:
@@ -30,3 +30,8 @@ def test_precedence(setting: str, seconds: float | None, once: bool,
                     want: dict[str, object]) -> None:
     got = live_trigger(Settings(trigger=setting), _opts(trigger_seconds=seconds, once=once))
     assert got == want
+
+
+def test_the_live_jvm_runs_the_quick_jit_unless_options_are_given() -> None:
+    assert live_jvm(Settings()).java_options == QUICK_JIT
+    assert live_jvm(Settings(java_options="-Xmx4g")).java_options == "-Xmx4g"
