@@ -834,13 +834,14 @@ def _error_lines(log_text: str) -> str:
 # -- entry points ---------------------------------------------------------------------------
 def plan(rates: tuple[int, ...], seconds: float, warmup: float, quick: bool,
          compare_triggers: bool = False, default_only: bool = False,
-         ) -> tuple[list[Variant], list[tuple[str, str]]]:
+         trigger: str = "default") -> tuple[list[Variant], list[tuple[str, str]]]:
     """The variants measured and the triggers only probed (started, to record what Spark says).
-    `default_only`: the live job as shipped at the given rates, nothing else (A/B runs)."""
+    `default_only`: the live job as shipped at the given rates, nothing else (A/B runs);
+    `trigger`: its `trigger` setting there ("default": the job's own)."""
     if quick:
-        return [Variant("default", None, "default", rates[:1], seconds, warmup)], []
+        return [Variant("default", None, trigger, rates[:1], seconds, warmup)], []
     if default_only:
-        return [Variant("default", None, "default", rates, seconds, warmup)], []
+        return [Variant("default", None, trigger, rates, seconds, warmup)], []
     short = max(10.0, seconds / 2)
     low = (min(COMPARE_RATE, rates[0]),)
     # The live job as shipped: the bench rules (LATENESS 5s), the default 1 s trigger; first at
@@ -861,12 +862,12 @@ def run(rates: tuple[int, ...] = (5000, 20000, 50000), seconds: float = 30,
         warmup: float = 20, work: Path | None = None, *, quick: bool = False,
         compare_triggers: bool = False, log: Callable[[str], None] = print,
         drain_s: float | None = None, default_only: bool = False,
-        patient: bool = False) -> dict[str, Any]:
+        patient: bool = False, trigger: str = "default") -> dict[str, Any]:
     """`patient`: no wall-clock bound on the job (start, first batch, drain: `run_variant`)."""
     work = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="cep-latency-"))
     work.mkdir(parents=True, exist_ok=True)
     variants, probes = plan(tuple(rates), seconds, warmup, quick, compare_triggers,
-                            default_only)
+                            default_only, trigger)
     services = Services(work / "services")
     t0 = time.monotonic()
     out: dict[str, Any] = {"rates": list(rates), "seconds": seconds, "warmup": warmup,
@@ -1002,13 +1003,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--default-only", action="store_true",
                     help="only the live job as shipped at --rates (no LATENESS 0s variant, no "
                          "real-time probe): for A/B runs")
+    ap.add_argument("--trigger", default="default",
+                    help="the job's `trigger` setting with --default-only or --quick (e.g. "
+                         "processingTime:0ms); default: the job's own")
     a = ap.parse_args(argv)
     rates = tuple(int(r) for r in a.rates.split(","))
     if a.quick:
-        res = run(rates[:1], 10, 10, a.work, quick=True)
+        res = run(rates[:1], 10, 10, a.work, quick=True, trigger=a.trigger)
     else:
         res = run(rates, a.seconds, a.warmup, a.work, compare_triggers=a.compare_triggers,
-                  default_only=a.default_only)
+                  default_only=a.default_only, trigger=a.trigger)
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
     print(render_md(res))

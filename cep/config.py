@@ -59,13 +59,15 @@ class Settings:
     late_topic: str = "cep.late-events"
     # Extra Kafka client settings (SASL/TLS ...) passed through as `kafka.<key>` options.
     kafka_options: tuple[tuple[str, str], ...] = ()
-    # Micro-batch trigger of the live job: "default" (processingTime, `cep run --trigger`
-    # seconds, 1 s unless given), "processingTime:500ms", or "realTime:5s" (Spark's real-time
-    # mode; Spark rejects it for this job's stateful Python operator: docs/spark-runtime.md).
+    # Micro-batch trigger of the live job: "default" (`cep run --trigger` seconds if given, else
+    # each micro-batch starts when the previous one is done: `jobs.live.live_trigger`),
+    # "processingTime:500ms", or "realTime:5s" (Spark's real-time mode; Spark rejects it for
+    # this job's stateful Python operator: docs/spark-runtime.md).
     trigger: str = "default"
     # Options for Spark's JVMs (driver and executors), e.g. "-XX:TieredStopAtLevel=1": the
     # quick JIT only, which roughly halves the start-up and first micro-batch of a short job
-    # (tests, `cep demo`, a small replay) and costs a long-running job its peak speed.
+    # (tests, `cep demo`, a small replay) and the live job's CPU per micro-batch; `cep demo`
+    # and `cep run` use it when this is empty (`jobs.live.live_jvm`).
     java_options: str = ""
 
     def with_overrides(self, values: Mapping[str, Any]) -> Settings:

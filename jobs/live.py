@@ -35,11 +35,11 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cep.config import Settings, parse_trigger
+from cep.config import QUICK_JIT, Settings, parse_trigger
 from cep.delivery.dead_letters import dead_letter_record
 from cep.delivery.kafka_sink import ensure_topics
 from cep.delivery.preflight import claim_checkpoint, one_line, require_redis, require_topics
@@ -61,7 +61,8 @@ class LiveOptions:
     rules: str
     checkpoint: str
     topics: dict[str, str] = field(default_factory=dict)  # stream -> topic (default: same name)
-    trigger_seconds: float = 1.0
+    # Seconds between micro-batch starts (`cep run --trigger`); None: `live_trigger`.
+    trigger_seconds: float | None = None
     once: bool = False  # process what is there, then stop (tests, backfills)
     max_offsets_per_trigger: int | None = None
     starting_offsets: str = "earliest"
@@ -121,6 +122,40 @@ class AlertRouter:
                 yield dead_letter_record(d["reason"], raw, d.get("stream"), d["topic"],
                                          int(d["partition"]), int(d["offset"]), self.metrics,
                                          self.settings.dead_letter_topic)
+
+
+# The live job's default trigger: the next micro-batch starts as soon as the previous one is
+# done, with whatever arrived meanwhile; when nothing has, Spark waits `pollingDelay`
+# (IDLE_POLL_MS) before it asks the topics again (its default, 10 ms, would ask ~100 times a
+# second while idle).
+# A fixed interval (Spark's processingTime, `--trigger 1` until session 12) adds up to one
+# interval of waiting to every event's latency: the batch that reads an event starts only at
+# the next multiple of the interval (docs/spark-runtime.md, "Latency and triggers").
+CONTINUOUS: dict[str, Any] = {"processingTime": "0 seconds"}
+IDLE_POLL_MS = 100
+
+
+def live_trigger(settings: Settings, opts: LiveOptions) -> dict[str, Any]:
+    """`DataStreamWriter.trigger` keyword arguments: `--once` wins; else the `trigger` setting
+    (not "default"); else `--trigger` seconds; else `CONTINUOUS`."""
+    if opts.once:
+        return {"availableNow": True}
+    chosen = parse_trigger(settings.trigger)
+    if chosen is not None:
+        return chosen
+    if opts.trigger_seconds is not None:
+        return {"processingTime": f"{opts.trigger_seconds} seconds"}
+    return CONTINUOUS
+
+
+def live_jvm(settings: Settings) -> Settings:
+    """The live job's JVMs run the quick JIT only (`QUICK_JIT`, C1) unless `java_options` is
+    set. Each micro-batch plans and runs much the same JVM code again; with the full JIT the
+    C2 compiler's threads took half the JVM's CPU minutes into a run, on the cores the batch
+    needs (bench/results/latency_live.md, sessions 10 and 12: C1 about halved the CPU per
+    micro-batch and its duration). Whether C2's faster code pays that back over hours is not
+    measured: `java_options` (e.g. "-XX:+TieredCompilation") brings the JVM's default back."""
+    return settings if settings.java_options else replace(settings, java_options=QUICK_JIT)
 
 
 def rules_source(settings: Settings, rules: str) -> Any:
@@ -207,7 +242,7 @@ class LiveJob:
         self.metrics.set_rule_files(change.files)
         self._preflight(change.ruleset)
         self._adopt(change)
-        self.spark = get_spark(self.settings, "cep-live", kafka=True)
+        self.spark = get_spark(live_jvm(self.settings), "cep-live", kafka=True)
         # One stateful task per batch by default: see `Settings.live_partitions`.
         self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.live_partitions))
         self.metrics.attach(self.spark)
@@ -353,10 +388,9 @@ class LiveJob:
         from cep.spark.live_pass import live_packed
         from cep.spark.query import match_packed
 
-        # `--once` wins; else the `trigger` setting; else ("default") every trigger_seconds.
-        trigger: dict[str, Any] = ({"availableNow": True} if self.opts.once
-                                   else parse_trigger(self.settings.trigger)
-                                   or {"processingTime": f"{self.opts.trigger_seconds} seconds"})
+        trigger = live_trigger(self.settings, self.opts)
+        # Idle (a trigger found no new input): the next look at the topics IDLE_POLL_MS later.
+        self.spark.conf.set("spark.sql.streaming.pollingDelay", f"{IDLE_POLL_MS}ms")
         # Validation, dead letters, fan-out, shard and packing in one Python pass
         # (cep/spark/live_pass.py): each input row goes from the JVM to Python once.
         rows = live_packed(self._source(), self.plan, ("topic", "partition", "offset"),

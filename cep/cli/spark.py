@@ -57,7 +57,8 @@ def register(sub: Any) -> None:
     p.add_argument("--checkpoint", dest="checkpoint_dir", help="checkpoint directory")
     p.add_argument("--topic", action="append", default=[], metavar="STREAM=TOPIC",
                    help="the topic a stream is read from (default: the stream's name)")
-    p.add_argument("--trigger", type=float, default=1.0, help="seconds between micro-batches")
+    p.add_argument("--trigger", type=float, help="seconds between micro-batch starts (default: "
+                   "each starts when the previous one is done)")
     p.add_argument("--max-offsets-per-trigger", type=int)
     p.add_argument("--starting-offsets", default="earliest")
     p.add_argument("--once", action="store_true",

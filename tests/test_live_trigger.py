@@ -1,0 +1,37 @@
+"""The live job's trigger and JIT (jobs/live.py, `live_trigger`, `live_jvm`): which Spark
+trigger a `cep run` gets from `--once`, the `trigger` setting and `--trigger`, and which JIT its
+JVMs run. No Spark here: the choice is made before the query starts. What the defaults cost and
+save is measured in bench/results/latency_live.md, not here."""
+
+from __future__ import annotations
+
+import pytest
+
+from cep.config import QUICK_JIT, Settings
+from jobs.live import CONTINUOUS, LiveOptions, live_jvm, live_trigger
+
+
+def _opts(**kw: object) -> LiveOptions:
+    return LiveOptions(rules="rules", checkpoint="ck", **kw)  # type: ignore[arg-type]
+
+
+def test_default_starts_each_batch_when_the_previous_is_done() -> None:
+    assert live_trigger(Settings(), _opts()) == CONTINUOUS == {"processingTime": "0 seconds"}
+
+
+@pytest.mark.parametrize(("setting", "seconds", "once", "want"), [
+    ("default", 2.0, False, {"processingTime": "2.0 seconds"}),          # --trigger 2
+    ("processingTime:500ms", None, False, {"processingTime": "500 milliseconds"}),
+    ("processingTime:500ms", 2.0, False, {"processingTime": "500 milliseconds"}),  # setting wins
+    ("processingTime:500ms", 2.0, True, {"availableNow": True}),        # --once wins
+    ("default", None, True, {"availableNow": True}),
+])
+def test_precedence(setting: str, seconds: float | None, once: bool,
+                    want: dict[str, object]) -> None:
+    got = live_trigger(Settings(trigger=setting), _opts(trigger_seconds=seconds, once=once))
+    assert got == want
+
+
+def test_the_live_jvm_runs_the_quick_jit_unless_options_are_given() -> None:
+    assert live_jvm(Settings()).java_options == QUICK_JIT
+    assert live_jvm(Settings(java_options="-Xmx4g")).java_options == "-Xmx4g"
