@@ -27,6 +27,7 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -113,6 +114,14 @@ def _steady(progress: list[dict[str, Any]], skip: int) -> dict[str, Any]:
             "batch_ms": [int(p["durationMs"]["triggerExecution"]) for p in batches]}
 
 
+def _fresh(d: Path) -> Path:
+    """A run's directory, emptied: a checkpoint or result left by an earlier run (of another
+    broker, another session) must neither be resumed nor read as this run's figures."""
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    return d
+
+
 def _run(cmd: list[str], env: dict[str, str], log: Path,
          cwd: Path = ROOT) -> tuple[int, float, float]:
     """Runs a job in a session of its own; its exit code, wall seconds, CPU seconds."""
@@ -132,7 +141,7 @@ def run_ours(services: Services, work: Path, topic: str, batch: int, skip: int,
     """`code`: another checkout to run `cep run` from (`--baseline`: old vs new, alternated in
     the same harness); None: this one."""
     name = "ours" if code is None else "base"
-    d = work / f"{name}-{tag}"
+    d = _fresh(work / f"{name}-{tag}")
     (d / "rules").mkdir(parents=True, exist_ok=True)
     (d / "rules" / "fraud.cep").write_text(BENCH_RULES.read_text())
     env = {**os.environ, "CEP_KAFKA_BOOTSTRAP": services.bootstrap,
@@ -167,8 +176,7 @@ def run_ours(services: Services, work: Path, topic: str, batch: int, skip: int,
 
 def run_noop(services: Services, work: Path, topic: str, batch: int, skip: int,
              tag: str, shards: int) -> dict[str, Any]:
-    d = work / f"noop-{tag}"
-    d.mkdir(parents=True, exist_ok=True)
+    d = _fresh(work / f"noop-{tag}")
     out = d / "out.json"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cmd = [sys.executable, "-c", NOOP_JOB, services.bootstrap, topic, str(batch), str(shards),
