@@ -97,6 +97,8 @@ struct Col {
 impl Batch<'_> {
     /// Cell `j` of column `c`.
     pub fn get(&self, c: usize, j: usize) -> PyResult<Value> {
+        // Checked: a safe function must not read past the buffers, whatever its caller passes.
+        assert!(j < self.len, "arrow: row {j} of a batch of {}", self.len);
         let col = &self.cols[c];
         let i = col.base + j;
         // SAFETY: `j < len`, every column was checked at least `len` long with the buffers its
@@ -139,6 +141,7 @@ impl Batch<'_> {
     /// `str_at` without the UTF-8 check: the cell's bytes (for a caller that compares them
     /// with text it has checked already).
     pub fn bytes_at(&self, c: usize, j: usize) -> Option<&[u8]> {
+        assert!(j < self.len, "arrow: row {j} of a batch of {}", self.len);
         let col = &self.cols[c];
         let i = col.base + j;
         if !matches!(col.kind, Kind::Utf8 | Kind::LargeUtf8) {

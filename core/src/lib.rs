@@ -23,6 +23,16 @@ mod validate;
 mod value;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyFloat, PyList, PyString, PyTuple};
+
+use crate::expr::{extract_fields, Ev};
+use crate::matcher::{Classes, Core, MState, Out, Stats, FOREVER};
+use crate::program::SkipK;
+use crate::value::PyOps;
 
 // Every allocation of the core (per event, per partial match, per encoded state) goes through
 // mimalloc: glibc's malloc/free were ~30% of the engine's samples (bench/results/native.md).
@@ -49,16 +59,6 @@ fn tune_allocator() {
         unsafe { mi_option_set(MI_OPTION_PURGE_DECOMMITS, 0) };
     }
 }
-use std::sync::Arc;
-
-use pyo3::exceptions::PyException;
-use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFloat, PyList, PyString, PyTuple};
-
-use crate::expr::{extract_fields, Ev};
-use crate::matcher::{Classes, Core, MState, Out, Stats, FOREVER};
-use crate::program::SkipK;
-use crate::value::PyOps;
 
 pyo3::create_exception!(_core, CoreError, PyException, "An internal error of the native core (a bug).");
 pyo3::create_exception!(
