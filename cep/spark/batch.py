@@ -123,8 +123,8 @@ class Prepare:
         # One stream (the usual case): its key fields, for the vectorised fan-out.
         self.only = plan.streams[0].key_fields if len(plan.streams) == 1 else None
         self.shards = plan.shards
-        self.slim = slim_key_field(plan) is not None
-        self.names = _SLIM_NAMES if self.slim else _PREPARED_NAMES
+        self.names = _prepared_names(plan)
+        self.slim = self.names is _SLIM_NAMES
         # Table changelogs (docs/tables.md): routed like events, but not events: they count
         # in neither the events nor the input's last event time.
         self.tables = _strings([s.name for s in plan.streams if s.is_table])

@@ -38,7 +38,7 @@ from cep.spark.pipeline import (
     Plan,
     Validate,
     native_on_this_worker,
-    pack_rows,
+    packed_batch,
 )
 
 _M = (1 << 64) - 1
@@ -138,16 +138,11 @@ class ValidatePack:
         self.dead_shard = int(spark_shards("", pa.array([""]), self.shards)[0])
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
         for batch in batches:
             rows = self.fan_out(self.validate.validate_batch(batch))
-            packs = list(pack_rows(rows)) if rows is not None else []
-            if packs:
-                shard, wm, pack = zip(*packs, strict=True)
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(shard, pa.int32()), pa.array(wm, pa.int64()),
-                     pa.array(pack, pa.binary())], names=["shard", "wm", "pack"])
+            out = packed_batch(rows) if rows is not None else None
+            if out is not None:
+                yield out
 
     def fan_out(self, checked: Any) -> Any:
         """Validated rows → fan-out rows (`_FAN_NAMES`) as an Arrow table, or None: a bad
@@ -164,10 +159,11 @@ class ValidatePack:
         if checked.num_rows:
             stream = checked.column("stream")
             for name, kfs in self.key_fields.items():
-                if pc.all(pc.equal(stream, name)).as_py():
+                of_name = pc.equal(stream, name)
+                if pc.all(of_name).as_py():
                     sub = checked  # the usual batch: one stream
                 else:
-                    sub = checked.filter(pc.equal(stream, name).fill_null(False))
+                    sub = checked.filter(of_name.fill_null(False))
                     if not sub.num_rows:
                         continue
                 for pos, kf in enumerate(kfs):

@@ -430,19 +430,28 @@ def unpack(packs: Iterable[bytes]) -> Any:
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=_pack_schema())
 
 
+def packed_batch(rows: Any) -> Any:
+    """Fan-out rows packed per shard (`pack_rows`) as one `shard, wm, pack` batch, or None
+    when there is nothing to pack."""
+    import pyarrow as pa
+
+    packs = list(pack_rows(rows))
+    if not packs:
+        return None
+    shard, wm, pack = zip(*packs, strict=True)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(shard, pa.int32()), pa.array(wm, pa.int64()), pa.array(pack, pa.binary())],
+        names=["shard", "wm", "pack"])
+
+
 class Pack:
     """The mapInArrow function of `packed`."""
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
         for batch in batches:
-            rows = list(pack_rows(batch))
-            if rows:
-                shard, wm, pack = zip(*rows, strict=True)
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(shard, pa.int32()), pa.array(wm, pa.int64()),
-                     pa.array(pack, pa.binary())], names=["shard", "wm", "pack"])
+            out = packed_batch(batch)
+            if out is not None:
+                yield out
 
 
 def packed(rows: DataFrame) -> DataFrame:

@@ -94,6 +94,11 @@ struct Col {
     last: std::cell::Cell<u32>,
 }
 
+/// A string cell's bytes as text; the error every reader of a string column gives.
+pub fn utf8(b: &[u8]) -> PyResult<&str> {
+    std::str::from_utf8(b).map_err(|_| bad("arrow: a string that is not UTF-8"))
+}
+
 impl Batch<'_> {
     /// Cell `j` of column `c`.
     pub fn get(&self, c: usize, j: usize) -> PyResult<Value> {
@@ -134,7 +139,7 @@ impl Batch<'_> {
     pub fn str_at(&self, c: usize, j: usize) -> PyResult<Option<&str>> {
         match self.bytes_at(c, j) {
             None => Ok(None),
-            Some(b) => std::str::from_utf8(b).map(Some).map_err(|_| bad("arrow: a string that is not UTF-8")),
+            Some(b) => utf8(b).map(Some),
         }
     }
 
@@ -163,7 +168,7 @@ impl Col {
     /// # Safety
     /// `i` is within the column and the column is `Utf8` or `LargeUtf8` (`Batch::get`).
     unsafe fn text(&self, i: usize) -> PyResult<&str> {
-        std::str::from_utf8(self.bytes(i)).map_err(|_| bad("arrow: a string that is not UTF-8"))
+        utf8(self.bytes(i))
     }
 
     /// The bytes of cell `i` of a string column (same contract as `text`).

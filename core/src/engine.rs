@@ -445,13 +445,9 @@ fn prefetch_parts(parts: &[Part]) {
 
 #[inline(always)]
 fn prefetch_row(ev: &Ev) {
-    #[cfg(target_arch = "x86_64")]
     if let Some(row) = &ev.row {
-        // SAFETY: a prefetch is a hint; it reads nothing and faults on no address.
-        unsafe { std::arch::x86_64::_mm_prefetch(row.vals.as_ptr() as *const i8, std::arch::x86_64::_MM_HINT_T0) };
+        prefetch(row.vals.as_ptr());
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = ev;
 }
 
 /// `Engine._advance`: add the key's new events, release what is safe, fire deadlines up to
@@ -743,8 +739,11 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
     if let Some(&id) = due.get(k + 3) {
         let s = st.keys.slot(id);
         for it in s.val.new.iter().take(2) {
-            if let Some(r) = &it.row {
-                prefetch(Arc::as_ptr(r));
+            // An Arrow event's row is in its `Ev` (built when the batch was read).
+            match (&it.ev, &it.row) {
+                (Some(ev), _) => prefetch(Arc::as_ptr(ev)),
+                (None, Some(r)) => prefetch(Arc::as_ptr(r)),
+                (None, None) => {}
             }
         }
         if let Some(ks) = &s.val.state {
@@ -1107,7 +1106,7 @@ impl Engine {
             let gs = match last_gs {
                 Some((n, gs)) if n == sname => gs,
                 _ => {
-                    let name = std::str::from_utf8(sname).map_err(|_| crate::program::bad("arrow: a string that is not UTF-8"))?;
+                    let name = crate::arrow::utf8(sname)?;
                     let gs = self.by_stream.get(name).map(Vec::as_slice);
                     last_gs = Some((sname, gs));
                     gs
