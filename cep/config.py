@@ -24,6 +24,7 @@ ENV_PREFIX = "CEP_"
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     kafka_bootstrap: str = "127.0.0.1:9092"
@@ -153,3 +154,9 @@ def load_settings(
     }
     settings = settings.with_overrides(from_env)
     return settings.with_overrides(overrides or {})
+
+
+def quick_jit_unless_set(settings: Settings) -> Settings:
+    """`settings` with `java_options` = QUICK_JIT when none are set (the demo and the live job;
+    docs/spark-runtime.md says why)."""
+    return settings if settings.java_options else replace(settings, java_options=QUICK_JIT)

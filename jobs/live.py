@@ -35,11 +35,11 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cep.config import QUICK_JIT, Settings, parse_trigger
+from cep.config import Settings, parse_trigger, quick_jit_unless_set
 from cep.delivery.dead_letters import dead_letter_record
 from cep.delivery.kafka_sink import ensure_topics
 from cep.delivery.preflight import claim_checkpoint, one_line, require_redis, require_topics
@@ -155,7 +155,7 @@ def live_jvm(settings: Settings) -> Settings:
     needs (bench/results/latency_live.md, sessions 10 and 12: C1 about halved the CPU per
     micro-batch and its duration). Whether C2's faster code pays that back over hours is not
     measured: `java_options` (e.g. "-XX:+TieredCompilation") brings the JVM's default back."""
-    return settings if settings.java_options else replace(settings, java_options=QUICK_JIT)
+    return quick_jit_unless_set(settings)
 
 
 def rules_source(settings: Settings, rules: str) -> Any:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
-from cep.config import QUICK_JIT, Settings
+from cep.config import Settings, quick_jit_unless_set
 from jobs.replay import InputSpec, run_replay
 from jobs.session import ROOT
 from jobs.tail import format_alert
@@ -25,8 +24,7 @@ STREAMS = ("transactions", "ticks", "machine_events")
 
 
 def run_demo(settings: Settings, out: str) -> int:
-    if not settings.java_options:  # a short job: the quick JIT halves it (docs/spark-runtime.md)
-        settings = replace(settings, java_options=QUICK_JIT)
+    settings = quick_jit_unless_set(settings)  # a short job: the quick JIT halves it
     # One replay per stream: the samples cover different spans of time, and one replay shares
     # one watermark across its streams (see `cep replay --help`).
     alerts: list[dict] = []

@@ -59,7 +59,8 @@ class NativeEngine:
         self.groups: dict[str, RuleGroup] = {g.gid: g for g in group_rules(runtimes)}
         self.core = _core.Engine([
             (program, max_partial_matches, r.stream, r.key_field, r.lateness_ms, r.content_hash)
-            for r, program in zip(runtimes, programs, strict=True)], _declared_fields(runtimes), families)
+            for r, program in zip(runtimes, programs, strict=True)],
+            _declared_fields(runtimes), families)
 
     @property
     def families(self) -> list[list[str]]:

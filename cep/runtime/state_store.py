@@ -341,14 +341,13 @@ class _Held:
 UNKNOWN = object()  # NativeShardStore.timer when this process does not know it
 
 
-BLOB_VERSION = 2  # the core's `BLOB_VERSION` (core/src/engine.rs), the only one it reads
-
-
 def blob_records(blob: bytes) -> int:
     """The number of key records in an `Engine.export_blobs` blob: its header is the magic
     `CEPNB`, a u16 version and a u32 record count, little-endian (docs/native-core.md). Another
     version may lay its header out otherwise: it is refused, as `Engine.import_blob` refuses
     every version but its own (the store calls this after the core read the blob)."""
+    from cep._core import BLOB_VERSION  # type: ignore[attr-defined]  # the only one it reads
+
     if len(blob) < 11 or blob[:5] != b"CEPNB":
         raise ValueError("not a native key-state blob (CEPNB): wrong header")
     version = int.from_bytes(blob[5:7], "little")

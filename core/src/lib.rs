@@ -421,5 +421,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PROGRAM_VERSION", program::VERSION)?;
     m.add("STATE_VERSION", state::VERSION)?;
     m.add("KEY_STATE_VERSION", engine::KEY_VERSION)?;
+    m.add("BLOB_VERSION", engine::BLOB_VERSION)?;
     Ok(())
 }

@@ -229,7 +229,8 @@ def drive_arrow(engine, table, batch: int) -> list:  # type: ignore[no-untyped-d
         trace.append(([_result(r) for r in out.matches],
                       [(lt.rule_ids, lt.key, lt.event.ts, _value(lt.event.seq), lt.watermark,
                         # NaN-safe: a late event's NaN field is a new float object on each side.
-                        sorted((k, _value(v)) for k, v in lt.event.data.items())) for lt in out.late],
+                        sorted((k, _value(v)) for k, v in lt.event.data.items()))
+                       for lt in out.late],
                       out.keys_touched, out.keys_released, out.keys_reset,
                       engine.next_wake(store), _keys(engine, store)))
 

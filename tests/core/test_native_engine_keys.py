@@ -80,7 +80,8 @@ def test_keys_in_waves_match_the_python_engine_call_by_call(batch: int) -> None:
     assert _records(native, got.matches) == _records(python, want.matches)
     assert native.live_keys(nat_store) == 0 and native.wake_keys(nat_store) == 0
     assert native.next_wake(nat_store) is None
-    assert results + len(want.matches) > 10 and late > 0, "the stream raises alerts and late reports"
+    assert results + len(want.matches) > 10 and late > 0, \
+        "the stream raises alerts and late reports"
     assert peak >= 30, "many keys are live at once"
 
 
@@ -124,6 +125,8 @@ def test_a_state_exported_and_imported_mid_stream_continues_the_same() -> None:
 
 def _blob(gid: str, key: str, wake: int, data: bytes) -> bytes:
     """One key record in `export_blobs`' format (magic, version, count, no tables, one group)."""
+    from cep import _core
+
     def uv(v: int) -> bytes:
         out = bytearray()
         while v >= 0x80:
@@ -135,8 +138,8 @@ def _blob(gid: str, key: str, wake: int, data: bytes) -> bytes:
         return uv(len(b)) + b
 
     rec = uv(0) + s(key.encode()) + uv((wake << 1) ^ (wake >> 63)) + s(data)
-    return b"CEPNB" + (2).to_bytes(2, "little") + (1).to_bytes(4, "little") + uv(0) + uv(1) \
-        + s(gid.encode()) + rec
+    head = b"CEPNB" + _core.BLOB_VERSION.to_bytes(2, "little") + (1).to_bytes(4, "little")
+    return head + uv(0) + uv(1) + s(gid.encode()) + rec
 
 
 def test_a_key_that_fails_to_decode_keeps_its_bytes_and_the_other_due_keys_their_wake() -> None:

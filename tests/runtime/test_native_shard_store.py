@@ -286,7 +286,9 @@ def test_the_decoded_keys_budget_is_split_over_the_jobs_shards() -> None:
 def test_a_blob_of_another_version_fails_with_the_cores_message() -> None:
     """A log written by a build with another blob format: the core's message (the version,
     what to do), not a bare header error; `blob_records` alone refuses it too."""
-    from cep.runtime.state_store import BLOB_VERSION, blob_records
+    from cep._core import BLOB_VERSION  # type: ignore[attr-defined]
+
+    from cep.runtime.state_store import blob_records
 
     engine = build_embedded_engine(RULES)
     log, meta, held = DictListState(), DictValueState(), {}
