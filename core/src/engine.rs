@@ -45,6 +45,8 @@ pub const KEY_VERSION: u16 = keycodec::VERSION;
 /// (uv length and bytes; none: the key has no state any more). Varints as in `evcodec`.
 pub const BLOB_MAGIC: &[u8; 5] = b"CEPNB";
 pub const BLOB_VERSION: u16 = 2;
+/// No key id (`Engine.ingest_arrow`'s `key_ids`).
+const NO_ID: Id = Id::MAX;
 
 /// A buffered event: `(ts, seq, data)` of the Python engine. An event from an Arrow batch has
 /// no Python objects (`seq` and `data` None): `seqi` and `row` hold it.
@@ -149,12 +151,17 @@ impl EngineState {
     /// An event for (group, key) in the current call.
     fn add_new(&mut self, group: u32, key: Arc<str>, item: Item) -> Result<(), TooManyKeys> {
         let id = self.keys.intern(group, &key)?;
+        self.add_new_at(id, item);
+        Ok(())
+    }
+
+    /// An event for the key with id `id` in the current call.
+    fn add_new_at(&mut self, id: Id, item: Item) {
         let slot = self.keys.val_mut(id);
         if slot.new.is_empty() {
             self.arrived.push(id);
         }
         slot.new.push(item);
-        Ok(())
     }
 
     /// Forget the events a failed call left in the keys' slots (each call starts with it).
@@ -446,7 +453,11 @@ fn prefetch_parts(parts: &[Part]) {
 #[inline(always)]
 fn prefetch_row(ev: &Ev) {
     if let Some(row) = &ev.row {
-        prefetch(row.vals.as_ptr());
+        // The first and the last value's lines (a fraud row's five values, 120 bytes, span two
+        // or three).
+        let p = row.vals.as_ptr();
+        prefetch(p);
+        prefetch(p.wrapping_add(row.vals.len().saturating_sub(1)));
     }
 }
 
@@ -738,10 +749,12 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
     }
     if let Some(&id) = due.get(k + 3) {
         let s = st.keys.slot(id);
-        for it in s.val.new.iter().take(2) {
-            // An Arrow event's row is in its `Ev` (built when the batch was read).
+        for it in s.val.new.iter().take(AHEAD_EVENTS) {
+            // An Arrow event's row is in its `Ev` (built when the batch was read): the `Ev`
+            // here, its `Row` and the row's values in the next stages (each stage reads what
+            // the one before brought in).
             match (&it.ev, &it.row) {
-                (Some(ev), _) => prefetch(Arc::as_ptr(ev)),
+                (Some(ev), _) => prefetch_arc(ev),
                 (None, Some(r)) => prefetch(Arc::as_ptr(r)),
                 (None, None) => {}
             }
@@ -752,6 +765,27 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
             }
         }
     }
+    let evs_of = |id: Id| st.keys.slot(id).val.new.iter().take(AHEAD_EVENTS).filter_map(|it| it.ev.as_deref());
+    if let Some(&id) = due.get(k + 2) {
+        for r in evs_of(id).filter_map(|ev| ev.row.as_ref()) {
+            prefetch(Arc::as_ptr(r));
+        }
+    }
+    if let Some(&id) = due.get(k + 1) {
+        evs_of(id).for_each(prefetch_row);
+    }
+}
+
+/// The events per key that `prefetch_ahead` brings in ahead.
+const AHEAD_EVENTS: usize = 16;
+
+/// The allocation of an `Arc` (its counts, which a clone writes, and the value's first
+/// 112 bytes).
+#[inline(always)]
+fn prefetch_arc<T>(a: &Arc<T>) {
+    let p = Arc::as_ptr(a).cast::<u8>().wrapping_sub(16);
+    prefetch(p);
+    prefetch(p.wrapping_add(64));
 }
 
 /// `matches` with the runs of results of each key (rank of its group, key, start, end) put in
@@ -1052,13 +1086,16 @@ impl Engine {
         if stream_i.is_none() && stream.is_none() {
             return Err(PyValueError::new_err("a batch without a 'stream' column needs stream="));
         }
+        // Sized once (a collect into a `PyResult` grows its vector step by step).
         let ints = |i: usize, what: &str| -> PyResult<Vec<i64>> {
-            (0..b.len)
-                .map(|j| match b.get(i, j)? {
-                    Value::Int(x) => Ok(x),
-                    _ => Err(PyValueError::new_err(format!("column '{what}': integers without nulls expected"))),
-                })
-                .collect()
+            let mut v = Vec::with_capacity(b.len);
+            for j in 0..b.len {
+                match b.get(i, j)? {
+                    Value::Int(x) => v.push(x),
+                    _ => return Err(PyValueError::new_err(format!("column '{what}': integers without nulls expected"))),
+                }
+            }
+            Ok(v)
         };
         let tss = ints(ts_i, "ts")?;
         let seqs = ints(seq_i, "seq")?;
@@ -1091,6 +1128,10 @@ impl Engine {
         let pidx: Vec<Option<Arc<[u32]>>> =
             self.groups.iter_mut().map(|g| json_i.is_none().then(|| g.proj.idx_cols(&g.fields, &cols))).collect();
         let mut last_gs: Option<(&[u8], Option<&[u32]>)> = None;
+        // Per group, the key id of each distinct string of the key column seen in this call
+        // (`Batch::last_interned`; `NO_ID`: not yet). Ids are only added during the loop (keys
+        // are released in `finish`), so an id found here stays the key's.
+        let mut key_ids: Vec<Vec<Id>> = vec![Vec::new(); self.groups.len()];
         for j in 0..b.len {
             let ts = tss[j];
             top = top.max(ts);
@@ -1118,7 +1159,14 @@ impl Engine {
                     Some(text) => parse_row(py, text, &mut cols_cache)?,
                     None => return Err(PyValueError::new_err(format!("row {j}: the JSON column is null"))),
                 },
-                None => Row { cols: cols.clone(), vals: data_idx.iter().map(|&i| b.get(i, j)).collect::<PyResult<_>>()? },
+                None => {
+                    // Sized once: a collect into a `PyResult` reallocated every row's vector.
+                    let mut vals = Vec::with_capacity(data_idx.len());
+                    for &i in &data_idx {
+                        vals.push(b.get(i, j)?);
+                    }
+                    Row { cols: cols.clone(), vals }
+                }
             }));
             let route = match route_i {
                 Some(i) => b.str_at(i, j)?,
@@ -1131,26 +1179,62 @@ impl Engine {
                     continue;
                 }
                 let Some(r) = row.as_ref() else { break };
-                let key: Arc<str> = if g.kf.is_empty() {
-                    Arc::from("")
+                // The key's text, borrowed from the row when it is a string cell (no reference
+                // count touched), and its id: a string cell the batch interned finds it by its
+                // index among the column's distinct strings (`key_ids`), without hashing the text.
+                let owned: Arc<str>;
+                let got: Value;
+                let mut interned = None;
+                let key: &Arc<str> = if g.kf.is_empty() {
+                    owned = Arc::from("");
+                    &owned
                 } else {
                     let kv = match (json_i, kf_col[gi as usize]) {
-                        (None, Some(c)) => r.vals[c].clone(),
-                        (None, None) => Value::Null,
-                        (Some(_), _) => r.get(&g.kf),
+                        (None, Some(c)) => {
+                            interned = b.last_interned(data_idx[c]);
+                            &r.vals[c]
+                        }
+                        (None, None) => continue,
+                        (Some(_), _) => {
+                            got = r.get(&g.kf);
+                            &got
+                        }
                     };
                     match kv {
                         Value::Null => continue,
                         Value::Str(s) => s,
-                        Value::Int(i) => Arc::from(i.to_string()),
-                        Value::Bool(x) => Arc::from(if x { "True" } else { "False" }),
-                        v => key_text(v.to_py(py)?.bind(py))?,
+                        Value::Int(i) => {
+                            owned = Arc::from(i.to_string());
+                            &owned
+                        }
+                        Value::Bool(x) => {
+                            owned = Arc::from(if *x { "True" } else { "False" });
+                            &owned
+                        }
+                        v => {
+                            owned = key_text(v.to_py(py)?.bind(py))?;
+                            &owned
+                        }
                     }
                 };
                 if ts < late_wms[gi as usize] {
-                    late_for.add(key, late_wms[gi as usize], &g.rule_ids);
+                    late_for.add(key.clone(), late_wms[gi as usize], &g.rule_ids);
                     continue;
                 }
+                let ids = &mut key_ids[gi as usize];
+                let id = match interned.and_then(|x| ids.get(x as usize)) {
+                    Some(&id) if id != NO_ID => id,
+                    _ => {
+                        let id = st.keys.intern(gi, key)?;
+                        if let Some(x) = interned.map(|x| x as usize) {
+                            if ids.len() <= x {
+                                ids.resize(x + 1, NO_ID);
+                            }
+                            ids[x] = id;
+                        }
+                        id
+                    }
+                };
                 // The last group takes the row itself (no reference count touched).
                 let Some(r) = (if k + 1 == gs.len() { row.take() } else { row.clone() }) else { break };
                 // The event's `Ev` is built here, while its row is in the cache, on the group's
@@ -1167,7 +1251,7 @@ impl Engine {
                     },
                     None => Item { ts, seqi: Some(seqs[j]), seq: None, data: None, row: Some(r), ev: None },
                 };
-                st.add_new(gi, key, item)?;
+                st.add_new_at(id, item);
             }
             late_for.report(py, &late, j)?;
         }

@@ -210,6 +210,7 @@ pub fn build_core(py: Python<'_>, program: &Bound<'_, PyAny>, max_partial_matche
         key_field: p.key_field.as_deref().filter(|k| !k.is_empty()).map(|k| PyString::intern(py, k).unbind()),
         stats: Stats::default(),
         spare: Vec::new(),
+        pool: Default::default(),
         acts: Vec::new(),
         p,
     })

@@ -89,6 +89,57 @@ pub struct Core {
     pub spare: Vec<Entry>,
     /// `step`'s decisions per entry (kept between events).
     pub acts: Vec<Act>,
+    /// The vectors of ended runs, for the runs `spawn` starts.
+    pub pool: Pool,
+}
+
+/// Vectors of ended runs kept for new ones (fraud starts a run at most events and ends one as
+/// often): entry vectors, and capture vectors held by no one else, emptied (the `Arc` and its
+/// vector reused: no allocation for a run's start). At most `POOL` of each, small ones only.
+#[derive(Default)]
+pub struct Pool {
+    entries: Vec<Vec<Entry>>,
+    caps: Vec<Caps>,
+}
+
+const POOL: usize = 32;
+
+impl Pool {
+    /// Keep `c` if nothing else holds it (else it is just dropped).
+    fn put_caps(&mut self, mut c: Caps) {
+        if self.caps.len() < POOL {
+            if let Some(v) = Arc::get_mut(&mut c) {
+                if v.v.capacity() <= 8 {
+                    v.v.clear();
+                    v.acc.clear();
+                    self.caps.push(c);
+                }
+            }
+        }
+    }
+
+    /// Keep an ended run's entry vector, and its entries' captures.
+    fn put_entries(&mut self, mut e: Vec<Entry>) {
+        for x in e.drain(..) {
+            self.put_caps(x.caps);
+        }
+        if self.entries.len() < POOL && (1..=8).contains(&e.capacity()) {
+            self.entries.push(e);
+        }
+    }
+
+    /// Captures holding `cap` alone (a kept vector, or a new one with room for four).
+    fn caps_of(&mut self, cap: Cap) -> Caps {
+        if let Some(mut c) = self.caps.pop() {
+            if let Some(v) = Arc::get_mut(&mut c) {
+                v.v.push(cap);
+                return c;
+            }
+        }
+        let mut v = Vec::with_capacity(4);
+        v.push(cap);
+        Arc::new(CapVec::from(v))
+    }
 }
 
 /// What `step` does with an entry: its tests are all made first (in order), then the entries
@@ -189,16 +240,18 @@ impl Core {
         Ok(false)
     }
 
-    fn spawn(&self, py: Python<'_>, ev: &Arc<Ev>, row: i64, local: &mut Loc<'_>) -> PyResult<Vec<Entry>> {
+    fn spawn(&self, py: Python<'_>, ev: &Arc<Ev>, row: i64, local: &mut Loc<'_>, pool: &mut Pool) -> PyResult<Vec<Entry>> {
         let mut out = Vec::new();
         for (var, nxt) in &self.p.starts {
             if self.test(py, *var, ev, &NO_CAPS, local)? {
-                // Room for the first growths of the match (a vector's first step is 4).
-                let mut v = Vec::with_capacity(4);
-                v.push(Cap { var: *var as u32, row, ev: ev.clone() });
-                let mut caps = CapVec::from(v);
-                caps.fold_last(&self.cx(py, local.rows));
-                push_next(&mut out, nxt, Arc::new(caps));
+                if out.capacity() == 0 {
+                    out = pool.entries.pop().unwrap_or_default();
+                }
+                let mut caps = pool.caps_of(Cap { var: *var as u32, row, ev: ev.clone() });
+                if let Some(c) = Arc::get_mut(&mut caps) {
+                    c.fold_last(&self.cx(py, local.rows));
+                }
+                push_next(&mut out, nxt, caps);
             }
         }
         Ok(out)
@@ -218,6 +271,7 @@ impl Core {
         ev: &Arc<Ev>,
         row: i64,
         local: &mut Loc<'_>,
+        pool: &mut Pool,
     ) -> PyResult<()> {
         acts.clear();
         for entry in entries.iter() {
@@ -232,7 +286,9 @@ impl Core {
                 w += 1;
             }
         }
-        entries.truncate(w);
+        for e in entries.drain(w..) {
+            pool.put_caps(e.caps);
+        }
         acts.truncate(w);
         let mut out = std::mem::take(spare);
         out.clear();
@@ -355,7 +411,10 @@ impl Core {
         let local = &mut Loc { own, shared, rows };
         let (row, runs) = match state {
             None => {
-                let spawned = self.spawn(py, ev, 0, local)?;
+                let mut pool = std::mem::take(&mut self.pool);
+                let spawned = self.spawn(py, ev, 0, local, &mut pool);
+                self.pool = pool;
+                let spawned = spawned?;
                 if spawned.is_empty() {
                     return Ok(None);
                 }
@@ -366,12 +425,15 @@ impl Core {
                 // The runs are stepped in place (no new vectors per event).
                 let mut spare = std::mem::take(&mut self.spare);
                 let mut acts = std::mem::take(&mut self.acts);
+                let mut pool = std::mem::take(&mut self.pool);
                 for r in s.runs.iter_mut() {
-                    self.step(py, &mut r.entries, &mut spare, &mut acts, ev, row, local)?;
+                    self.step(py, &mut r.entries, &mut spare, &mut acts, ev, row, local, &mut pool)?;
                 }
                 self.spare = spare;
                 self.acts = acts;
-                let spawned = self.spawn(py, ev, row, local)?;
+                let spawned = self.spawn(py, ev, row, local, &mut pool);
+                self.pool = pool;
+                let spawned = spawned?;
                 if !spawned.is_empty() {
                     s.runs.push(Run { start: row, entries: spawned, tpart: None, matched: false });
                 }
@@ -444,7 +506,9 @@ impl Core {
                     w += 1;
                 }
             }
-            entries.truncate(w);
+            for e in entries.drain(w..) {
+                self.pool.put_caps(e.caps);
+            }
             r.tpart = tpart;
         }
         self.settle(py, state.row, state.runs, out, None)
@@ -586,7 +650,12 @@ impl Core {
                 w += 1;
             }
         }
-        runs.truncate(w);
+        for r in runs.drain(w..) {
+            self.pool.put_entries(r.entries);
+            if let Some(t) = r.tpart {
+                self.pool.put_caps(t);
+            }
+        }
         Ok(runs)
     }
 
