@@ -100,10 +100,7 @@ pub fn utf8(b: &[u8]) -> PyResult<&str> {
 }
 
 impl Batch<'_> {
-    /// Cell `j` of column `c`. Inlined: the value is then built where its caller keeps it
-    /// (perf put ~5% of the fraud samples on copying the returned `PyResult<Value>` into the
-    /// row).
-    #[inline]
+    /// Cell `j` of column `c`.
     pub fn get(&self, c: usize, j: usize) -> PyResult<Value> {
         // Checked: a safe function must not read past the buffers, whatever its caller passes.
         assert!(j < self.len, "arrow: row {j} of a batch of {}", self.len);
