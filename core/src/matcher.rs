@@ -128,17 +128,21 @@ impl Pool {
         }
     }
 
-    /// Captures holding `cap` alone (a kept vector, or a new one with room for four).
-    fn caps_of(&mut self, cap: Cap) -> Caps {
+    /// Captures holding `cap` alone (a kept vector, or a new one with room for four), `fold`
+    /// applied to them before they are shared.
+    fn caps_of(&mut self, cap: Cap, fold: impl FnOnce(&mut CapVec)) -> Caps {
         if let Some(mut c) = self.caps.pop() {
             if let Some(v) = Arc::get_mut(&mut c) {
                 v.v.push(cap);
+                fold(v);
                 return c;
             }
         }
         let mut v = Vec::with_capacity(4);
         v.push(cap);
-        Arc::new(CapVec::from(v))
+        let mut c = CapVec::from(v);
+        fold(&mut c);
+        Arc::new(c)
     }
 }
 
@@ -247,10 +251,8 @@ impl Core {
                 if out.capacity() == 0 {
                     out = pool.entries.pop().unwrap_or_default();
                 }
-                let mut caps = pool.caps_of(Cap { var: *var as u32, row, ev: ev.clone() });
-                if let Some(c) = Arc::get_mut(&mut caps) {
-                    c.fold_last(&self.cx(py, local.rows));
-                }
+                let cap = Cap { var: *var as u32, row, ev: ev.clone() };
+                let caps = pool.caps_of(cap, |c| c.fold_last(&self.cx(py, local.rows)));
                 push_next(&mut out, nxt, caps);
             }
         }
