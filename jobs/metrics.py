@@ -165,6 +165,8 @@ class Metrics:
             q = self.queries.setdefault(name, {})
             q.update(
                 batch=progress.get("batchId"),
+                # When the trigger started (ISO, UTC): with batch_ms, when the batch ran.
+                started=progress.get("timestamp"),
                 input_rows=progress.get("numInputRows"),
                 input_rows_per_s=progress.get("inputRowsPerSecond"),
                 processed_rows_per_s=progress.get("processedRowsPerSecond"),
