@@ -29,6 +29,7 @@ percentile that falls on one is shown as "> x s" rather than dropped.
 from __future__ import annotations
 
 import argparse
+import bisect
 import heapq
 import itertools
 import json
@@ -610,6 +611,120 @@ def _lag(producer: Producer, batches: dict[int, dict[str, Any]], t: float) -> in
     return max(0, _produced_at(producer, t) - max(done))
 
 
+# -- where an alert's latency went ----------------------------------------------------------
+def lateness_ms(lateness: str | None) -> int:
+    """A variant's LATENESS in ms (None: the bench rules' own, 5 s)."""
+    text = lateness or "5s"
+    m = re.fullmatch(r"(\d+)\s*(ms|s|m|h|d)", text.strip())
+    if m is None:
+        raise LatencyBenchError(f"unreadable LATENESS {text!r}")
+    unit = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}[m.group(2)]
+    return int(m.group(1)) * unit
+
+
+def logged_batches(log_text: str, query: str = "alerts") -> list[dict[str, Any]]:
+    """Every micro-batch of `query` from the job's log (jobs/metrics.py logs each progress
+    report): batch id, start (epoch s, Spark's trigger timestamp), end (start + its
+    triggerExecution) and durationMs. The metrics file holds only the last batch; its poller
+    can miss one."""
+    out: dict[int, dict[str, Any]] = {}
+    for line in log_text.splitlines():
+        _, sep, rest = line.partition(" cep.metrics progress ")
+        if not sep:
+            continue
+        try:
+            q = json.loads(rest)
+        except json.JSONDecodeError:
+            continue
+        start = _iso_s(q.get("started"))
+        dur = q.get("durations_ms") or {}
+        if not isinstance(q.get("batch"), int) or start is None:
+            continue
+        if query != "alerts" and q.get("name") not in (None, query):
+            continue
+        total = dur.get("triggerExecution")
+        out[q["batch"]] = {"batch": q["batch"], "start": start,
+                           "end": None if total is None else start + total / 1000,
+                           "input_rows": q.get("input_rows"), "durations_ms": dur}
+    return [out[b] for b in sorted(out)]
+
+
+def _iso_s(text: Any) -> float | None:
+    ms = _watermark_ms(text)
+    return None if ms is None else ms / 1000
+
+
+def alert_breakdown(producer: Producer, reader: RedisReader, batches: list[dict[str, Any]],
+                    lateness: int, t0: float, t1: float) -> list[dict[str, Any]]:
+    """Per alert whose completing event was produced in [t0, t1): its latency − LATENESS cut
+    into links, in seconds:
+    - `release`: from the completing event + LATENESS to the producer's first tick whose event
+      time is LATENESS past it (the event that lets the engine release the match; ~0);
+    - `wait`: from that tick to the start of the micro-batch that emitted the alert;
+    - `skipped`: batches that started in between (0: the emitting batch was the first to start
+      after the releasing event was produced; 1: the event missed a batch's offsets, e.g. it
+      was still in the producer's or the broker's buffers when that batch looked);
+    - `run`: from the emitting batch's start to `emitted_at` (its Spark job, before the sinks);
+    - `deliver`: `emitted_at` → readable in Redis (the Kafka transaction, the Redis write, the
+      reader's XREAD)."""
+    ticks = [t for t, _ in producer.produced]
+    starts = [b["start"] for b in batches]
+    rows: list[dict[str, Any]] = []
+    for key, sent in _items(producer.completing):
+        got = reader.arrived.get(key)
+        if not t0 <= sent < t1 or got is None or not got[2]:
+            continue
+        read_at, _, emitted_ms = got
+        emitted = emitted_ms / 1000
+        due = (key[2] + lateness) / 1000  # event time at which the match can be released
+        i = bisect.bisect_left(ticks, due)
+        release_at = ticks[i] if i < len(ticks) else None
+        j = bisect.bisect_right(starts, emitted) - 1  # the batch running at emitted_at
+        row: dict[str, Any] = {"rule": key[0], "latency": round(read_at - sent - lateness / 1000,
+                                                                 3),
+                               "deliver": round(read_at - emitted, 3)}
+        if j >= 0 and release_at is not None:
+            b = batches[j]
+            row.update(batch=b["batch"], release=round(release_at - sent - lateness / 1000, 3),
+                       wait=round(b["start"] - release_at, 3), run=round(emitted - b["start"], 3),
+                       skipped=max(0, j - bisect.bisect_left(starts, release_at)),
+                       batch_s=(None if b["end"] is None else round(b["end"] - b["start"], 3)),
+                       prev_batch_s=(None if j == 0 or batches[j - 1]["end"] is None else
+                                     round(batches[j - 1]["end"] - batches[j - 1]["start"], 3)),
+                       gap_s=(None if j == 0 or batches[j - 1]["end"] is None else
+                              round(b["start"] - batches[j - 1]["end"], 3)))
+        rows.append(row)
+    return rows
+
+
+def breakdown_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of each link over all alerts and over the slowest 5% (the p95-p100 tail), and
+    how often the emitting batch was not the first after the releasing event."""
+    full = [r for r in rows if "wait" in r]
+    if not full:
+        return {"alerts": len(rows)}
+    ordered = sorted(full, key=lambda r: r["latency"])
+    tail = ordered[int(0.95 * len(ordered)):]
+    links = ("latency", "release", "wait", "run", "deliver", "batch_s", "prev_batch_s", "gap_s")
+
+    def med(rs: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k in links:
+            vs = sorted(r[k] for r in rs if r.get(k) is not None)
+            out[k] = vs[len(vs) // 2] if vs else None
+        out["skipped_batches"] = sum(r["skipped"] for r in rs)
+        out["alerts"] = len(rs)
+        return out
+
+    by_rule = {}
+    for rule in sorted({r["rule"] for r in full}):
+        lat = sorted(r["latency"] for r in full if r["rule"] == rule)
+        by_rule[rule] = {"p50": lat[len(lat) // 2], "p99": lat[min(len(lat) - 1,
+                                                                   int(0.99 * len(lat)))]}
+    return {"all": med(full), "slowest_5pct": med(tail), "by_rule": by_rule,
+            "tail_batches": sorted({r["batch"] for r in tail})}
+
+
 # -- one variant ----------------------------------------------------------------------------
 def _sleep(seconds: float, job: LiveJob, producer: Producer) -> None:
     until = time.time() + seconds
@@ -728,6 +843,14 @@ def run_variant(services: Services, work: Path, variant: Variant,
         rc = job.stop()
     stats = [phase_stats(ph, producer, reader, monitor.batches, drained_at, monitor.cpu)
              for ph in phases]
+    logged = logged_batches(job.log_tail(10**8))
+    for ph, st in zip(phases, stats, strict=True):
+        rows = alert_breakdown(producer, reader, logged, lateness_ms(variant.lateness),
+                               ph.measure_from, ph.end)
+        st["breakdown"] = breakdown_summary(rows)
+        st["alerts_detail"] = rows
+        st["batch_times"] = [{k: b[k] for k in ("batch", "start", "end", "input_rows")}
+                             for b in logged if ph.measure_from - 5 <= b["start"] < ph.end + 5]
     expected_keys = set(producer.completing)
     unexpected = [k for k in reader.arrived if k not in expected_keys]
     counters = final.get("counters") or {}
@@ -737,6 +860,8 @@ def run_variant(services: Services, work: Path, variant: Variant,
             f"p50 {s['latency_s']['p50']}, p99 {s['latency_s']['p99']}, "
             f"batch p50 {s['batch_ms_p50']} ms, lag {s['lag_s_end']} s, kept up {s['kept_up']}, "
             f"job CPU {s['job_cpu_cores']} cores = {s['job_cpu_us_per_row']} us/row")
+        log(f"[latency] {variant.name} @ {s['rate_target']}/s: where latency - LATENESS went "
+            f"(medians, s): {json.dumps(s['breakdown'])}")
     return {
         "name": variant.name, "lateness": variant.lateness or "5s (bench rules)",
         "trigger": variant.trigger, "command": job.command, "startup_s": round(startup, 1),

@@ -158,6 +158,24 @@ def live_jvm(settings: Settings) -> Settings:
     return quick_jit_unless_set(settings)
 
 
+# The live job's checkpoint is a local directory (`--checkpoint`); Spark writes a few files to it
+# every micro-batch (the offset log, the commit log, the state store's changelog), each as a
+# temporary file renamed into place, with Hadoop's `.crc` beside it. Through Spark's default
+# checkpoint manager (Hadoop's FileContext API) each rename made the driver JVM start
+# `readlink` processes (Hadoop without its native library asks `readlink` whether a path is a
+# link, passing a `file:` URI, which fails) on top of a `chmod` per file written: 31 processes
+# per micro-batch, counted with strace over a run of `bench.latency` (session 13), in the
+# batch's critical path (walCommit, the state commit, commitOffsets). The FileSystem API
+# renames with plain Java I/O (rename(2), atomic on a local disk): the `chmod` of each new
+# file is left, ~6 processes per batch. (The raw local file system, with no `.crc` and no
+# `chmod`, cannot be `fs.file.impl`: Spark's RocksDB store casts it to LocalFileSystem.)
+LOCAL_CHECKPOINT_CONF = {
+    "spark.sql.streaming.checkpointFileManagerClass":
+        "org.apache.spark.sql.execution.streaming.checkpointing."
+        "FileSystemBasedCheckpointFileManager",
+}
+
+
 def rules_source(settings: Settings, rules: str) -> Any:
     """`--rules`: a directory (its path) or `kafka:TOPIC` (a rules topic)."""
     if rules.startswith("kafka:"):
@@ -242,7 +260,8 @@ class LiveJob:
         self.metrics.set_rule_files(change.files)
         self._preflight(change.ruleset)
         self._adopt(change)
-        self.spark = get_spark(live_jvm(self.settings), "cep-live", kafka=True)
+        self.spark = get_spark(live_jvm(self.settings), "cep-live", kafka=True,
+                               extra_conf=LOCAL_CHECKPOINT_CONF)
         # One stateful task per batch by default: see `Settings.live_partitions`.
         self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.live_partitions))
         self.metrics.attach(self.spark)

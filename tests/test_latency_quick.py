@@ -36,6 +36,11 @@ def test_quick_latency_run_sees_alerts_with_positive_finite_latency(tmp_path: Pa
     p50 = r["latency_s"]["p50"]
     assert 0 < p50["s"] < math.inf
     assert r["achieved_rate"] > 0
+    # Each arrived alert is cut into links, from every batch's start in the job's log.
+    assert r["breakdown"]["all"]["alerts"] == r["alerts_arrived"]
+    for row in r["alerts_detail"]:
+        parts = row["release"] + row["wait"] + row["run"] + row["deliver"]
+        assert math.isclose(row["latency"], parts, abs_tol=0.005), row
     md = render_md(res)
     assert md.startswith("### End-to-end latency")
     assert "| default |" in md

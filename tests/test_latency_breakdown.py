@@ -1,0 +1,85 @@
+"""The latency benchmark's cut of each alert's latency − LATENESS into links (bench/latency.py,
+`alert_breakdown`): made-up producer ticks, micro-batches and Redis arrivals, no services.
+Timeline (seconds, LATENESS 5 s; the completing event produced at t=100.0 with event time
+100.000):
+
+    tick 105.00 ──(event time 105.000: releases the match)
+    batch 7 ┣━━━━━━━┫ 104.9 → 105.5   (its offsets were fixed before 105.00)
+    batch 8          ┣━━━━━━━━┫ 105.5 → 106.1, emitted_at 106.0
+    Redis read at 106.05
+
+    latency − L = 1.05 = release 0 + wait 0.5 (105.0 → 105.5) + run 0.5 + deliver 0.05
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from bench.latency import alert_breakdown, breakdown_summary, lateness_ms, logged_batches
+
+KEY = ("velocity", "i-1", 100_000)
+
+
+def _parts(read_at: float = 106.05, emitted_ms: int = 106_000) -> tuple[object, object]:
+    producer = SimpleNamespace(
+        produced=[(99.99, 1), (100.0, 2), (104.99, 3), (105.0, 4), (105.01, 5)],
+        completing={KEY: 100.0})
+    reader = SimpleNamespace(arrived={KEY: (read_at, emitted_ms, emitted_ms)})
+    return producer, reader
+
+
+def _batches() -> list[dict[str, object]]:
+    return [{"batch": 7, "start": 104.9, "end": 105.5}, {"batch": 8, "start": 105.5, "end": 106.1}]
+
+
+def test_links_add_up_to_the_latency() -> None:
+    producer, reader = _parts()
+    (row,) = alert_breakdown(producer, reader, _batches(), 5000, 99.0, 101.0)  # type: ignore[arg-type]
+    assert row["batch"] == 8 and row["skipped"] == 0
+    assert row["release"] == pytest.approx(0.0)
+    assert row["wait"] == pytest.approx(0.5)
+    assert row["run"] == pytest.approx(0.5)
+    assert row["deliver"] == pytest.approx(0.05)
+    assert row["latency"] == pytest.approx(row["release"] + row["wait"] + row["run"]
+                                           + row["deliver"], abs=0.002)
+    assert row["gap_s"] == pytest.approx(0.0)
+
+
+def test_an_alert_emitted_a_batch_late_counts_a_skipped_batch() -> None:
+    # Batch 8 started after the releasing tick, yet the alert came from batch 9.
+    producer, reader = _parts(read_at=106.75, emitted_ms=106_700)
+    batches = [*_batches(), {"batch": 9, "start": 106.1, "end": 106.8}]
+    (row,) = alert_breakdown(producer, reader, batches, 5000, 99.0, 101.0)  # type: ignore[arg-type]
+    assert row["batch"] == 9 and row["skipped"] == 1
+    summary = breakdown_summary([row])
+    assert summary["all"]["skipped_batches"] == 1
+    assert summary["tail_batches"] == [9]
+
+
+def test_alerts_outside_the_window_or_not_arrived_are_left_out() -> None:
+    producer, reader = _parts()
+    assert alert_breakdown(producer, reader, _batches(), 5000, 101.0, 102.0) == []  # type: ignore[arg-type]
+    reader.arrived = {}  # type: ignore[attr-defined]
+    assert alert_breakdown(producer, reader, _batches(), 5000, 99.0, 101.0) == []  # type: ignore[arg-type]
+
+
+def test_batches_come_from_the_jobs_progress_lines() -> None:
+    log = "\n".join([
+        'x INFO cep.metrics progress {"batch": 3, "started": "2026-11-26T02:39:52.500Z", '
+        '"durations_ms": {"triggerExecution": 400}, "input_rows": 10}',
+        "x INFO cep.spark.delivery delivered {'batch_id': 3}",
+        'x INFO cep.metrics progress {"batch": 4, "started": null, "durations_ms": {}}',
+        "x INFO cep.metrics progress {not json",
+    ])
+    (b,) = logged_batches(log)
+    assert b["batch"] == 3 and b["input_rows"] == 10
+    assert b["end"] - b["start"] == pytest.approx(0.4)
+
+
+def test_lateness_in_ms() -> None:
+    assert lateness_ms(None) == 5000
+    assert lateness_ms("0s") == 0
+    assert lateness_ms("250ms") == 250
+    assert lateness_ms("2m") == 120_000
