@@ -30,12 +30,32 @@ import re2
 Caps = tuple[tuple[int, int, Any, int, Any], ...]
 Fn = Callable[[Mapping[str, Any], Caps], Any]
 
+_SEQUENCES = (str, bytes, bytearray, list, tuple)
+
+
+def _mul(a: Any, b: Any) -> Any:
+    """`a * b` for numbers. Python's sequence repetition (`'ab' * 3`, `[1] * 3`) is not
+    arithmetic here: a number in an event would decide how much memory the engine takes
+    (`'x' * 10**12`), so it is a TypeError, which the operator turns into NULL."""
+    if isinstance(a, _SEQUENCES) or isinstance(b, _SEQUENCES):
+        raise TypeError("* of a string or list")
+    return a * b
+
+
+def _mod(a: Any, b: Any) -> Any:
+    """`a % b` for numbers. Python's `%` on a string is printf-style formatting
+    (`'%0999999999d' % 1` asks for a gigabyte), not arithmetic: a TypeError (NULL)."""
+    if isinstance(a, str | bytes | bytearray):
+        raise TypeError("% of a string")
+    return a % b
+
+
 ARITH: dict[str, Callable[[Any, Any], Any]] = {
     "+": operator.add,
     "-": operator.sub,
-    "*": operator.mul,
+    "*": _mul,
     "/": operator.truediv,
-    "%": operator.mod,
+    "%": _mod,
 }
 COMPARE: dict[str, Callable[[Any, Any], Any]] = {
     "=": operator.eq,

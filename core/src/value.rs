@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use pyo3::exceptions::{PyOSError, PyOverflowError, PyTypeError, PyValueError, PyZeroDivisionError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 #[derive(Clone, Debug)]
 pub enum Value {
@@ -275,7 +275,32 @@ pub fn arith(py: Python<'_>, ops: &PyOps, op: ArOp, a: &Value, b: &Value) -> PyR
             return Ok(r.map_or(Value::Null, Num::value));
         }
     }
+    if not_arithmetic(py, op, a, b) {
+        return Ok(Value::Null);
+    }
     soft(py, call2(py, op_fn(ops, op), a, b))
+}
+
+/// Python's `*` on a string or list (repetition) and `%` on a string (formatting) are not
+/// arithmetic: an event's number would decide how much memory they take. NULL, as `cep.expr`'s
+/// `_mul` and `_mod` make them.
+fn not_arithmetic(py: Python<'_>, op: ArOp, a: &Value, b: &Value) -> bool {
+    let text = |v: &Value| match v {
+        Value::Str(_) => true,
+        Value::Py(o) => {
+            let o = o.bind(py);
+            o.is_instance_of::<PyString>() || o.is_instance_of::<PyBytes>() || o.is_instance_of::<PyByteArray>()
+        }
+        _ => false,
+    };
+    let seq = |v: &Value| {
+        text(v) || matches!(v, Value::Py(o) if o.bind(py).is_instance_of::<PyList>() || o.bind(py).is_instance_of::<PyTuple>())
+    };
+    match op {
+        ArOp::Mul => seq(a) || seq(b),
+        ArOp::Mod => text(a),
+        _ => false,
+    }
 }
 
 fn op_fn(ops: &PyOps, op: ArOp) -> &Py<PyAny> {
