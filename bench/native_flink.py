@@ -34,8 +34,9 @@ from cep.runtime.engine import NEG_INF, MemoryKeyStore, events_from_dicts
 RULES = Path(__file__).resolve().parent / "rules"
 
 
-def native_run(ruleset: Any, batches: list[tuple[Any, int]]) -> tuple[float, float, list[Any]]:
-    engine = build_embedded_engine(ruleset)
+def native_run(ruleset: Any, batches: list[tuple[Any, int]],
+               families: bool | None = None) -> tuple[float, float, list[Any]]:
+    engine = build_embedded_engine(ruleset, families=families)
     assert engine_kind(engine) == "native"
     store, max_ts = MemoryKeyStore(), NEG_INF
     results: list[Any] = []

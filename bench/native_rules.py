@@ -2,7 +2,7 @@
 only in their constants (32 copies of each rule: thresholds and windows shifted per copy), same
 events, same run, engine only from Arrow batches (bench/native_flink.py's loop). The 96 rules run
 twice: with rule families (docs/rule-families.md: copies that differ only in constants share one
-set of NFA runs) and without (`CEP_RULE_FAMILIES=0`, every rule its own pass), for A/B.
+set of NFA runs) and without (`families=False`, every rule its own pass), for A/B.
 
     python -m bench.native_rules [--events 100000] [--keys 10000] [--copies 32] [--no-off]
 """
@@ -62,16 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = [("3 rules", base, True), (nm, many, True), ("3 rules again", base, True)]
     if not a.no_off:
         runs.insert(2, (f"{nm} without families", many, False))
-    before = os.environ.get("CEP_RULE_FAMILIES")
     for name, rs, families in runs:
-        os.environ["CEP_RULE_FAMILIES"] = "1" if families else "0"
-        wall, cpu, results = native_run(rs, batches)
+        wall, cpu, results = native_run(rs, batches, families)
         res[name] = cpu
         print(f"{name}: {n / wall:,.0f} ev/s wall, {n / cpu:,.0f} ev/s CPU, {len(results)} results")
-    if before is None:
-        del os.environ["CEP_RULE_FAMILIES"]
-    else:
-        os.environ["CEP_RULE_FAMILIES"] = before
     three = min(res["3 rules"], res["3 rules again"])
     for name in res:
         if name.startswith(nm):

@@ -342,9 +342,9 @@ class Agg(Expr):
                 return None
             try:
                 if func == "SUM":
-                    return sum(vals)
+                    return _sum(vals)
                 if func == "AVG":
-                    return sum(vals) / len(vals)
+                    return _sum(vals) / len(vals)
                 return min(vals) if func == "MIN" else max(vals)
             except TypeError:
                 return None
@@ -356,6 +356,17 @@ class Agg(Expr):
             return f"{self.func}({self.var_name}.*)" if self.var_name else f"{self.func}(*)"
         inner = str(self.row)
         return f"{self.func}({self.var_name}.{inner})" if self.var_name else f"{self.func}({inner})"
+
+
+def _sum(vals: list[Any]) -> Any:
+    """`0 + v1 + v2 + ...` left to right with Python's `+`: Python 3.11's `sum()`, which the
+    core reproduces. Not the builtin: from Python 3.12 it adds floats with compensated
+    summation (sum([1e16, 1.0, -1e16]) is 1.0 there, 0.0 here), which would make the answer
+    depend on the Python version and differ from the core's."""
+    total: Any = 0
+    for v in vals:
+        total = total + v
+    return total
 
 
 class Windowed(dict):  # type: ignore[type-arg]

@@ -35,7 +35,6 @@ runs that rule on the Python matcher, so the core never changes an answer.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any
 
 from cep import expr as X
@@ -159,10 +158,6 @@ class _Exporter:
         if isinstance(e, X.Agg):
             if e.func not in ("SUM", "AVG", "COUNT", "MIN", "MAX"):
                 raise Unsupported(f"aggregate {e.func}")
-            if e.func in ("SUM", "AVG") and sys.version_info >= (3, 12):
-                # Python 3.12's sum() adds floats with compensated summation; the core adds
-                # them left to right as Python 3.11 does.
-                raise Unsupported(f"{e.func} on Python >= 3.12")
             if e.row is None and e.func != "COUNT":
                 raise Unsupported(f"{e.func} over whole events")
             row = self.expr(e.row) if e.row is not None else None

@@ -126,3 +126,32 @@ def test_spark_shards_is_sparks_function(spark: Any) -> None:
         arr = pa.array(["pad", *keys]).slice(1)  # an array with an offset, as Arrow slices
         assert spark_shards(field, arr, shards, native=True).tolist() == want
         assert spark_shards(field, arr, shards, native=False).tolist() == want
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_null_or_missing_key_is_a_dead_letter_before_the_shard(monkeypatch: Any,
+                                                                 native: bool) -> None:
+    """An event whose key field is null, missing or not a value never reaches `spark_shards`
+    (which refuses a null key): the validator makes it a dead letter with the reason, as replay
+    and `cep test` do (cep.events); the job goes on with the other rows. Both validators: the
+    core's fast path and the Python one (a worker where the core does not load)."""
+    import cep.spark.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "native_on_this_worker", lambda: native)
+    plan = plan_for(compile_rules("STREAM s TIME BY ts LATENESS 1s;\n"
+                                  "RULE r FROM s PARTITION BY card PATTERN (a) EMIT 'r';\n",
+                                  "null.cep"), 4)
+    records = [json.dumps({"ts": 5, "card": None}).encode(), json.dumps({"ts": 6}).encode(),
+               json.dumps({"ts": 7, "card": {"n": 1}}).encode(),
+               json.dumps({"ts": 8, "card": "c1"}).encode(),
+               json.dumps({"ts": 9, "card": 12}).encode()]
+    rows = _one_pass(plan, _raw(["s"] * len(records), records))
+    dead = sorted(json.loads(r["data"])["reason"] for r in rows if r["stream"] == DEAD_STREAM)
+    assert dead == ["key field 'card' is an object, not a value", "missing key field 'card'",
+                    "missing key field 'card'"]
+    good = {r["ts"]: r["shard"] for r in rows if r["stream"] == "s"}
+    assert good == {8: int(spark_shards("card", pa.array(["c1"]), 4)[0]),
+                    9: int(spark_shards("card", pa.array(["12"]), 4)[0])}
+    for native_hash in (True, False):  # the precondition the validator guarantees
+        with pytest.raises(ValueError, match="null key"):
+            spark_shards("card", pa.array(["c1", None]), 4, native=native_hash)

@@ -77,12 +77,15 @@ def table_runtimes(ruleset: RuleSet) -> list[TableRuntime]:
 
 
 def build_embedded_engine(ruleset: RuleSet, *, max_partial_matches: int | None = None,
-                          use_native: bool | None = None, mixed: bool = True) -> Any:
+                          use_native: bool | None = None, mixed: bool = True,
+                          families: bool | None = None) -> Any:
     """The native engine (`NativeEngine`) when the core is built, wanted (`CEP_ENGINE` is not
     `python`) and runs every enabled rule; when it runs some of them (and `mixed`), a
     `cep.runtime.mixed.MixedEngine` (those rules on the native loop, the others on the Python
     one); else `build_engine(...)`. All have `ingest`, `advance`, `next_wake` and `rules`, and
-    work with `run_embedded` and a `MemoryKeyStore`."""
+    work with `run_embedded` and a `MemoryKeyStore`. `families`: the native loop runs rules
+    that differ only in constants together (docs/rule-families.md); None: on unless the
+    environment sets `CEP_RULE_FAMILIES=0`."""
     if use_native is None:
         use_native = native.wanted()
     if use_native and native.available():
@@ -101,7 +104,7 @@ def build_embedded_engine(ruleset: RuleSet, *, max_partial_matches: int | None =
                 from cep.runtime.native_engine import NativeEngine
 
                 return NativeEngine(runtimes, programs,  # type: ignore[arg-type]
-                                    max_partial_matches=max_partial_matches)
+                                    max_partial_matches=max_partial_matches, families=families)
             if mixed:
                 from cep.runtime.mixed import MixedEngine
 
@@ -109,7 +112,7 @@ def build_embedded_engine(ruleset: RuleSet, *, max_partial_matches: int | None =
                                    {r.rule_id: p for r, p in zip(runtimes, programs, strict=True)
                                     if p is not None},
                                    table_runtimes(ruleset),
-                                   max_partial_matches=max_partial_matches)
+                                   max_partial_matches=max_partial_matches, families=families)
     return build_engine(ruleset, max_partial_matches=max_partial_matches, use_native=use_native)
 
 

@@ -63,7 +63,7 @@ class MixedEngine:
 
     def __init__(self, runtimes: Sequence[RuleRuntime], native_programs: dict[str, Any],
                  tables: Sequence[TableRuntime] = (), *,
-                 max_partial_matches: int | None = None) -> None:
+                 max_partial_matches: int | None = None, families: bool | None = None) -> None:
         if not native_programs or len(native_programs) == len(runtimes):
             raise ValueError("a mixed engine needs native rules and Python-only rules")
         self.rules = {r.rule_id: r for r in runtimes}
@@ -71,7 +71,7 @@ class MixedEngine:
         ordered = sorted(runtimes, key=lambda r: self.rank[r.rule_id])
         native = [r for r in ordered if r.rule_id in native_programs]
         self.native = NativeEngine(native, [native_programs[r.rule_id] for r in native],
-                                   max_partial_matches=max_partial_matches)
+                                   max_partial_matches=max_partial_matches, families=families)
         self.python = Engine([r for r in ordered if r.rule_id not in native_programs], tables)
         self.tables = self.python.tables  # versioned tables: run_embedded keeps them out of time
 

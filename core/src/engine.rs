@@ -888,6 +888,15 @@ impl Engine {
             g.rules.push(i);
             g.rule_ids.push(id.clone());
             let fp = keycodec::fingerprint(&id, &version);
+            // A key state names a rule's part by this 32-bit fingerprint only: two rules with
+            // the same one would read each other's state.
+            if let Some(other) = rs.iter().find(|r: &&RuleE| r.fp == fp) {
+                return Err(PyValueError::new_err(format!(
+                    "rules '{}' and '{id}' have the same key-state fingerprint ({fp:08x}): their \
+                     state would mix; rename one of them",
+                    other.id
+                )));
+            }
             rs.push(RuleE { core, id, fp });
             programs.push(program);
         }

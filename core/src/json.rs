@@ -9,6 +9,8 @@
 //! integer that may not fit 64 bits, which serde_json would round to a float).
 
 use std::borrow::Cow;
+use std::collections::HashSet as StdHashSet;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
@@ -19,12 +21,20 @@ use serde::Deserialize;
 use crate::expr::{Cols, Row};
 use crate::value::Value;
 
+type HashSet<T> = StdHashSet<T, foldhash::fast::RandomState>;
+
 /// The column names of the last distinct field list seen: events of one stream usually share
-/// their fields and order, so their rows share one `Cols`.
+/// their fields and order, so their rows share one `Cols`. A few other recent lists are kept
+/// too (rows with optional fields alternate between some), so a list seen lately is not
+/// built and its names interned again.
 #[derive(Default)]
 pub struct ColsCache {
     last: Option<Arc<Cols>>,
+    recent: Vec<(u64, Arc<Cols>)>,
 }
+
+/// How many recent field lists `ColsCache` keeps (besides `last`, which is one of them).
+const SHAPES: usize = 8;
 
 impl ColsCache {
     pub fn cols(&mut self, py: Python<'_>, names: Vec<String>) -> Arc<Cols> {
@@ -33,10 +43,21 @@ impl ColsCache {
                 return c.clone();
             }
         }
-        let c = Arc::new(Cols {
-            py_names: names.iter().map(|n| PyString::intern(py, n).unbind()).collect(),
-            names,
-        });
+        let h = foldhash::fast::FixedState::default().hash_one(&names);
+        let c = match self.recent.iter().find(|(k, c)| *k == h && c.names == names) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let c = Arc::new(Cols {
+                    py_names: names.iter().map(|n| PyString::intern(py, n).unbind()).collect(),
+                    names,
+                });
+                if self.recent.len() == SHAPES {
+                    self.recent.remove(0);
+                }
+                self.recent.push((h, c.clone()));
+                c
+            }
+        };
         self.last = Some(c.clone());
         c
     }
@@ -129,6 +150,12 @@ impl<'de> Visitor<'de> for RowSeed<'_, '_> {
                 names = Some(same[..vals.len()].to_vec());
             }
             let names = names.as_mut().expect("set above");
+            if names.len() >= WIDE {
+                // A wide row: fields pushed as they come, repeats merged after the object.
+                names.push(key.into_owned());
+                vals.push(value);
+                continue;
+            }
             match names.iter().position(|n| *n == *key) {
                 // A repeated field keeps its first place and its last value.
                 Some(p) => vals[p] = value,
@@ -137,6 +164,9 @@ impl<'de> Visitor<'de> for RowSeed<'_, '_> {
                     vals.push(value);
                 }
             }
+        }
+        if let Some(ns) = names.as_mut().filter(|ns| ns.len() > WIDE) {
+            merge_repeated(ns, &mut vals);
         }
         let names = match names {
             None if same.len() == vals.len() && last.is_some() => None,
@@ -149,6 +179,31 @@ impl<'de> Visitor<'de> for RowSeed<'_, '_> {
         };
         Ok(Row { cols, vals })
     }
+}
+
+/// From this many fields on, a row's names are not searched for each new field (quadratic in
+/// the width: 20k string compares for 200 fields) but checked for repeats once, by hashing.
+const WIDE: usize = 16;
+
+/// A repeated field keeps its first place and its last value (as `json.loads` builds a dict).
+fn merge_repeated(names: &mut Vec<String>, vals: &mut Vec<Value>) {
+    let mut seen: HashSet<&str> = HashSet::with_capacity_and_hasher(names.len(), Default::default());
+    if names.iter().all(|n| seen.insert(n.as_str())) {
+        return;
+    }
+    let mut first_names: Vec<String> = Vec::with_capacity(names.len());
+    let mut first_vals: Vec<Value> = Vec::with_capacity(names.len());
+    for (n, v) in names.drain(..).zip(vals.drain(..)) {
+        match first_names.iter().position(|f| *f == n) {
+            Some(p) => first_vals[p] = v,
+            None => {
+                first_names.push(n);
+                first_vals.push(v);
+            }
+        }
+    }
+    *names = first_names;
+    *vals = first_vals;
 }
 
 /// A field name, borrowed from the text when it has no escapes.

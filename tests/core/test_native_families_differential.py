@@ -11,7 +11,7 @@ ending with the end of input. Three comparisons, everything observable after eve
 (results in order, late reports, counters, next wake, keys holding state):
 - families on vs the Python engine (key states through bytes between calls at batches 1 and 3,
   and from Arrow batches);
-- families on vs families off (`CEP_RULE_FAMILIES=0`), same calls;
+- families on vs families off (`families=False`), same calls;
 - an engine that switches between families on and off at every call, its key states carried as
   bytes from one to the other (the family state written as per-rule parts and regrouped from the
   other engine's parts), vs the Python engine;
@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -52,19 +50,6 @@ EXAMPLES = int(os.environ.get("CEP_FAMILY_DIFF_EXAMPLES")
                or {"dev": 8, "ci": 60, "deep": 600}[profile()])
 STREAMS_PER_RULESET = 8
 BATCHES = (1, 2, 3, 7, 10_000)
-
-
-@contextmanager
-def families_env(on: bool) -> Iterator[None]:
-    old = os.environ.get("CEP_RULE_FAMILIES")
-    os.environ["CEP_RULE_FAMILIES"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["CEP_RULE_FAMILIES"]
-        else:
-            os.environ["CEP_RULE_FAMILIES"] = old
 
 
 def varied_copy(rule: str, base: int, n: int, shift: int, window: int, keep_timeout: bool) -> str:
@@ -138,10 +123,10 @@ def drive_switching(engines: tuple, events: list[Event], batch: int) -> list:  #
 def test_rule_families_equal_python_engine(text: tuple[str, list[str]], cases: list) -> None:
     ruleset = compile_valid(*text)
     assume(ruleset is not None and len(ruleset.rules) >= 2)
-    with families_env(True):
-        python, native, lateness = both_engines(ruleset, text)
-    with families_env(False):
-        off = build_embedded_engine(ruleset, use_native=True)
+    python, _, lateness = both_engines(ruleset, text)
+    native = build_embedded_engine(ruleset, use_native=True, families=True)
+    off = build_embedded_engine(ruleset, use_native=True, families=False)
+    assert engine_kind(native) == "native"
     assert engine_kind(off) == "native" and not off.families
     for raw, seed, extra_late, seq_kind, roundtrip in cases:
         events = make_events(raw, seed, extra_late, seq_kind, lateness)
@@ -173,8 +158,7 @@ def test_varied_fraud_rules_form_families() -> None:
 
     path = Path(__file__).resolve().parents[2] / "bench" / "rules" / "fraud.cep"
     ruleset = compile_rules(varied_rules_text(path.read_text(), 6), "varied")
-    with families_env(True):
-        native = build_embedded_engine(ruleset, use_native=True)
+    native = build_embedded_engine(ruleset, use_native=True, families=True)
     assert sorted(sorted(f) for f in native.families) == sorted(
         [f"{name}_{i}" for i in range(6)]
         for name in ("card_testing", "impossible_travel", "velocity"))
@@ -184,3 +168,28 @@ def test_varied_fraud_rules_form_families() -> None:
     got = drive(native, events, 500, True)
     assert got == drive(python, events, 500, False)
     assert sum(len(t[0]) for t in got) > 0
+
+
+def test_families_keyword_and_environment_default(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`families=` decides whatever the environment says; None reads `CEP_RULE_FAMILIES`
+    (default on), for the native loop and for a mixed engine's native part."""
+    from pathlib import Path
+
+    from bench.native_rules import varied_rules_text
+    from cep.compile import compile_rules
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "rules" / "fraud.cep"
+    text = varied_rules_text(path.read_text(), 2)
+    ruleset = compile_rules(text, "varied")
+    # One rule the core does not run (a window aggregate): the rest go to a mixed engine.
+    mixed = compile_rules(text + "\nRULE slow FROM transactions PARTITION BY card PATTERN (a)"
+                          " DEFINE a AS COUNT(*) OVER 1h > 5 EMIT 'slow';\n", "mixed")
+    for env, keyword, on in (("0", None, False), ("1", None, True), ("0", True, True),
+                             ("1", False, False)):
+        monkeypatch.setenv("CEP_RULE_FAMILIES", env)
+        engine = build_embedded_engine(ruleset, use_native=True, families=keyword)
+        assert engine_kind(engine) == "native" and bool(engine.families) == on
+        engine = build_embedded_engine(mixed, use_native=True, families=keyword)
+        assert engine_kind(engine) == "mixed" and bool(engine.native.families) == on
+    monkeypatch.delenv("CEP_RULE_FAMILIES")
+    assert build_embedded_engine(ruleset, use_native=True).families

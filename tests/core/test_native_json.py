@@ -45,10 +45,29 @@ ROWS = st.lists(st.tuples(st.lists(st.tuples(NAMES, VALUES), max_size=5), st.boo
                 min_size=1, max_size=12)
 
 
+# Wide rows (the core merges repeated names after the object from 16 fields on): up to 40
+# fields from 24 names, so most rows repeat some.
+WIDE_ROWS = st.lists(st.tuples(st.lists(st.tuples(st.sampled_from([f"f{i}" for i in range(24)]),
+                                                  SCALARS), min_size=10, max_size=40),
+                               st.booleans()), min_size=1, max_size=6)
+
+
 @settings(max_examples=examples(150), deadline=None)
 @given(rows=ROWS, shared=st.booleans(), batch=st.sampled_from([1, 3, 100]))
 def test_json_column_reads_as_json_loads(rows: list[tuple[list[tuple[str, object]], bool]],
                                          shared: bool, batch: int) -> None:
+    same_as_json_loads(rows, shared, batch)
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(rows=WIDE_ROWS, shared=st.booleans(), batch=st.sampled_from([1, 3, 100]))
+def test_wide_json_rows_read_as_json_loads(rows: list[tuple[list[tuple[str, object]], bool]],
+                                           shared: bool, batch: int) -> None:
+    same_as_json_loads(rows, shared, batch)
+
+
+def same_as_json_loads(rows: list[tuple[list[tuple[str, object]], bool]], shared: bool,
+                       batch: int) -> None:
     if shared:  # most streams: every row has the first row's names (the reuse path)
         names = [k for k, _ in rows[0][0]]
         rows = [(list(zip(names, [v for _, v in fields] + [None] * len(names), strict=False)),
