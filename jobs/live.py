@@ -394,7 +394,7 @@ class LiveJob:
         # Validation, dead letters, fan-out, shard and packing in one Python pass
         # (cep/spark/live_pass.py): each input row goes from the JVM to Python once.
         rows = live_packed(self._source(), self.plan, ("topic", "partition", "offset"),
-                           MAX_BYTES)
+                           MAX_BYTES, topics={s.name: self._topic(s) for s in self.plan.streams})
         factory = SnapshotEngineFactory(self.snapshot, self.opts.max_partial_matches)
         out = match_packed(rows, self.plan, factory)
         alerts_ck = str(self.ck / "alerts")
