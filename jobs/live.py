@@ -360,6 +360,7 @@ class LiveJob:
         from pyspark.sql import functions as F
 
         from cep.spark.kafka import kafka_reader
+        from cep.spark.live_pass import kafka_seq
         from cep.spark.pipeline import tombstones_as_deletes
 
         # A table's changelog is read from its topic (TABLE ... FROM KAFKA 'topic') in the same
@@ -378,7 +379,7 @@ class LiveJob:
         value = tombstones_as_deletes(F.col("value"), stream_col, self.plan)
         return reader.load().select(
             stream_col.alias("stream"), value.alias("value"),
-            (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset")).alias("seq"),
+            kafka_seq(F.col("partition"), F.col("offset")).alias("seq"),
             "topic", "partition", "offset")
 
     def _start(self) -> None:

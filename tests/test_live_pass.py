@@ -18,7 +18,14 @@ import pytest
 from pyspark.sql import functions as F
 
 from cep.compile import compile_rules
-from cep.spark.live_pass import ValidatePack, slim_input, spark_shards
+from cep.spark.live_pass import (
+    MAX_KAFKA_OFFSET,
+    ValidatePack,
+    kafka_position,
+    kafka_seq,
+    slim_input,
+    spark_shards,
+)
 from cep.spark.pipeline import DEAD_STREAM, fan_out, plan_for, unpack, validated
 from tests.test_bad_input import FRAUD, MIXED, T
 from tests.test_validate_live_fast import POSITION, _raw, several_streams_rows
@@ -170,3 +177,14 @@ def test_slim_input_only_for_one_stream_read_from_kafka() -> None:
     assert slim_input(fraud, POSITION, {"other": "t"}) is None
     several = plan_for(compile_rules(RULES, "several.cep"), 4)
     assert slim_input(several, POSITION, {s.name: s.name for s in several.streams}) is None
+
+
+def test_kafka_position_reads_back_kafka_seq(spark: Any) -> None:
+    """The one encoder (a Spark column, every Kafka read) and the one decoder (a slim dead
+    letter's position) agree, up to the largest offset the encoding holds."""
+    positions = [(0, 0), (0, 1), (1, 0), (3, 12345), ((1 << 23) - 1, MAX_KAFKA_OFFSET),
+                 (7, MAX_KAFKA_OFFSET)]
+    df = spark.createDataFrame(positions, "partition int, offset long")
+    seqs = [r[0] for r in df.select(kafka_seq(F.col("partition"), F.col("offset"))).collect()]
+    assert [kafka_position(q) for q in seqs] == positions
+    assert len(set(seqs)) == len(seqs)

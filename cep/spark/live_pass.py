@@ -26,7 +26,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from cep.events import MAX_BYTES
@@ -122,9 +122,21 @@ def spark_shards(field: str, keys: Any, shards: int, native: bool | None = None)
 _FAN_NAMES = ["shard", "wm", "stream", "ts", "seq", "data", "key_field", "primary"]
 
 # A Kafka record's position, as the live job reads it, and how its `seq` encodes it:
-# partition × 2^40 + offset (jobs/live.py, cep/spark/batch.py).
+# partition × 2^40 + offset (`kafka_seq`, the one encoder; `kafka_position`, the one decoder).
 KAFKA_POSITION = ("topic", "partition", "offset")
 SEQ_PARTITION_SHIFT = 40
+MAX_KAFKA_OFFSET = (1 << SEQ_PARTITION_SHIFT) - 1
+
+
+def kafka_seq(partition: Column, offset: Column) -> Column:
+    """A Kafka record's `seq` (alert ids, the order within a batch): partition × 2^40 + offset,
+    as every Kafka read encodes it (the live job, bounded replays, the bench)."""
+    return partition.cast("long") * F.lit(1 << SEQ_PARTITION_SHIFT) + offset
+
+
+def kafka_position(seq: int) -> tuple[int, int]:
+    """(partition, offset) of a `kafka_seq`."""
+    return seq >> SEQ_PARTITION_SHIFT, seq & MAX_KAFKA_OFFSET
 
 
 class ValidatePack:
@@ -233,8 +245,8 @@ class ValidatePack:
         if self.slim is not None and self.position:  # the Kafka position, from seq
             seqs = bad.column("seq").to_pylist()
             cols["topic"] = [self.slim[1]] * n
-            cols["partition"] = [q >> SEQ_PARTITION_SHIFT for q in seqs]
-            cols["offset"] = [q & ((1 << SEQ_PARTITION_SHIFT) - 1) for q in seqs]
+            cols["partition"], cols["offset"] = map(list, zip(*map(kafka_position, seqs),
+                                                              strict=True)) if n else ([], [])
         data = []
         for i in range(n):
             raw = cols["raw"][i]
@@ -288,5 +300,5 @@ def slim_input(plan: Plan, position: tuple[str, ...],
     return s.name, topics[s.name]
 
 
-__all__ = ["KAFKA_POSITION", "ValidatePack", "live_packed", "slim_input", "spark_shards",
-           "xxh64"]
+__all__ = ["KAFKA_POSITION", "MAX_KAFKA_OFFSET", "ValidatePack", "kafka_position", "kafka_seq",
+           "live_packed", "slim_input", "spark_shards", "xxh64"]
