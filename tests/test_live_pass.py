@@ -188,3 +188,14 @@ def test_kafka_position_reads_back_kafka_seq(spark: Any) -> None:
     seqs = [r[0] for r in df.select(kafka_seq(F.col("partition"), F.col("offset"))).collect()]
     assert [kafka_position(q) for q in seqs] == positions
     assert len(set(seqs)) == len(seqs)
+
+
+def test_a_position_past_the_seq_encoding_fails_clearly(spark: Any) -> None:
+    """An offset past 2^40 - 1 (or a partition from 2^23) would give a seq another position
+    also has, and a slim dead letter a wrong partition and offset: the read fails instead,
+    naming the limit and the position."""
+    for partition, offset in [(0, MAX_KAFKA_OFFSET + 1), (1 << 23, 0)]:
+        df = spark.createDataFrame([(partition, offset)], "partition int, offset long")
+        with pytest.raises(Exception, match=rf"offset <= 2\^40 - 1.*partition {partition}, "
+                                            rf"offset {offset}"):
+            df.select(kafka_seq(F.col("partition"), F.col("offset"))).collect()

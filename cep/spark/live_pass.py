@@ -130,8 +130,18 @@ MAX_KAFKA_OFFSET = (1 << SEQ_PARTITION_SHIFT) - 1
 
 def kafka_seq(partition: Column, offset: Column) -> Column:
     """A Kafka record's `seq` (alert ids, the order within a batch): partition × 2^40 + offset,
-    as every Kafka read encodes it (the live job, bounded replays, the bench)."""
-    return partition.cast("long") * F.lit(1 << SEQ_PARTITION_SHIFT) + offset
+    as every Kafka read encodes it (the live job, bounded replays, the bench). The encoding
+    holds offsets up to 2^40 - 1 (`MAX_KAFKA_OFFSET`, about 1.1 × 10^12 records in one
+    partition) and partitions below 2^23: past them a seq would run into another position's
+    (alert ids shared, a slim dead letter's partition and offset read back wrong), so such a
+    record fails the query with an error naming the limit and the position, rather than give a
+    wrong one."""
+    too_far = (offset > F.lit(MAX_KAFKA_OFFSET)) | (partition >= F.lit(1 << 23))
+    return (F.when(too_far, F.raise_error(F.concat(
+                F.lit("Kafka position past what a seq (partition × 2^40 + offset) holds "
+                      "(offset <= 2^40 - 1, partition < 2^23): partition "),
+                partition.cast("string"), F.lit(", offset "), offset.cast("string"))))
+            .otherwise(partition.cast("long") * F.lit(1 << SEQ_PARTITION_SHIFT) + offset))
 
 
 def kafka_position(seq: int) -> tuple[int, int]:
@@ -291,7 +301,10 @@ def live_packed(raw: DataFrame, plan: Plan, position: tuple[str, ...] = (),
 def slim_input(plan: Plan, position: tuple[str, ...],
                topics: Mapping[str, str] | None) -> tuple[str, str] | None:
     """(stream, topic) when `live_packed` can leave every column but `value` and `seq` in the
-    JVM: one stream, no table, its topic known, the position Kafka's or none; else None."""
+    JVM: one stream, no table, its topic known, the position Kafka's or none; else None.
+    A dead letter's partition and offset are then read back from its seq (`kafka_position`),
+    which holds offsets up to 2^40 - 1 and partitions below 2^23: `kafka_seq` fails the query
+    on a record past them, so a slim dead letter never names a wrong position."""
     if topics is None or len(plan.streams) != 1 or position not in ((), KAFKA_POSITION):
         return None
     s = plan.streams[0]
