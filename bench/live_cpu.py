@@ -6,9 +6,10 @@ rows/s, holds up on a loaded machine. Optional: py-spy of the Python workers (SP
 after start; raw stacks in each run's directory), a JFR recording of the JVM from batch MARK
 (JFR=1; `jfr print --stack-depth 80 --events jdk.ExecutionSample rec.jfr`).
 
-    END=19 python -m bench.live_cpu 400000 20000 2 new=. base=/tmp/old "s4=.:ARGS=--shards 4"
+    python -m bench.live_cpu 400000 20000 2 new=. base=/tmp/old "s4=.:ARGS=--shards 4"
 
-Each variant is name=checkout[:ENV=V,...] (ARGS: extra `cep run` arguments). Session 13
+Each variant is name=checkout[:ENV=V,...] (ARGS: extra `cep run` arguments). MARK (default 3)
+and END (default 19) are the batches; END must be a batch the run reaches. Session 13
 (bench/results/latency_live.md, "Session 13, live13t").
 """
 import json
@@ -69,6 +70,7 @@ def kind(cmd):
 
 def run(services, work, topic, batch, name, code, env_extra, spy):
     d = _fresh(work / name)
+    args = env_extra.pop("ARGS", "").split()  # `cep run` arguments, not the child's environment
     (d / "rules").mkdir()
     (d / "rules" / "fraud.cep").write_text(BENCH_RULES.read_text())
     env = {**os.environ, "CEP_KAFKA_BOOTSTRAP": services.bootstrap,
@@ -79,7 +81,7 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
     cmd = [sys.executable, "-m", "cep.cli", "run", "--rules", str(d / "rules"),
            "--checkpoint", str(d / "ck"), "--topic", f"transactions={topic}",
            "--starting-offsets", "earliest", "--once", "--max-offsets-per-trigger", str(batch)]
-    cmd += env_extra.pop("ARGS", "").split()
+    cmd += args
     t0 = time.monotonic()
     last = {}
     lastth = {}
@@ -89,7 +91,7 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
     mark = None  # (proc cpu, thread cpu) snapshot when batch MARK's progress line is logged
     logp = d / "run.log"
     MARK = int(os.environ.get("MARK", "3"))
-    END = int(os.environ["END"])
+    END = int(os.environ.get("END", "19"))
     endm = None
     with (d / "run.log").open("wb") as f:
         p = subprocess.Popen(cmd, cwd=code, env=env, stdout=f, stderr=subprocess.STDOUT,
@@ -161,6 +163,10 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
                                  for k, v in byk.items() if v > 0.05},
                   "jvm_threads_us_per_row": {k: round(1e6 * v / max(rows_after, 1), 1)
                                              for k, v in tk.most_common(16)}}
+    else:
+        print(f"warning: {name}: no steady figures: the progress line of batch "
+              f"{MARK if mark is None else END} never appeared ({len(progress)} batches logged; "
+              f"set MARK/END within them, END < events / batch)", file=sys.stderr, flush=True)
     res = {"name": name, "steady": steady, "rc": p.returncode, "wall": round(wall, 1),
            "load": os.getloadavg(),
            "rows_per_s": st["rows_per_s"], "batch_ms": st["batch_ms"],
