@@ -12,7 +12,9 @@ in micro-batches of `--batch` records (`maxOffsetsPerTrigger`), until the topic 
   with S the live job's shards for a new checkpoint (`Settings.live_shards`, `--shards`),
   `groupBy(shard).transformWithStateInPandas` with a processor that reads its rows and keeps
   no state (bench/noop_ops.py `NoopProcessor`), one stateful task (as the live job), output
-  collected by foreachBatch.
+  collected by foreachBatch. Its Spark session is the live job's (`jobs.live.live_jvm`: the
+  quick JIT, C1, unless `java_options` is set); until session 13 the no-op ran the JVM's
+  default JIT while `cep run` ran C1, so the two did not run the same JVM.
 
 Throughput = input rows / the batches' `triggerExecution` time, over the batches after the first
 `--skip` (start-up: Python workers, first state stores). Every figure is a wall-clock one on a
@@ -43,14 +45,17 @@ _OP_US = ("python_us", "engine_us", "store_us", "timer_us", "encode_us", "write_
 NOOP_JOB = r'''
 import json, sys, time
 from pathlib import Path
-from cep.config import Settings
+from cep.config import load_settings
+from jobs.live import live_jvm
 from jobs.session import get_spark
 from pyspark.sql import functions as F
 from pyspark import cloudpickle
 import bench.noop_ops as noop_ops
 cloudpickle.register_pickle_by_value(noop_ops)
 bootstrap, topic, batch, shards, ck, out = sys.argv[1:7]
-settings = Settings(kafka_bootstrap=bootstrap)
+# The live job's JVM options (`live_jvm`: the quick JIT unless java_options is set), as the
+# live job's settings are read (CEP_* environment).
+settings = live_jvm(load_settings(overrides={"kafka_bootstrap": bootstrap}))
 spark = get_spark(settings, "cep-noop", kafka=True)
 spark.conf.set("spark.sql.shuffle.partitions", "1")
 src = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)

@@ -219,6 +219,7 @@ class KafkaInput:
 def _source(spark: Any, staged: Path, kafka: KafkaInput | None) -> Any:
     from pyspark.sql import functions as F
 
+    from cep.spark.live_pass import kafka_seq
     from jobs.session import kafka_jars
 
     if kafka is None:
@@ -233,7 +234,7 @@ def _source(spark: Any, staged: Path, kafka: KafkaInput | None) -> Any:
             .option("subscribe", kafka.topic).option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", kafka.per_batch).load()
             .select(F.lit(kafka.stream).alias("stream"), F.col("value").cast("string"),
-                    (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset"))
+                    kafka_seq(F.col("partition"), F.col("offset"))
                     .alias("seq")))
 
 

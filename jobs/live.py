@@ -379,6 +379,7 @@ class LiveJob:
         from pyspark.sql import functions as F
 
         from cep.spark.kafka import kafka_reader
+        from cep.spark.live_pass import kafka_seq
         from cep.spark.pipeline import tombstones_as_deletes
 
         # A table's changelog is read from its topic (TABLE ... FROM KAFKA 'topic') in the same
@@ -397,7 +398,7 @@ class LiveJob:
         value = tombstones_as_deletes(F.col("value"), stream_col, self.plan)
         return reader.load().select(
             stream_col.alias("stream"), value.alias("value"),
-            (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset")).alias("seq"),
+            kafka_seq(F.col("partition"), F.col("offset")).alias("seq"),
             "topic", "partition", "offset")
 
     def _start(self) -> None:
@@ -413,7 +414,7 @@ class LiveJob:
         # Validation, dead letters, fan-out, shard and packing in one Python pass
         # (cep/spark/live_pass.py): each input row goes from the JVM to Python once.
         rows = live_packed(self._source(), self.plan, ("topic", "partition", "offset"),
-                           MAX_BYTES)
+                           MAX_BYTES, topics={s.name: self._topic(s) for s in self.plan.streams})
         factory = SnapshotEngineFactory(self.snapshot, self.opts.max_partial_matches)
         out = match_packed(rows, self.plan, factory)
         alerts_ck = str(self.ck / "alerts")

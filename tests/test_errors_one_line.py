@@ -103,3 +103,40 @@ def test_every_rule_disabled_is_nothing_to_run(capfd, fraud_rules_dir, tmp_path)
                      "--bootstrap", "127.0.0.1:1", "--redis", "redis://127.0.0.1:1", "--once")
     message = f"no enabled rule in {fraud_rules_dir} reads a stream: nothing to run"
     assert (code, err) == (2, [message])
+
+
+def test_a_topic_that_kafka_cannot_name_is_one_line(capfd, fraud_rules_dir, tmp_path):
+    """`--topic transactions=a,b`: Spark's Kafka source would subscribe to "a" and "b" (its
+    `subscribe` is comma-separated) and the stream of every row be unknown; Kafka allows no
+    comma in a topic name, so `cep run` refuses it before it reaches Kafka or Spark."""
+    for bad in ("a,b", "", "..", "t" * 250, "tx topic"):
+        code, err = _run(capfd, "--rules", str(fraud_rules_dir), "--checkpoint",
+                         str(tmp_path / "ck"), "--topic", f"transactions={bad}", "--once")
+        assert code == 2 and len(err) == 1, err
+        assert err[0].startswith(f"not a Kafka topic name: {bad!r} (--topic transactions={bad})")
+
+
+def test_the_kafka_reader_takes_only_kafka_topic_names():
+    """Every job's Kafka read (`kafka_reader`: `cep run`, `cep replay`, `cep percolate`) checks
+    its topics, whatever named them (a `--topic`, a stream's name, a table's declared topic)."""
+    from cep.config import Settings
+    from cep.errors import CepError
+    from cep.spark.kafka import check_topic, kafka_reader
+
+    class Reader:  # records the options a job sets
+        def __init__(self) -> None:
+            self.options: dict[str, object] = {}
+
+        def format(self, _: str) -> Reader:
+            return self
+
+        def option(self, k: str, v: object) -> Reader:
+            self.options[k] = v
+            return self
+
+    good = ["tx", "a.b_c-9", "t" * 249]
+    assert [check_topic(t) for t in good] == good
+    r = kafka_reader(Reader(), Settings(), ["tx", "a.b_c-9", "tx"], starting="earliest")
+    assert r.options["subscribe"] == "a.b_c-9,tx"
+    with pytest.raises(CepError, match=r"not a Kafka topic name: 'a,b'"):
+        kafka_reader(Reader(), Settings(), ["tx", "a,b"], starting="earliest")

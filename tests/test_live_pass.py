@@ -18,7 +18,14 @@ import pytest
 from pyspark.sql import functions as F
 
 from cep.compile import compile_rules
-from cep.spark.live_pass import ValidatePack, spark_shards
+from cep.spark.live_pass import (
+    MAX_KAFKA_OFFSET,
+    ValidatePack,
+    kafka_position,
+    kafka_seq,
+    slim_input,
+    spark_shards,
+)
 from cep.spark.pipeline import DEAD_STREAM, fan_out, plan_for, unpack, validated
 from tests.test_bad_input import FRAUD, MIXED, T
 from tests.test_validate_live_fast import POSITION, _raw, several_streams_rows
@@ -155,3 +162,69 @@ def test_a_null_or_missing_key_is_a_dead_letter_before_the_shard(monkeypatch: An
     for native_hash in (True, False):  # the precondition the validator guarantees
         with pytest.raises(ValueError, match="null key"):
             spark_shards("card", pa.array(["c1", None]), 4, native=native_hash)
+
+
+def _packed_rows(vp: ValidatePack, batch: Any) -> list[tuple[Any, ...]]:
+    """A pass's output as sortable (shard, wm, row) tuples, one per packed row."""
+    return sorted(((p["shard"], p["wm"], repr(r)) for out in vp(iter([batch]))
+                   for p in out.to_pylist() for r in unpack([p["pack"]]).to_pylist()),
+                  key=repr)
+
+
+def test_a_slim_input_gives_the_full_inputs_rows() -> None:
+    """`live_packed` sends a one-stream Kafka job's rows to Python as `value` and `seq` only:
+    the pass must give the same packed rows (dead letters with their topic, partition and
+    offset) as from the full columns."""
+    plan = plan_for(FRAUD, 8)
+    stream = plan.streams[0].name
+    records: list[bytes | None] = [r for r in MIXED if len(r) < 1 << 20] + [None, b""]
+    records += [json.dumps({"ts": T + i, "card": f"card-{i}", "amount": i}).encode()
+                for i in range(100)]
+    n = len(records)
+    # Two partitions, as the live job encodes a position: partition * 2^40 + offset.
+    part = [i % 2 for i in range(n)]
+    offset = [1000 + i for i in range(n)]
+    full = pa.RecordBatch.from_arrays(
+        [pa.array([stream] * n), pa.array(records, pa.binary()),
+         pa.array([(p << 40) + o for p, o in zip(part, offset, strict=True)], pa.int64()),
+         pa.array(["tx-topic"] * n), pa.array(part, pa.int32()), pa.array(offset, pa.int64())],
+        names=["stream", "value", "seq", *POSITION])
+    slim = full.select(["value", "seq"])
+    wanted = _packed_rows(ValidatePack(plan, POSITION, 1 << 20), full)
+    got = _packed_rows(ValidatePack(plan, POSITION, 1 << 20, (stream, "tx-topic")), slim)
+    assert sum(DEAD_STREAM in r for _, _, r in wanted) >= 10
+    assert got == wanted
+
+
+def test_slim_input_only_for_one_stream_read_from_kafka() -> None:
+    fraud = plan_for(FRAUD, 8)
+    name = fraud.streams[0].name
+    assert slim_input(fraud, POSITION, {name: "t"}) == (name, "t")
+    assert slim_input(fraud, (), {name: "t"}) == (name, "t")
+    assert slim_input(fraud, POSITION, None) is None
+    assert slim_input(fraud, ("topic",), {name: "t"}) is None
+    assert slim_input(fraud, POSITION, {"other": "t"}) is None
+    several = plan_for(compile_rules(RULES, "several.cep"), 4)
+    assert slim_input(several, POSITION, {s.name: s.name for s in several.streams}) is None
+
+
+def test_kafka_position_reads_back_kafka_seq(spark: Any) -> None:
+    """The one encoder (a Spark column, every Kafka read) and the one decoder (a slim dead
+    letter's position) agree, up to the largest offset the encoding holds."""
+    positions = [(0, 0), (0, 1), (1, 0), (3, 12345), ((1 << 23) - 1, MAX_KAFKA_OFFSET),
+                 (7, MAX_KAFKA_OFFSET)]
+    df = spark.createDataFrame(positions, "partition int, offset long")
+    seqs = [r[0] for r in df.select(kafka_seq(F.col("partition"), F.col("offset"))).collect()]
+    assert [kafka_position(q) for q in seqs] == positions
+    assert len(set(seqs)) == len(seqs)
+
+
+def test_a_position_past_the_seq_encoding_fails_clearly(spark: Any) -> None:
+    """An offset past 2^40 - 1 (or a partition from 2^23) would give a seq another position
+    also has, and a slim dead letter a wrong partition and offset: the read fails instead,
+    naming the limit and the position."""
+    for partition, offset in [(0, MAX_KAFKA_OFFSET + 1), (1 << 23, 0)]:
+        df = spark.createDataFrame([(partition, offset)], "partition int, offset long")
+        with pytest.raises(Exception, match=rf"offset <= 2\^40 - 1.*partition {partition}, "
+                                            rf"offset {offset}"):
+            df.select(kafka_seq(F.col("partition"), F.col("offset"))).collect()

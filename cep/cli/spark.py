@@ -132,7 +132,11 @@ def _run(args: argparse.Namespace) -> int:
     settings = _settings(args, kafka_bootstrap=args.kafka_bootstrap, redis_url=args.redis_url,
                          checkpoint_dir=args.checkpoint_dir, live_shards=args.shards,
                          spark_master=args.spark_master)
+    from cep.spark.kafka import check_topic
+
     topics = dict(t.split("=", 1) for t in args.topic)
+    for stream, topic in topics.items():
+        check_topic(topic, f"--topic {stream}={topic}")
     opts = LiveOptions(rules=args.rules, checkpoint=settings.checkpoint_dir, topics=topics,
                        trigger_seconds=args.trigger, once=args.once,
                        max_offsets_per_trigger=args.max_offsets_per_trigger,

@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 
 from cep.engines import RulesEngineFactory
 from cep.errors import CepError
+from cep.spark.live_pass import kafka_seq
 from cep.spark.pipeline import Plan, plan_for
 
 ALERT_KINDS = ("match", "timeout")
@@ -113,7 +114,7 @@ def _raw(df: DataFrame, plan: Plan, stream: str | None, *, streaming: bool) -> D
         value = F.to_json(F.struct(*[F.col(f"`{c}`") for c in fields])).cast("binary")
     if kafka:
         return df.select(stream_col.alias("stream"), value.alias("value"),
-                         (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset"))
+                         kafka_seq(F.col("partition"), F.col("offset"))
                          .alias("seq"), F.col("topic").cast("string").alias("src"),
                          F.col("partition").cast("bigint").alias("part"),
                          F.col("offset").cast("bigint").alias("off"),

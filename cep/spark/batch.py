@@ -40,6 +40,7 @@ from cep.events import MAX_BYTES, dead_letter
 from cep.runtime.alerts import OUTPUT_SCHEMA, output_rows
 from cep.runtime.bind import build_embedded_engine, engine_kind
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, content_seq
+from cep.spark.live_pass import kafka_seq
 from cep.spark.pipeline import (
     BROADCAST,
     Plan,
@@ -605,13 +606,13 @@ def read_files(spark: Any, stream: str, files: list[Path]) -> DataFrame:
 
 def kafka_rows(df: DataFrame, stream: str, plan: Plan | None = None) -> DataFrame:
     """Raw rows of a Kafka read: seq is the source position, as the live job encodes it
-    (partition × 2^40 + offset), so a replay of a range gives the live job's alert ids. With
-    the `plan`, a table's tombstones are read as deletes (`tombstones_as_deletes`)."""
+    (`kafka_seq`: partition × 2^40 + offset), so a replay of a range gives the live job's alert
+    ids. With the `plan`, a table's tombstones are read as deletes (`tombstones_as_deletes`)."""
     value = F.col("value").cast("binary")
     if plan is not None:
         value = tombstones_as_deletes(value, F.lit(stream), plan)
     return df.select(F.lit(stream).alias("stream"), value.alias("value"),
-                     (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset"))
+                     kafka_seq(F.col("partition"), F.col("offset"))
                      .alias("seq"), F.col("topic").alias("src"),
                      F.col("partition").cast("bigint").alias("part"),
                      F.col("offset").cast("bigint").alias("off"), F.lit("kafka").alias("form"))

@@ -3,10 +3,26 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
 from cep.config import Settings
+from cep.errors import CepError
+
+# Kafka's legal topic names (its `Topic.validate`): a name outside them, e.g. "a,b", would be
+# read by the source's comma-separated `subscribe` as two topics.
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def check_topic(topic: str, what: str = "") -> str:
+    """`topic` if Kafka allows it as a topic name (ASCII letters, digits, '.', '_', '-', at most
+    249 characters, not '.' or '..'); else a `CepError` naming it (and `what`, e.g. its stream)."""
+    if _TOPIC_NAME.fullmatch(topic) and topic not in (".", ".."):
+        return topic
+    of = f" ({what})" if what else ""
+    raise CepError(f"not a Kafka topic name: {topic!r}{of}; a topic name is 1-249 of "
+                   "A-Z a-z 0-9 . _ - (not '.' or '..')")
 
 
 def kafka_reader(reader: Any, settings: Settings, topics: Iterable[str], *, starting: str,
@@ -16,10 +32,12 @@ def kafka_reader(reader: Any, settings: Settings, topics: Iterable[str], *, star
     """`reader` (`spark.read` or `spark.readStream`) set up for Kafka: the settings' bootstrap
     servers and client options (`kafka.*`), the topics, the start (and, for a batch read, the
     end) offsets and the optional limits. Returns the reader; `.load()` gives key, value,
-    topic, partition, offset, … as Spark's Kafka source does."""
+    topic, partition, offset, … as Spark's Kafka source does. A topic that is not a Kafka
+    topic name fails (`check_topic`): the source would split a name with a comma in two."""
+    names = [check_topic(t) for t in sorted(set(topics))]
     r = (reader.format("kafka")
          .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
-         .option("subscribe", ",".join(sorted(set(topics))))
+         .option("subscribe", ",".join(names))
          .option("startingOffsets", starting))
     if ending is not None:
         r = r.option("endingOffsets", ending)

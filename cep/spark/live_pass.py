@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from cep.events import MAX_BYTES
@@ -124,14 +124,50 @@ def spark_shards(field: str, keys: Any, shards: int, native: bool | None = None)
 
 _FAN_NAMES = ["shard", "wm", "stream", "ts", "seq", "data", "key_field", "primary"]
 
+# A Kafka record's position, as the live job reads it, and how its `seq` encodes it:
+# partition × 2^40 + offset (`kafka_seq`, the one encoder; `kafka_position`, the one decoder).
+KAFKA_POSITION = ("topic", "partition", "offset")
+SEQ_PARTITION_SHIFT = 40
+MAX_KAFKA_OFFSET = (1 << SEQ_PARTITION_SHIFT) - 1
+
+
+def kafka_seq(partition: Column, offset: Column) -> Column:
+    """A Kafka record's `seq` (alert ids, the order within a batch): partition × 2^40 + offset,
+    as every Kafka read encodes it (the live job, bounded replays, the bench). The encoding
+    holds offsets up to 2^40 - 1 (`MAX_KAFKA_OFFSET`, about 1.1 × 10^12 records in one
+    partition) and partitions below 2^23: past them a seq would run into another position's
+    (alert ids shared, a slim dead letter's partition and offset read back wrong), so such a
+    record fails the query with an error naming the limit and the position, rather than give a
+    wrong one."""
+    too_far = (offset > F.lit(MAX_KAFKA_OFFSET)) | (partition >= F.lit(1 << 23))
+    return (F.when(too_far, F.raise_error(F.concat(
+                F.lit("Kafka position past what a seq (partition × 2^40 + offset) holds "
+                      "(offset <= 2^40 - 1, partition < 2^23): partition "),
+                partition.cast("string"), F.lit(", offset "), offset.cast("string"))))
+            .otherwise(partition.cast("long") * F.lit(1 << SEQ_PARTITION_SHIFT) + offset))
+
+
+def kafka_position(seq: int) -> tuple[int, int]:
+    """(partition, offset) of a `kafka_seq`."""
+    return seq >> SEQ_PARTITION_SHIFT, seq & MAX_KAFKA_OFFSET
+
 
 class ValidatePack:
-    """The mapInArrow function of `live_packed`: raw rows → `(shard, wm, pack)` rows."""
+    """The mapInArrow function of `live_packed`: raw rows → `(shard, wm, pack)` rows.
 
-    def __init__(self, plan: Plan, position: tuple[str, ...], max_bytes: int) -> None:
+    `slim`: (stream, topic) of a one-stream Kafka job whose input batches hold only `value` and
+    `seq` (`live_packed`): the stream is the same on every row and the position (topic,
+    partition, offset) of a dead letter follows from its `seq`."""
+
+    def __init__(self, plan: Plan, position: tuple[str, ...], max_bytes: int,
+                 slim: tuple[str, str] | None = None) -> None:
         import pyarrow as pa
 
-        self.validate = Validate(plan, position, max_bytes)
+        self.slim = slim
+        if slim is not None and position not in ((), KAFKA_POSITION):
+            raise ValueError(f"ValidatePack: a slim input has the Kafka position or none, "
+                             f"not {position}")
+        self.validate = Validate(plan, () if slim else position, max_bytes)
         self.position = position
         self.shards = plan.shards
         self.key_fields = {s.name: s.key_fields for s in plan.streams}
@@ -141,7 +177,14 @@ class ValidatePack:
         self.dead_shard = int(spark_shards("", pa.array([""]), self.shards)[0])
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
         for batch in batches:
+            if self.slim is not None:  # the stream column the JVM did not send
+                batch = pa.RecordBatch.from_arrays(
+                    [pa.repeat(pa.scalar(self.slim[0]), batch.num_rows),
+                     batch.column("value"), batch.column("seq")],
+                    names=["stream", "value", "seq"])
             rows = self.fan_out(self.validate.validate_batch(batch))
             out = packed_batch(rows) if rows is not None else None
             if out is not None:
@@ -210,8 +253,13 @@ class ValidatePack:
         import pyarrow as pa
 
         n = bad.num_rows
-        cols = {c: bad.column(c).to_pylist() for c in ("reason", "raw", "stream",
-                                                        *self.position)}
+        cols = {c: bad.column(c).to_pylist()
+                for c in ("reason", "raw", "stream", *(() if self.slim else self.position))}
+        if self.slim is not None and self.position:  # the Kafka position, from seq
+            seqs = bad.column("seq").to_pylist()
+            cols["topic"] = [self.slim[1]] * n
+            cols["partition"], cols["offset"] = map(list, zip(*map(kafka_position, seqs),
+                                                              strict=True)) if n else ([], [])
         data = []
         for i in range(n):
             raw = cols["raw"][i]
@@ -231,14 +279,42 @@ class ValidatePack:
 
 
 def live_packed(raw: DataFrame, plan: Plan, position: tuple[str, ...] = (),
-                max_bytes: int = MAX_BYTES) -> DataFrame:
+                max_bytes: int = MAX_BYTES, topics: Mapping[str, str] | None = None,
+                ) -> DataFrame:
     """Raw rows (`stream`, `value`, `seq` and the `position` columns) → the stateful operator's
     input (`pipeline.packed`'s rows: `shard`, `pack`, the watermark's `event_time`), dead
-    letters included, in one Python pass (`ValidatePack`)."""
-    rows = raw.select("stream", F.col("value").cast("binary").alias("value"),
-                      F.col("seq").cast("bigint").alias("seq"), *position)
-    return (rows.mapInArrow(ValidatePack(plan, position, max_bytes), PACKED_SCHEMA_DDL)
+    letters included, in one Python pass (`ValidatePack`).
+
+    `topics` (stream → Kafka topic): a job reading one stream from one topic, whose `seq` is
+    the Kafka position (`SEQ_PARTITION_SHIFT`) and `position` is `KAFKA_POSITION` or empty,
+    sends only `value` and `seq` to Python: the stream and topic are the same on every row, a
+    dead letter's partition and offset follow from its seq (docs/spark-runtime.md, "The live
+    job's map stage")."""
+    slim = slim_input(plan, position, topics)
+    if slim is not None:
+        rows = raw.select(F.col("value").cast("binary").alias("value"),
+                          F.col("seq").cast("bigint").alias("seq"))
+    else:
+        rows = raw.select("stream", F.col("value").cast("binary").alias("value"),
+                          F.col("seq").cast("bigint").alias("seq"), *position)
+    return (rows.mapInArrow(ValidatePack(plan, position, max_bytes, slim), PACKED_SCHEMA_DDL)
             .withColumn("event_time", F.timestamp_millis(F.col("wm"))).drop("wm"))
 
 
-__all__ = ["ValidatePack", "live_packed", "spark_shards", "xxh64"]
+def slim_input(plan: Plan, position: tuple[str, ...],
+               topics: Mapping[str, str] | None) -> tuple[str, str] | None:
+    """(stream, topic) when `live_packed` can leave every column but `value` and `seq` in the
+    JVM: one stream, no table, its topic known, the position Kafka's or none; else None.
+    A dead letter's partition and offset are then read back from its seq (`kafka_position`),
+    which holds offsets up to 2^40 - 1 and partitions below 2^23: `kafka_seq` fails the query
+    on a record past them, so a slim dead letter never names a wrong position."""
+    if topics is None or len(plan.streams) != 1 or position not in ((), KAFKA_POSITION):
+        return None
+    s = plan.streams[0]
+    if s.is_table or s.name not in topics:
+        return None
+    return s.name, topics[s.name]
+
+
+__all__ = ["KAFKA_POSITION", "MAX_KAFKA_OFFSET", "ValidatePack", "kafka_position", "kafka_seq",
+           "live_packed", "slim_input", "spark_shards", "xxh64"]
