@@ -132,8 +132,13 @@ pub struct EngineState {
     /// Decoded keys stay decoded after an export while their bytes total at most this much
     /// (the others are held as bytes).
     keep_decoded: usize,
-    /// The keys with state (decoded or in `raw`), kept as they change (`counted`).
-    stateful: usize,
+    /// The keys whose slot holds a decoded state (`take_state`, `put_state`): with the keys
+    /// in `raw` (never both at once) the keys with state, `len()`, without a lookup per key.
+    decoded: usize,
+    /// The engine this state belongs to (`Engine::ident`, set by the first engine that uses
+    /// it): key states are by group index and rule fingerprint, which another rule set reads
+    /// as something else.
+    engine: Option<u64>,
     /// Column tables named by fingerprint in the blobs read (`import_blob`): a key read from
     /// the store may name a table of an earlier declaration of its stream.
     imported: Known,
@@ -191,28 +196,45 @@ impl EngineState {
         self.keys.slot(id).val.state.is_some() || self.raw.contains_key(&id)
     }
 
-    /// Run `f` (which changes the key's state or bytes), keeping `stateful` right.
-    fn counted<R>(&mut self, id: Id, f: impl FnOnce(&mut Self) -> R) -> R {
-        let had = self.has_state(id);
-        let r = f(self);
-        self.stateful = self.stateful + usize::from(self.has_state(id)) - usize::from(had);
-        r
-    }
-
     fn take_state(&mut self, id: Id) -> Option<KeyState> {
-        self.counted(id, |st| st.keys.val_mut(id).state.take())
+        let ks = self.keys.val_mut(id).state.take();
+        self.decoded -= usize::from(ks.is_some());
+        ks
     }
 
     fn put_state(&mut self, id: Id, ks: Option<KeyState>) {
-        self.counted(id, |st| st.keys.val_mut(id).state = ks);
+        let now = usize::from(ks.is_some());
+        let was = std::mem::replace(&mut self.keys.val_mut(id).state, ks);
+        self.decoded = self.decoded + now - usize::from(was.is_some());
     }
 
     fn take_raw(&mut self, id: Id) -> Option<Vec<u8>> {
-        self.counted(id, |st| st.raw.remove(&id))
+        self.raw.remove(&id)
     }
 
+    /// Hold the key (which has no decoded state) as bytes.
     fn put_raw(&mut self, id: Id, bytes: Vec<u8>) {
-        self.counted(id, |st| st.raw.insert(id, bytes));
+        debug_assert!(self.keys.slot(id).val.state.is_none());
+        self.raw.insert(id, bytes);
+    }
+
+    /// Tie the state to the engine `ident` on first use; an error if another engine (other
+    /// rules, groups or families) made it.
+    fn bind(&mut self, ident: u64) -> PyResult<()> {
+        self.check(ident)?;
+        self.engine = Some(ident);
+        Ok(())
+    }
+
+    fn check(&self, ident: u64) -> PyResult<()> {
+        match self.engine {
+            Some(e) if e != ident => Err(PyValueError::new_err(
+                "this EngineState holds the key states of an engine with other rules (rule \
+                 groups, rule versions or families differ): use a new EngineState, filled with \
+                 import_blob from the other engine's export_blobs",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The ids of the keys with state.
@@ -237,7 +259,7 @@ impl EngineState {
 
     /// The number of keys with state.
     fn __len__(&self) -> usize {
-        self.stateful
+        self.decoded + self.raw.len()
     }
 
     /// The number of keys in the wake index.
@@ -344,6 +366,21 @@ pub struct Engine {
     /// family (`NO_FAM`: none).
     families: Vec<Family>,
     fam_of: Vec<u32>,
+    /// What an `EngineState` it fills depends on (`engine_ident`): a state is tied to it.
+    ident: u64,
+}
+
+/// A hash of what a key state's layout depends on: the groups in order (id, rules by
+/// fingerprint) and the rules' families. Engines built from the same rules share it.
+fn engine_ident(rules: &[RuleE], groups: &[Group], fam_of: &[u32]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    for g in groups {
+        g.gid.hash(&mut h);
+        g.rules.iter().map(|&ri| rules[ri].fp).collect::<Vec<_>>().hash(&mut h);
+    }
+    fam_of.hash(&mut h);
+    h.finish()
 }
 
 pub(crate) const NO_FAM: u32 = u32::MAX;
@@ -649,6 +686,7 @@ impl Engine {
         max_ts: i64,
         eof: bool,
     ) -> PyResult<(Bound<'py, PyList>, Counts)> {
+        st.bind(self.ident)?;
         // Keys are advanced in id order (their slots in memory order); results are put in
         // (group id, key) order afterwards, as the Python engine advances its keys.
         let mut due: Vec<Id> = std::mem::take(&mut st.arrived);
@@ -942,7 +980,8 @@ impl Engine {
         }
         let group_rules: Vec<&[usize]> = groups.iter().map(|g| &g.rules[..]).collect();
         let (families, fam_of) = family::build(&rs, &group_rules, &shapes);
-        Ok(Engine { rules: rs, groups, by_stream, rank, partials: None, known, families, fam_of })
+        let ident = engine_ident(&rs, &groups, &fam_of);
+        Ok(Engine { rules: rs, groups, by_stream, rank, partials: None, known, families, fam_of, ident })
     }
 
     /// `Engine.ingest` over a list of `cep.runtime.engine.Event`: returns (results, late as
@@ -1181,12 +1220,15 @@ impl Engine {
 
     /// The smallest max event time at which some key of `state` has work to do.
     fn next_wake(&self, state: &Bound<'_, EngineState>) -> PyResult<Option<i64>> {
-        Ok(state.try_borrow_mut()?.keys.next_due())
+        let mut st = state.try_borrow_mut()?;
+        st.check(self.ident)?;
+        Ok(st.keys.next_due())
     }
 
     /// The (group id, key) of every key with state.
     fn keys(&self, state: &Bound<'_, EngineState>) -> PyResult<Vec<(String, String)>> {
         let st = state.try_borrow()?;
+        st.check(self.ident)?;
         let mut v: Vec<(String, String)> = st
             .with_state()
             .into_iter()
@@ -1202,6 +1244,7 @@ impl Engine {
     fn key_bytes(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<Option<Py<PyAny>>> {
         let gi = self.gid_index(gid)?;
         let st = state.try_borrow()?;
+        st.check(self.ident)?;
         let Some(id) = st.keys.find(gi, key) else { return Ok(None) };
         let buf = match (&st.keys.slot(id).val.state, st.enc.get(&id).or_else(|| st.raw.get(&id))) {
             (_, Some(raw)) => raw.clone(),
@@ -1215,6 +1258,7 @@ impl Engine {
     fn load_key(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str, data: &[u8]) -> PyResult<()> {
         let gi = self.gid_index(gid)?;
         let mut st = state.try_borrow_mut()?;
+        st.bind(self.ident)?;
         let ks = decode_key(py, data, key, [&self.known, &st.imported])?;
         let when = self.wake_of(gi, &ks);
         let id = st.keys.intern(gi, &Arc::from(key))?;
@@ -1229,6 +1273,7 @@ impl Engine {
     fn delete_key(&self, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<()> {
         let gi = self.gid_index(gid)?;
         let mut st = state.try_borrow_mut()?;
+        st.bind(self.ident)?;
         let Some(id) = st.keys.find(gi, key) else { return Ok(()) };
         st.forget(id);
         Ok(())
@@ -1244,6 +1289,7 @@ impl Engine {
         let text = |b: &[u8]| std::str::from_utf8(b).map(str::to_owned).map_err(|_| corrupt());
         let mut st = state.try_borrow_mut()?;
         let st = &mut *st;
+        st.bind(self.ident)?;
         let mut d = EvDec { data: blob, at: 0, var: true };
         if d.take(5)? != BLOB_MAGIC {
             return Err(PyValueError::new_err("not a native key-state blob (cep._core): wrong header"));
@@ -1305,6 +1351,7 @@ impl Engine {
     fn export_blobs(&self, py: Python<'_>, state: &Bound<'_, EngineState>, all: bool, max_bytes: usize) -> PyResult<Vec<Py<PyAny>>> {
         let mut st = state.try_borrow_mut()?;
         let st = &mut *st;
+        st.bind(self.ident)?;
         // Decoded keys without bytes: when tracked, only keys advanced since the last export.
         let decoded = |st: &EngineState, id: Id| st.keys.slot(id).val.state.is_some() && !st.enc.contains_key(&id);
         let fresh: Vec<Id> = if all || !st.track_dirty {
@@ -1407,6 +1454,7 @@ impl Engine {
     /// key): a measure of the shard's stored size after `export_blobs`.
     fn raw_bytes(&self, state: &Bound<'_, EngineState>) -> PyResult<usize> {
         let st = state.try_borrow()?;
+        st.check(self.ident)?;
         Ok(st.raw.values().chain(st.enc.values()).map(Vec::len).sum())
     }
 

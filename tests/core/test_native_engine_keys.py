@@ -190,3 +190,37 @@ def test_a_key_that_fails_to_decode_keeps_its_bytes_and_the_other_due_keys_their
         out.append((got + _records(native, end), n_late))
     assert out[0] == out[1] and len(out[0][0]) > 0
     assert (len(state), state.wake_len()) == (len(clean), clean.wake_len()) == (0, 0)
+
+
+def test_a_state_belongs_to_the_rules_of_the_engine_that_filled_it() -> None:
+    """An EngineState keeps its keys by group index and rule fingerprint: another engine built
+    from the same rules goes on with it, one with other rules gets a clear error (not a
+    misread), and the way across is export_blobs / import_blob into a new state."""
+    from dataclasses import replace
+
+    from cep import _core
+
+    events = _waves(60, seed=3)[:120]
+    ruleset = native_bundled()
+    first, again = build_embedded_engine(ruleset), build_embedded_engine(ruleset)
+    fewer = build_embedded_engine(replace(ruleset, rules=ruleset.rules[1:]))
+    state = _core.EngineState()
+    max_ts = max(e.ts for e in events)
+    first.core.ingest_arrow(state, _batch(events, False), max_ts)
+    keys = first.core.keys(state)
+    assert keys and len(state) == len(keys)
+    assert again.core.keys(state) == keys and again.core.next_wake(state) == state.next_wake()
+    for call in (lambda: fewer.core.ingest_arrow(state, _batch(events[:1], False), max_ts),
+                 lambda: fewer.core.ingest(state, events[:1], max_ts),
+                 lambda: fewer.core.keys(state), lambda: fewer.core.next_wake(state),
+                 lambda: fewer.core.export_blobs(state),
+                 lambda: fewer.core.key_bytes(state, *keys[0])):
+        with pytest.raises(ValueError, match="engine with other rules"):
+            call()
+    assert first.core.keys(state) == keys and len(state) == len(keys), "refused calls change nothing"
+    moved = _core.EngineState()
+    for blob in first.core.export_blobs(state, all=True):
+        fewer.core.import_blob(moved, blob)
+    assert set(fewer.core.keys(moved)) <= set(keys) and len(moved) > 0
+    with pytest.raises(ValueError, match="engine with other rules"):
+        first.core.ingest(moved, [], max_ts)
