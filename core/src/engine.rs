@@ -1573,3 +1573,39 @@ fn family_state(fam: &Family, rules: &[RuleE], fstates: &mut Vec<(u32, FState)>,
     }
     fam.regroup(own)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::expr::{Cap, CapVec};
+    use crate::keys::Slot;
+    use crate::matcher::{Entry, Run};
+    use std::mem::size_of;
+
+    /// What a live key costs in memory is the sum of these (docs/native-core.md, "Compact key
+    /// state"): they are printed (`cargo test -- --nocapture`) and held to their sizes when
+    /// measured, so that a field added to a per-key type is a decision, not a drift.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn per_key_types_stay_their_size() {
+        let sizes = [
+            ("Slot<KeySlot>", size_of::<Slot<KeySlot>>(), 136),
+            ("KeyState", size_of::<KeyState>(), 72),
+            ("Item", size_of::<Item>(), 56),
+            ("Part", size_of::<Part>(), 56),
+            ("Run", size_of::<Run>(), 48),
+            ("Entry", size_of::<Entry>(), 16),
+            ("CapVec", size_of::<CapVec>(), 48),
+            ("Cap", size_of::<Cap>(), 24),
+            ("Ev", size_of::<Ev>(), 104),
+            ("Row", size_of::<Row>(), 32),
+            ("Value", size_of::<Value>(), 24),
+        ];
+        for (name, size, _) in sizes {
+            println!("{name}: {size} B");
+        }
+        for (name, size, max) in sizes {
+            assert!(size <= max, "{name} grew to {size} B (was {max} B)");
+        }
+    }
+}
