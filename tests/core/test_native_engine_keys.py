@@ -217,10 +217,47 @@ def test_a_state_belongs_to_the_rules_of_the_engine_that_filled_it() -> None:
                  lambda: fewer.core.key_bytes(state, *keys[0])):
         with pytest.raises(ValueError, match="engine with other rules"):
             call()
-    assert first.core.keys(state) == keys and len(state) == len(keys), "refused calls change nothing"
+    assert first.core.keys(state) == keys and len(state) == len(keys), "refused: no change"
     moved = _core.EngineState()
     for blob in first.core.export_blobs(state, all=True):
         fewer.core.import_blob(moved, blob)
     assert set(fewer.core.keys(moved)) <= set(keys) and len(moved) > 0
     with pytest.raises(ValueError, match="engine with other rules"):
         first.core.ingest(moved, [], max_ts)
+
+
+@pytest.mark.parametrize(("batch", "track_dirty"), [(37, False), (500, True)])
+def test_keys_held_as_bytes_between_calls_match_the_python_engine(batch: int,
+                                                                  track_dirty: bool) -> None:
+    """Every key held as its `CEPNK` bytes between calls (`export_blobs` after each call with
+    `keep_decoded=0`: what docs/native-core.md "Compact key state" measured), decoded when an
+    event or a deadline reaches it: results, late reports, keys with state, wake keys and the
+    next wake equal the Python engine's, call by call."""
+    from cep import _core
+
+    events = _waves(600, seed=batch)
+    ruleset = native_bundled()
+    python = build_engine(ruleset, use_native=False)
+    native = build_embedded_engine(ruleset)
+    core = native.core
+    state = _core.EngineState(track_dirty=track_dirty, keep_decoded=0)
+    py_store, max_ts, held, n_late = MemoryKeyStore(), NEG_INF, 0, 0
+    for i in range(0, len(events), batch):
+        chunk = events[i:i + batch]
+        want = python.ingest(py_store, chunk, max_ts)
+        got, late, *_ = core.ingest_arrow(state, _batch(chunk, False), max_ts)
+        assert _records(native, got) == _records(python, want.matches)
+        assert [(tuple(ids), key, chunk[j].seq) for ids, key, j, _ in late] == \
+            [(tuple(x.rule_ids), x.key, x.event.seq) for x in want.late]
+        n_late += len(late)
+        core.export_blobs(state)
+        held = max(held, core.raw_bytes(state))
+        assert len(state) == len(core.keys(state)) == len(py_store.states)
+        assert state.wake_len() == len(py_store.wake)
+        assert core.next_wake(state) == python.next_wake(py_store)
+        max_ts = max(max_ts, max(e.ts for e in chunk))
+    assert held > 0 and n_late > 0, "keys were held as bytes, some events came late"
+    end = python.advance(py_store, max_ts, end_of_input=max_ts).matches
+    got, *_ = core.ingest_arrow(state, _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
+    assert _records(native, got) == _records(python, end)
+    assert len(state) == 0 and state.wake_len() == 0
