@@ -686,7 +686,6 @@ impl Engine {
         max_ts: i64,
         eof: bool,
     ) -> PyResult<(Bound<'py, PyList>, Counts)> {
-        st.bind(self.ident)?;
         // Keys are advanced in id order (their slots in memory order); results are put in
         // (group id, key) order afterwards, as the Python engine advances its keys.
         let mut due: Vec<Id> = std::mem::take(&mut st.arrived);
@@ -996,6 +995,7 @@ impl Engine {
         end_of_input: Option<i64>,
     ) -> PyResult<IngestOut<'py>> {
         let mut st = state.try_borrow_mut()?;
+        st.bind(self.ident)?;
         let eof = end_of_input.is_some();
         let mut max_ts = end_of_input.unwrap_or(max_ts);
         let late_wms: Vec<i64> =
@@ -1119,6 +1119,7 @@ impl Engine {
         // Each group's key column in the batch's table (rows of a JSON column look it up by name).
         let kf_col: Vec<Option<usize>> = self.groups.iter().map(|g| cols.names.iter().position(|n| *n == g.kf)).collect();
         let mut st = state.try_borrow_mut()?;
+        st.bind(self.ident)?;
         let eof = end_of_input.is_some();
         let mut max_ts = end_of_input.unwrap_or(max_ts);
         let late_wms: Vec<i64> =

@@ -224,6 +224,17 @@ def test_a_state_belongs_to_the_rules_of_the_engine_that_filled_it() -> None:
     assert set(fewer.core.keys(moved)) <= set(keys) and len(moved) > 0
     with pytest.raises(ValueError, match="engine with other rules"):
         first.core.ingest(moved, [], max_ts)
+    # The refused calls changed nothing: the state goes on as an untouched copy does.
+    twin = _core.EngineState()
+    first.core.ingest_arrow(twin, _batch(events, False), max_ts)
+    more = [e for e in _waves(60, seed=3)[120:] if e.ts > max_ts]
+    top = max(e.ts for e in more)
+    ends = []
+    for st in (state, twin):
+        res, late, *_ = first.core.ingest_arrow(st, _batch(more, False), max_ts)
+        end, *_ = first.core.ingest(st, [], top, top)
+        ends.append((_records(first, res + end), len(late), first.core.keys(st)))
+    assert ends[0] == ends[1] and ends[0][0], "the same results after the refused calls"
 
 
 @pytest.mark.parametrize(("batch", "track_dirty"), [(37, False), (500, True)])
