@@ -1290,7 +1290,6 @@ impl Engine {
         let text = |b: &[u8]| std::str::from_utf8(b).map(str::to_owned).map_err(|_| corrupt());
         let mut st = state.try_borrow_mut()?;
         let st = &mut *st;
-        st.bind(self.ident)?;
         let mut d = EvDec { data: blob, at: 0, var: true };
         if d.take(5)? != BLOB_MAGIC {
             return Err(PyValueError::new_err("not a native key-state blob (cep._core): wrong header"));
@@ -1302,6 +1301,9 @@ impl Engine {
                  {BLOB_VERSION}: discard the state (reset the checkpoint) or replay the input"
             )));
         }
+        // Tied to the engine only once the header and version are read: a refused blob leaves
+        // the state as it was.
+        st.bind(self.ident)?;
         let n = u32::from_le_bytes(d.take(4)?.try_into().map_err(|_| corrupt())?) as usize;
         for _ in 0..d.uv()? {
             let ncols = d.uv()? as usize;

@@ -209,6 +209,7 @@ def test_a_state_belongs_to_the_rules_of_the_engine_that_filled_it() -> None:
     first.core.ingest_arrow(state, _batch(events, False), max_ts)
     keys = first.core.keys(state)
     assert keys and len(state) == len(keys)
+    blobs = first.core.export_blobs(state, all=True)
     assert again.core.keys(state) == keys and again.core.next_wake(state) == state.next_wake()
     for call in (lambda: fewer.core.ingest_arrow(state, _batch(events[:1], False), max_ts),
                  lambda: fewer.core.ingest(state, events[:1], max_ts),
@@ -218,6 +219,13 @@ def test_a_state_belongs_to_the_rules_of_the_engine_that_filled_it() -> None:
         with pytest.raises(ValueError, match="engine with other rules"):
             call()
     assert first.core.keys(state) == keys and len(state) == len(keys), "refused: no change"
+    # A blob refused for its header or version leaves a new state free for any engine.
+    loose = _core.EngineState()
+    bad_version = blobs[0][:5] + (_core.BLOB_VERSION + 1).to_bytes(2, "little") + blobs[0][7:]
+    for bad, why in ((b"XXXXX" + blobs[0][5:], "wrong header"), (bad_version, "format version")):
+        with pytest.raises(ValueError, match=why):
+            first.core.import_blob(loose, bad)
+    fewer.core.ingest(loose, [], max_ts)
     moved = _core.EngineState()
     for blob in first.core.export_blobs(state, all=True):
         fewer.core.import_blob(moved, blob)
