@@ -198,14 +198,22 @@ impl EngineState {
 
     fn take_state(&mut self, id: Id) -> Option<KeyState> {
         let ks = self.keys.val_mut(id).state.take();
-        self.decoded -= usize::from(ks.is_some());
+        self.count_decoded(0, usize::from(ks.is_some()));
         ks
     }
 
     fn put_state(&mut self, id: Id, ks: Option<KeyState>) {
         let now = usize::from(ks.is_some());
         let was = std::mem::replace(&mut self.keys.val_mut(id).state, ks);
-        self.decoded = self.decoded + now - usize::from(was.is_some());
+        self.count_decoded(now, usize::from(was.is_some()));
+    }
+
+    /// `decoded` counts the slots holding a state (set only through take_state/put_state): a
+    /// count that would go below zero is a broken invariant, not a wrapped len() (release too).
+    fn count_decoded(&mut self, now: usize, was: usize) {
+        self.decoded = (self.decoded + now)
+            .checked_sub(was)
+            .expect("EngineState: `decoded` counts the key slots holding a state (take_state/put_state)");
     }
 
     fn take_raw(&mut self, id: Id) -> Option<Vec<u8>> {
@@ -214,7 +222,9 @@ impl EngineState {
 
     /// Hold the key (which has no decoded state) as bytes.
     fn put_raw(&mut self, id: Id, bytes: Vec<u8>) {
-        debug_assert!(self.keys.slot(id).val.state.is_none());
+        // len() counts a key once: never both decoded and held as bytes (checked in release too:
+        // one slot read beside the map insert).
+        assert!(self.keys.slot(id).val.state.is_none(), "EngineState: a key is never both decoded and held as bytes");
         self.raw.insert(id, bytes);
     }
 
