@@ -209,16 +209,22 @@ def test_a_state_belongs_to_the_rules_of_the_engine_that_filled_it() -> None:
     first.core.ingest_arrow(state, _batch(events, False), max_ts)
     keys = first.core.keys(state)
     assert keys and len(state) == len(keys)
+    key_bytes = first.core.key_bytes(state, *keys[0])
     blobs = first.core.export_blobs(state, all=True)
     assert again.core.keys(state) == keys and again.core.next_wake(state) == state.next_wake()
     for call in (lambda: fewer.core.ingest_arrow(state, _batch(events[:1], False), max_ts),
                  lambda: fewer.core.ingest(state, events[:1], max_ts),
                  lambda: fewer.core.keys(state), lambda: fewer.core.next_wake(state),
                  lambda: fewer.core.export_blobs(state),
-                 lambda: fewer.core.key_bytes(state, *keys[0])):
+                 lambda: fewer.core.key_bytes(state, *keys[0]),
+                 lambda: fewer.core.load_key(state, *keys[0], key_bytes),
+                 lambda: fewer.core.delete_key(state, *keys[0]),
+                 lambda: fewer.core.raw_bytes(state),
+                 lambda: fewer.core.import_blob(state, blobs[0])):
         with pytest.raises(ValueError, match="engine with other rules"):
             call()
     assert first.core.keys(state) == keys and len(state) == len(keys), "refused: no change"
+    assert first.core.key_bytes(state, *keys[0]) == key_bytes
     # A blob refused for its header or version leaves a new state free for any engine.
     loose = _core.EngineState()
     bad_version = blobs[0][:5] + (_core.BLOB_VERSION + 1).to_bytes(2, "little") + blobs[0][7:]
