@@ -586,7 +586,8 @@ fn advance_key(
                     fam.run_key(rules, py, fs, &evs, &mut shared, ncids, safe, eof, &mut fout).map(|fs| (before, fs))
                 }));
                 let (before, fs) = match r {
-                    Ok(r) => r?,
+                    Ok(Ok(r)) => r,
+                    Ok(Err(e)) => return Err(keep_unconsumed(st, id, buffer, parts, fstates, e)),
                     Err(p) => {
                         return Err(CoreError::new_err(format!(
                             "rule {}: the native engine failed: {}",
@@ -650,7 +651,8 @@ fn advance_key(
             Ok(s)
         }));
         let s = match r {
-            Ok(r) => r?,
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(keep_unconsumed(st, id, buffer, parts, fstates, e)),
             Err(p) => {
                 return Err(CoreError::new_err(format!(
                     "rule {}: the native engine failed: {}",
@@ -684,6 +686,24 @@ fn advance_key(
     };
     st.keys.set_wake(id, when);
     Ok(())
+}
+
+/// A rule raised while the key was advanced: the key keeps what the call did not consume (its
+/// events not released, the parts of the rules not run yet), as the Python engine's key store
+/// does; the released events and the parts of the rules run so far are lost with the call.
+fn keep_unconsumed(
+    st: &mut EngineState,
+    id: Id,
+    buffer: Vec<Item>,
+    parts: Vec<Option<Part>>,
+    fams: Vec<(u32, FState)>,
+    e: PyErr,
+) -> PyErr {
+    let parts: Vec<Part> = parts.into_iter().flatten().collect();
+    if !(buffer.is_empty() && parts.is_empty() && fams.is_empty()) {
+        st.put_state(id, Some(KeyState { buffer, parts, fams }));
+    }
+    e
 }
 
 impl Engine {

@@ -14,6 +14,7 @@ Timeline of one card (W = wave length, 2 h; cards of wave w start at w * W):
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -286,3 +287,56 @@ def test_keys_held_as_bytes_between_calls_match_the_python_engine(batch: int,
     got, *_ = core.ingest_arrow(state, _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
     assert _records(native, got) == _records(python, end)
     assert len(state) == 0 and state.wake_len() == 0
+
+
+class _Raising(Mapping[str, Any]):
+    """An event's data whose `amount` cannot be read: the rules' condition raises (a
+    condition's own errors give NULL, docs/semantics.md; a failing read of the event does not)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def __getitem__(self, name: str) -> Any:
+        if name == "amount":
+            raise RuntimeError("amount unreadable")
+        return self.data[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def test_a_key_whose_rule_raises_keeps_its_events_not_released_as_the_python_engine() -> None:
+    """A rule raises while a key is advanced (an event whose field cannot be read): the call
+    fails in both engines, and the key keeps the events the call did not release (the Python
+    engine's store keeps its buffer); three probes then a large charge, the first probe
+    buffered during the failed call, raise the same card-testing alert afterwards."""
+    ruleset = native_bundled()
+    python = build_engine(ruleset, use_native=False)
+    native = build_embedded_engine(ruleset)
+    t0, t1 = 10 * HOUR, 11 * HOUR
+
+    def charge(seq: int, ts: int, amount: float, data: Any = None) -> Event:
+        row = {"ts": ts, "card": "k", "amount": amount, "merchant": "m1", "country": "NL"}
+        return Event("transactions", ts, seq, data(row) if data else row)
+
+    calls = [[charge(0, t0, 25.0)], [charge(1, t0 + 1000, 30.0, _Raising)],
+             [charge(2, t1, 1.5)],  # releases the two events above: the rule raises
+             [charge(3, t1 + 10_000, 1.5), charge(4, t1 + 20_000, 1.5),
+              charge(5, t1 + 30_000, 900.0)]]
+    out = []
+    for engine in (python, native):
+        store, max_ts, got = MemoryKeyStore(), NEG_INF, []
+        for i, chunk in enumerate(calls):
+            if i == 2:
+                with pytest.raises(RuntimeError, match="amount unreadable"):
+                    engine.ingest(store, chunk, max_ts)
+            else:
+                got += engine.ingest(store, chunk, max_ts).matches
+            max_ts = max(max_ts, max(e.ts for e in chunk))
+        got += engine.ingest(store, [], max_ts, end_of_input=max_ts).matches
+        out.append(_records(engine, got))
+    assert out[0] == out[1]
+    assert [r["rule_id"] for r in out[0]] == ["card_testing"], "the buffered probe counts"
