@@ -328,7 +328,8 @@ def test_a_key_whose_rule_raises_keeps_its_events_not_released_as_the_python_eng
               charge(5, t1 + 30_000, 900.0)]]
     out = []
     for engine in (python, native):
-        store, max_ts, got = MemoryKeyStore(), NEG_INF, []
+        store, max_ts = MemoryKeyStore(), NEG_INF
+        got: list[Any] = []
         for i, chunk in enumerate(calls):
             if i == 2:
                 with pytest.raises(RuntimeError, match="amount unreadable"):
