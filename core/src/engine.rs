@@ -134,8 +134,13 @@ pub struct EngineState {
     /// Decoded keys stay decoded after an export while their bytes total at most this much
     /// (the others are held as bytes).
     keep_decoded: usize,
-    /// The keys with state (decoded or in `raw`), kept as they change (`counted`).
-    stateful: usize,
+    /// The keys whose slot holds a decoded state (`take_state`, `put_state`): with the keys
+    /// in `raw` (never both at once) the keys with state, `len()`, without a lookup per key.
+    decoded: usize,
+    /// The engine this state belongs to (`Engine::ident`, set by the first engine that uses
+    /// it): key states are by group index and rule fingerprint, which another rule set reads
+    /// as something else.
+    engine: Option<u64>,
     /// Column tables named by fingerprint in the blobs read (`import_blob`): a key read from
     /// the store may name a table of an earlier declaration of its stream.
     imported: Known,
@@ -198,28 +203,55 @@ impl EngineState {
         self.keys.slot(id).val.state.is_some() || self.raw.contains_key(&id)
     }
 
-    /// Run `f` (which changes the key's state or bytes), keeping `stateful` right.
-    fn counted<R>(&mut self, id: Id, f: impl FnOnce(&mut Self) -> R) -> R {
-        let had = self.has_state(id);
-        let r = f(self);
-        self.stateful = self.stateful + usize::from(self.has_state(id)) - usize::from(had);
-        r
-    }
-
     fn take_state(&mut self, id: Id) -> Option<KeyState> {
-        self.counted(id, |st| st.keys.val_mut(id).state.take())
+        let ks = self.keys.val_mut(id).state.take();
+        self.count_decoded(0, usize::from(ks.is_some()));
+        ks
     }
 
     fn put_state(&mut self, id: Id, ks: Option<KeyState>) {
-        self.counted(id, |st| st.keys.val_mut(id).state = ks);
+        let now = usize::from(ks.is_some());
+        let was = std::mem::replace(&mut self.keys.val_mut(id).state, ks);
+        self.count_decoded(now, usize::from(was.is_some()));
+    }
+
+    /// `decoded` counts the slots holding a state (set only through take_state/put_state): a
+    /// count that would go below zero is a broken invariant, not a wrapped len() (release too).
+    fn count_decoded(&mut self, now: usize, was: usize) {
+        self.decoded = (self.decoded + now)
+            .checked_sub(was)
+            .expect("EngineState: `decoded` counts the key slots holding a state (take_state/put_state)");
     }
 
     fn take_raw(&mut self, id: Id) -> Option<Vec<u8>> {
-        self.counted(id, |st| st.raw.remove(&id))
+        self.raw.remove(&id)
     }
 
+    /// Hold the key (which has no decoded state) as bytes.
     fn put_raw(&mut self, id: Id, bytes: Vec<u8>) {
-        self.counted(id, |st| st.raw.insert(id, bytes));
+        // len() counts a key once: never both decoded and held as bytes (checked in release too:
+        // one slot read beside the map insert).
+        assert!(self.keys.slot(id).val.state.is_none(), "EngineState: a key is never both decoded and held as bytes");
+        self.raw.insert(id, bytes);
+    }
+
+    /// Tie the state to the engine `ident` on first use; an error if another engine (other
+    /// rules, groups or families) made it.
+    fn bind(&mut self, ident: u64) -> PyResult<()> {
+        self.check(ident)?;
+        self.engine = Some(ident);
+        Ok(())
+    }
+
+    fn check(&self, ident: u64) -> PyResult<()> {
+        match self.engine {
+            Some(e) if e != ident => Err(PyValueError::new_err(
+                "this EngineState holds the key states of an engine with other rules (rule \
+                 groups, rule versions or families differ): use a new EngineState, filled with \
+                 import_blob from the other engine's export_blobs",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The ids of the keys with state.
@@ -244,7 +276,7 @@ impl EngineState {
 
     /// The number of keys with state.
     fn __len__(&self) -> usize {
-        self.stateful
+        self.decoded + self.raw.len()
     }
 
     /// The number of keys in the wake index.
@@ -351,6 +383,21 @@ pub struct Engine {
     /// family (`NO_FAM`: none).
     families: Vec<Family>,
     fam_of: Vec<u32>,
+    /// What an `EngineState` it fills depends on (`engine_ident`): a state is tied to it.
+    ident: u64,
+}
+
+/// A hash of what a key state's layout depends on: the groups in order (id, rules by
+/// fingerprint) and the rules' families. Engines built from the same rules share it.
+fn engine_ident(rules: &[RuleE], groups: &[Group], fam_of: &[u32]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    for g in groups {
+        g.gid.hash(&mut h);
+        g.rules.iter().map(|&ri| rules[ri].fp).collect::<Vec<_>>().hash(&mut h);
+    }
+    fam_of.hash(&mut h);
+    h.finish()
 }
 
 pub(crate) const NO_FAM: u32 = u32::MAX;
@@ -550,7 +597,8 @@ fn advance_key(
                     fam.run_key(rules, py, fs, &evs, &mut shared, ncids, safe, eof, &mut fout).map(|fs| (before, fs))
                 }));
                 let (before, fs) = match r {
-                    Ok(r) => r?,
+                    Ok(Ok(r)) => r,
+                    Ok(Err(e)) => return Err(keep_unconsumed(st, id, buffer, parts, fstates, e)),
                     Err(p) => {
                         return Err(CoreError::new_err(format!(
                             "rule {}: the native engine failed: {}",
@@ -614,7 +662,8 @@ fn advance_key(
             Ok(s)
         }));
         let s = match r {
-            Ok(r) => r?,
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(keep_unconsumed(st, id, buffer, parts, fstates, e)),
             Err(p) => {
                 return Err(CoreError::new_err(format!(
                     "rule {}: the native engine failed: {}",
@@ -648,6 +697,24 @@ fn advance_key(
     };
     st.keys.set_wake(id, when);
     Ok(())
+}
+
+/// A rule raised while the key was advanced: the key keeps what the call did not consume (its
+/// events not released, the parts of the rules not run yet), as the Python engine's key store
+/// does; the released events and the parts of the rules run so far are lost with the call.
+fn keep_unconsumed(
+    st: &mut EngineState,
+    id: Id,
+    buffer: Vec<Item>,
+    parts: Vec<Option<Part>>,
+    fams: Vec<(u32, FState)>,
+    e: PyErr,
+) -> PyErr {
+    let parts: Vec<Part> = parts.into_iter().flatten().collect();
+    if !(buffer.is_empty() && parts.is_empty() && fams.is_empty()) {
+        st.put_state(id, Some(KeyState { buffer, parts, fams }));
+    }
+    e
 }
 
 impl Engine {
@@ -985,7 +1052,8 @@ impl Engine {
         }
         let group_rules: Vec<&[usize]> = groups.iter().map(|g| &g.rules[..]).collect();
         let (families, fam_of) = family::build(&rs, &group_rules, &shapes);
-        Ok(Engine { rules: rs, groups, by_stream, rank, partials: None, known, families, fam_of })
+        let ident = engine_ident(&rs, &groups, &fam_of);
+        Ok(Engine { rules: rs, groups, by_stream, rank, partials: None, known, families, fam_of, ident })
     }
 
     /// `Engine.ingest` over a list of `cep.runtime.engine.Event`: returns (results, late as
@@ -1000,6 +1068,7 @@ impl Engine {
         end_of_input: Option<i64>,
     ) -> PyResult<IngestOut<'py>> {
         let mut st = state.try_borrow_mut()?;
+        st.bind(self.ident)?;
         let eof = end_of_input.is_some();
         let mut max_ts = end_of_input.unwrap_or(max_ts);
         let late_wms: Vec<i64> =
@@ -1126,6 +1195,7 @@ impl Engine {
         // Each group's key column in the batch's table (rows of a JSON column look it up by name).
         let kf_col: Vec<Option<usize>> = self.groups.iter().map(|g| cols.names.iter().position(|n| *n == g.kf)).collect();
         let mut st = state.try_borrow_mut()?;
+        st.bind(self.ident)?;
         let eof = end_of_input.is_some();
         let mut max_ts = end_of_input.unwrap_or(max_ts);
         let late_wms: Vec<i64> =
@@ -1274,12 +1344,15 @@ impl Engine {
 
     /// The smallest max event time at which some key of `state` has work to do.
     fn next_wake(&self, state: &Bound<'_, EngineState>) -> PyResult<Option<i64>> {
-        Ok(state.try_borrow_mut()?.keys.next_due())
+        let mut st = state.try_borrow_mut()?;
+        st.check(self.ident)?;
+        Ok(st.keys.next_due())
     }
 
     /// The (group id, key) of every key with state.
     fn keys(&self, state: &Bound<'_, EngineState>) -> PyResult<Vec<(String, String)>> {
         let st = state.try_borrow()?;
+        st.check(self.ident)?;
         let mut v: Vec<(String, String)> = st
             .with_state()
             .into_iter()
@@ -1295,6 +1368,7 @@ impl Engine {
     fn key_bytes(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<Option<Py<PyAny>>> {
         let gi = self.gid_index(gid)?;
         let st = state.try_borrow()?;
+        st.check(self.ident)?;
         let Some(id) = st.keys.find(gi, key) else { return Ok(None) };
         let buf = match (&st.keys.slot(id).val.state, st.enc.get(&id).or_else(|| st.raw.get(&id))) {
             (_, Some(raw)) => raw.clone(),
@@ -1308,6 +1382,7 @@ impl Engine {
     fn load_key(&self, py: Python<'_>, state: &Bound<'_, EngineState>, gid: &str, key: &str, data: &[u8]) -> PyResult<()> {
         let gi = self.gid_index(gid)?;
         let mut st = state.try_borrow_mut()?;
+        st.bind(self.ident)?;
         let ks = decode_key(py, data, key, [&self.known, &st.imported])?;
         let when = self.wake_of(gi, &ks);
         let id = st.keys.intern(gi, &Arc::from(key))?;
@@ -1322,6 +1397,7 @@ impl Engine {
     fn delete_key(&self, state: &Bound<'_, EngineState>, gid: &str, key: &str) -> PyResult<()> {
         let gi = self.gid_index(gid)?;
         let mut st = state.try_borrow_mut()?;
+        st.bind(self.ident)?;
         let Some(id) = st.keys.find(gi, key) else { return Ok(()) };
         st.forget(id);
         Ok(())
@@ -1348,6 +1424,9 @@ impl Engine {
                  {BLOB_VERSION}: discard the state (reset the checkpoint) or replay the input"
             )));
         }
+        // Tied to the engine only once the header and version are read: a refused blob leaves
+        // the state as it was.
+        st.bind(self.ident)?;
         let n = u32::from_le_bytes(d.take(4)?.try_into().map_err(|_| corrupt())?) as usize;
         for _ in 0..d.uv()? {
             let ncols = d.uv()? as usize;
@@ -1398,6 +1477,7 @@ impl Engine {
     fn export_blobs(&self, py: Python<'_>, state: &Bound<'_, EngineState>, all: bool, max_bytes: usize) -> PyResult<Vec<Py<PyAny>>> {
         let mut st = state.try_borrow_mut()?;
         let st = &mut *st;
+        st.bind(self.ident)?;
         // Decoded keys without bytes: when tracked, only keys advanced since the last export.
         let decoded = |st: &EngineState, id: Id| st.keys.slot(id).val.state.is_some() && !st.enc.contains_key(&id);
         let fresh: Vec<Id> = if all || !st.track_dirty {
@@ -1500,6 +1580,7 @@ impl Engine {
     /// key): a measure of the shard's stored size after `export_blobs`.
     fn raw_bytes(&self, state: &Bound<'_, EngineState>) -> PyResult<usize> {
         let st = state.try_borrow()?;
+        st.check(self.ident)?;
         Ok(st.raw.values().chain(st.enc.values()).map(Vec::len).sum())
     }
 
@@ -1617,4 +1698,40 @@ fn family_state(fam: &Family, rules: &[RuleE], fstates: &mut Vec<(u32, FState)>,
         own.extend((0..fam.members.len()).filter_map(|i| fam.project(f, i).map(|m| (i, m))));
     }
     fam.regroup(own)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::expr::{Cap, CapVec};
+    use crate::keys::Slot;
+    use crate::matcher::{Entry, Run};
+    use std::mem::size_of;
+
+    /// What a live key costs in memory is the sum of these (docs/native-core.md, "Compact key
+    /// state"): they are printed (`cargo test -- --nocapture`) and held to their sizes when
+    /// measured, so that a field added to a per-key type is a decision, not a drift.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn per_key_types_stay_their_size() {
+        let sizes = [
+            ("Slot<KeySlot>", size_of::<Slot<KeySlot>>(), 136),
+            ("KeyState", size_of::<KeyState>(), 72),
+            ("Item", size_of::<Item>(), 56),
+            ("Part", size_of::<Part>(), 56),
+            ("Run", size_of::<Run>(), 48),
+            ("Entry", size_of::<Entry>(), 16),
+            ("CapVec", size_of::<CapVec>(), 48),
+            ("Cap", size_of::<Cap>(), 24),
+            ("Ev", size_of::<Ev>(), 104),
+            ("Row", size_of::<Row>(), 32),
+            ("Value", size_of::<Value>(), 24),
+        ];
+        for (name, size, _) in sizes {
+            println!("{name}: {size} B");
+        }
+        for (name, size, max) in sizes {
+            assert!(size <= max, "{name} grew to {size} B (was {max} B): if meant, say so here and in the docs");
+        }
+    }
 }

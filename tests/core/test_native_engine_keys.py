@@ -14,6 +14,7 @@ Timeline of one card (W = wave length, 2 h; cards of wave w start at w * W):
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -190,3 +191,153 @@ def test_a_key_that_fails_to_decode_keeps_its_bytes_and_the_other_due_keys_their
         out.append((got + _records(native, end), n_late))
     assert out[0] == out[1] and len(out[0][0]) > 0
     assert (len(state), state.wake_len()) == (len(clean), clean.wake_len()) == (0, 0)
+
+
+def test_a_state_belongs_to_the_rules_of_the_engine_that_filled_it() -> None:
+    """An EngineState keeps its keys by group index and rule fingerprint: another engine built
+    from the same rules goes on with it, one with other rules gets a clear error (not a
+    misread), and the way across is export_blobs / import_blob into a new state."""
+    from dataclasses import replace
+
+    from cep import _core
+
+    events = _waves(60, seed=3)[:120]
+    ruleset = native_bundled()
+    first, again = build_embedded_engine(ruleset), build_embedded_engine(ruleset)
+    fewer = build_embedded_engine(replace(ruleset, rules=ruleset.rules[1:]))
+    state = _core.EngineState()
+    max_ts = max(e.ts for e in events)
+    first.core.ingest_arrow(state, _batch(events, False), max_ts)
+    keys = first.core.keys(state)
+    assert keys and len(state) == len(keys)
+    key_bytes = first.core.key_bytes(state, *keys[0])
+    blobs = first.core.export_blobs(state, all=True)
+    assert again.core.keys(state) == keys and again.core.next_wake(state) == state.next_wake()
+    for call in (lambda: fewer.core.ingest_arrow(state, _batch(events[:1], False), max_ts),
+                 lambda: fewer.core.ingest(state, events[:1], max_ts),
+                 lambda: fewer.core.keys(state), lambda: fewer.core.next_wake(state),
+                 lambda: fewer.core.export_blobs(state),
+                 lambda: fewer.core.key_bytes(state, *keys[0]),
+                 lambda: fewer.core.load_key(state, *keys[0], key_bytes),
+                 lambda: fewer.core.delete_key(state, *keys[0]),
+                 lambda: fewer.core.raw_bytes(state),
+                 lambda: fewer.core.import_blob(state, blobs[0])):
+        with pytest.raises(ValueError, match="engine with other rules"):
+            call()
+    assert first.core.keys(state) == keys and len(state) == len(keys), "refused: no change"
+    assert first.core.key_bytes(state, *keys[0]) == key_bytes
+    # A blob refused for its header or version leaves a new state free for any engine.
+    loose = _core.EngineState()
+    bad_version = blobs[0][:5] + (_core.BLOB_VERSION + 1).to_bytes(2, "little") + blobs[0][7:]
+    for bad, why in ((b"XXXXX" + blobs[0][5:], "wrong header"), (bad_version, "format version")):
+        with pytest.raises(ValueError, match=why):
+            first.core.import_blob(loose, bad)
+    fewer.core.ingest(loose, [], max_ts)
+    moved = _core.EngineState()
+    for blob in first.core.export_blobs(state, all=True):
+        fewer.core.import_blob(moved, blob)
+    assert set(fewer.core.keys(moved)) <= set(keys) and len(moved) > 0
+    with pytest.raises(ValueError, match="engine with other rules"):
+        first.core.ingest(moved, [], max_ts)
+    # The refused calls changed nothing: the state goes on as an untouched copy does.
+    twin = _core.EngineState()
+    first.core.ingest_arrow(twin, _batch(events, False), max_ts)
+    more = [e for e in _waves(60, seed=3)[120:] if e.ts > max_ts]
+    top = max(e.ts for e in more)
+    ends = []
+    for st in (state, twin):
+        res, late, *_ = first.core.ingest_arrow(st, _batch(more, False), max_ts)
+        end, *_ = first.core.ingest(st, [], top, top)
+        ends.append((_records(first, res + end), len(late), first.core.keys(st)))
+    assert ends[0] == ends[1] and ends[0][0], "the same results after the refused calls"
+
+
+@pytest.mark.parametrize(("batch", "track_dirty"), [(37, False), (500, True)])
+def test_keys_held_as_bytes_between_calls_match_the_python_engine(batch: int,
+                                                                  track_dirty: bool) -> None:
+    """Every key held as its `CEPNK` bytes between calls (`export_blobs` after each call with
+    `keep_decoded=0`: what docs/native-core.md "Compact key state" measured), decoded when an
+    event or a deadline reaches it: results, late reports, keys with state, wake keys and the
+    next wake equal the Python engine's, call by call."""
+    from cep import _core
+
+    events = _waves(600, seed=batch)
+    ruleset = native_bundled()
+    python = build_engine(ruleset, use_native=False)
+    native = build_embedded_engine(ruleset)
+    core = native.core
+    state = _core.EngineState(track_dirty=track_dirty, keep_decoded=0)
+    py_store, max_ts, held, n_late = MemoryKeyStore(), NEG_INF, 0, 0
+    for i in range(0, len(events), batch):
+        chunk = events[i:i + batch]
+        want = python.ingest(py_store, chunk, max_ts)
+        got, late, *_ = core.ingest_arrow(state, _batch(chunk, False), max_ts)
+        assert _records(native, got) == _records(python, want.matches)
+        assert [(tuple(ids), key, chunk[j].seq) for ids, key, j, _ in late] == \
+            [(tuple(x.rule_ids), x.key, x.event.seq) for x in want.late]
+        n_late += len(late)
+        core.export_blobs(state)
+        held = max(held, core.raw_bytes(state))
+        assert len(state) == len(core.keys(state)) == len(py_store.states)
+        assert state.wake_len() == len(py_store.wake)
+        assert core.next_wake(state) == python.next_wake(py_store)
+        max_ts = max(max_ts, max(e.ts for e in chunk))
+    assert held > 0 and n_late > 0, "keys were held as bytes, some events came late"
+    end = python.advance(py_store, max_ts, end_of_input=max_ts).matches
+    got, *_ = core.ingest_arrow(state, _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
+    assert _records(native, got) == _records(python, end)
+    assert len(state) == 0 and state.wake_len() == 0
+
+
+class _Raising(Mapping[str, Any]):
+    """An event's data whose `amount` cannot be read: the rules' condition raises (a
+    condition's own errors give NULL, docs/semantics.md; a failing read of the event does not)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def __getitem__(self, name: str) -> Any:
+        if name == "amount":
+            raise RuntimeError("amount unreadable")
+        return self.data[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def test_a_key_whose_rule_raises_keeps_its_events_not_released_as_the_python_engine() -> None:
+    """A rule raises while a key is advanced (an event whose field cannot be read): the call
+    fails in both engines, and the key keeps the events the call did not release (the Python
+    engine's store keeps its buffer); three probes then a large charge, the first probe
+    buffered during the failed call, raise the same card-testing alert afterwards."""
+    ruleset = native_bundled()
+    python = build_engine(ruleset, use_native=False)
+    native = build_embedded_engine(ruleset)
+    t0, t1 = 10 * HOUR, 11 * HOUR
+
+    def charge(seq: int, ts: int, amount: float, data: Any = None) -> Event:
+        row = {"ts": ts, "card": "k", "amount": amount, "merchant": "m1", "country": "NL"}
+        return Event("transactions", ts, seq, data(row) if data else row)
+
+    calls = [[charge(0, t0, 25.0)], [charge(1, t0 + 1000, 30.0, _Raising)],
+             [charge(2, t1, 1.5)],  # releases the two events above: the rule raises
+             [charge(3, t1 + 10_000, 1.5), charge(4, t1 + 20_000, 1.5),
+              charge(5, t1 + 30_000, 900.0)]]
+    out = []
+    for engine in (python, native):
+        store, max_ts = MemoryKeyStore(), NEG_INF
+        got: list[Any] = []
+        for i, chunk in enumerate(calls):
+            if i == 2:
+                with pytest.raises(RuntimeError, match="amount unreadable"):
+                    engine.ingest(store, chunk, max_ts)
+            else:
+                got += engine.ingest(store, chunk, max_ts).matches
+            max_ts = max(max_ts, max(e.ts for e in chunk))
+        got += engine.ingest(store, [], max_ts, end_of_input=max_ts).matches
+        out.append(_records(engine, got))
+    assert out[0] == out[1]
+    assert [r["rule_id"] for r in out[0]] == ["card_testing"], "the buffered probe counts"
