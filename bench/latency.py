@@ -622,11 +622,11 @@ def lateness_ms(lateness: str | None) -> int:
     return int(m.group(1)) * unit
 
 
-def logged_batches(log_text: str, query: str = "alerts") -> list[dict[str, Any]]:
-    """Every micro-batch of `query` from the job's log (jobs/metrics.py logs each progress
-    report): batch id, start (epoch s, Spark's trigger timestamp), end (start + its
-    triggerExecution) and durationMs. The metrics file holds only the last batch; its poller
-    can miss one."""
+def logged_batches(log_text: str) -> list[dict[str, Any]]:
+    """Every micro-batch from the job's log (jobs/metrics.py logs each progress report; the live
+    job runs one query, `alerts`, and the logged report has no query name): batch id, start
+    (epoch s, Spark's trigger timestamp), end (start + its triggerExecution) and durationMs.
+    The metrics file holds only the last batch; its poller can miss one."""
     out: dict[int, dict[str, Any]] = {}
     for line in log_text.splitlines():
         _, sep, rest = line.partition(" cep.metrics progress ")
@@ -639,8 +639,6 @@ def logged_batches(log_text: str, query: str = "alerts") -> list[dict[str, Any]]
         start = _iso_s(q.get("started"))
         dur = q.get("durations_ms") or {}
         if not isinstance(q.get("batch"), int) or start is None:
-            continue
-        if query != "alerts" and q.get("name") not in (None, query):
             continue
         total = dur.get("triggerExecution")
         out[q["batch"]] = {"batch": q["batch"], "start": start,
