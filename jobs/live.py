@@ -269,6 +269,8 @@ class LiveJob:
         self._adopt(change)
         self.spark = get_spark(live_jvm(self.settings), "cep-live", kafka=True,
                                extra_conf=LOCAL_CHECKPOINT_CONF)
+        manager = "spark.sql.streaming.checkpointFileManagerClass"
+        log.info("checkpoint file manager: %s", self.spark.conf.get(manager, "Spark's default"))
         # One stateful task per batch by default: see `Settings.live_partitions`.
         self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.live_partitions))
         self.metrics.attach(self.spark)
