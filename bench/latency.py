@@ -136,14 +136,26 @@ class Services:
 
 
 # -- the job ----------------------------------------------------------------------------------
+LATENESS_CLAUSE = re.compile(r"LATENESS\s+(\d+\s*(?:ms|s|m|h|d))\b")
+
+
+def rules_lateness(text: str) -> str:
+    """The rule file's one LATENESS (e.g. "5s")."""
+    found = LATENESS_CLAUSE.findall(text)
+    if len(found) != 1:
+        raise LatencyBenchError(f"expected one LATENESS clause in the rules, found {len(found)}")
+    return found[0]
+
+
 def rules_with_lateness(text: str, lateness: str | None) -> str:
     """The rule file with the stream's LATENESS replaced (None: unchanged)."""
     if lateness is None:
         return text
-    new, n = re.subn(r"LATENESS\s+\d+\s*(ms|s|m|h|d)\b", f"LATENESS {lateness}", text)
-    if n != 1:
-        raise LatencyBenchError(f"expected one LATENESS clause in the rules, found {n}")
-    return new
+    rules_lateness(text)  # exactly one
+    return LATENESS_CLAUSE.sub(f"LATENESS {lateness}", text)
+
+
+BENCH_LATENESS = rules_lateness(BENCH_RULES.read_text())
 
 
 @dataclass
@@ -151,7 +163,7 @@ class Variant:
     """One `cep run` process: a rule file's lateness, a trigger, the rates it is driven at."""
 
     name: str
-    lateness: str | None       # None: the bench rules' own (LATENESS 5s)
+    lateness: str | None       # None: the bench rules' own (BENCH_LATENESS)
     trigger: str               # the `trigger` setting (cep/config.py): default = every 1 s
     rates: tuple[int, ...]
     seconds: float
@@ -613,8 +625,8 @@ def _lag(producer: Producer, batches: dict[int, dict[str, Any]], t: float) -> in
 
 # -- where an alert's latency went ----------------------------------------------------------
 def lateness_ms(lateness: str | None) -> int:
-    """A variant's LATENESS in ms (None: the bench rules' own, 5 s)."""
-    text = lateness or "5s"
+    """A variant's LATENESS in ms (None: the bench rules' own, BENCH_LATENESS)."""
+    text = lateness or BENCH_LATENESS
     m = re.fullmatch(r"(\d+)\s*(ms|s|m|h|d)", text.strip())
     if m is None:
         raise LatencyBenchError(f"unreadable LATENESS {text!r}")
@@ -622,11 +634,11 @@ def lateness_ms(lateness: str | None) -> int:
     return int(m.group(1)) * unit
 
 
-def logged_batches(log_text: str, query: str = "alerts") -> list[dict[str, Any]]:
-    """Every micro-batch of `query` from the job's log (jobs/metrics.py logs each progress
-    report): batch id, start (epoch s, Spark's trigger timestamp), end (start + its
-    triggerExecution) and durationMs. The metrics file holds only the last batch; its poller
-    can miss one."""
+def logged_batches(log_text: str) -> list[dict[str, Any]]:
+    """Every micro-batch from the job's log (jobs/metrics.py logs each progress report; the live
+    job runs one query, `alerts`, and the logged report has no query name): batch id, start
+    (epoch s, Spark's trigger timestamp), end (start + its triggerExecution) and durationMs.
+    The metrics file holds only the last batch; its poller can miss one."""
     out: dict[int, dict[str, Any]] = {}
     for line in log_text.splitlines():
         _, sep, rest = line.partition(" cep.metrics progress ")
@@ -639,8 +651,6 @@ def logged_batches(log_text: str, query: str = "alerts") -> list[dict[str, Any]]
         start = _iso_s(q.get("started"))
         dur = q.get("durations_ms") or {}
         if not isinstance(q.get("batch"), int) or start is None:
-            continue
-        if query != "alerts" and q.get("name") not in (None, query):
             continue
         total = dur.get("triggerExecution")
         out[q["batch"]] = {"batch": q["batch"], "start": start,
@@ -863,7 +873,7 @@ def run_variant(services: Services, work: Path, variant: Variant,
         log(f"[latency] {variant.name} @ {s['rate_target']}/s: where latency - LATENESS went "
             f"(medians, s): {json.dumps(s['breakdown'])}")
     return {
-        "name": variant.name, "lateness": variant.lateness or "5s (bench rules)",
+        "name": variant.name, "lateness": variant.lateness or f"{BENCH_LATENESS} (bench rules)",
         "trigger": variant.trigger, "command": job.command, "startup_s": round(startup, 1),
         "warmup_s": variant.warmup, "warm": warm, "seconds": variant.seconds, "rates": stats,
         "events_produced": producer.total, "alerts_in_redis": reader.entries,

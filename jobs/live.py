@@ -169,6 +169,13 @@ def live_jvm(settings: Settings) -> Settings:
 # renames with plain Java I/O (rename(2), atomic on a local disk): the `chmod` of each new
 # file is left, ~6 processes per batch. (The raw local file system, with no `.crc` and no
 # `chmod`, cannot be `fs.file.impl`: Spark's RocksDB store casts it to LocalFileSystem.)
+# A crash window: Hadoop's checksummed rename moves the file, then its `.crc`, in two steps. The
+# offset and commit logs are never overwritten, but the state store's files for a batch run again
+# after a crash are: a crash between the two renames leaves the new file with the old `.crc`, and
+# the next start fails with a ChecksumException naming the file. Recovery: delete that file's
+# `.NAME.crc` (docs/spark-runtime.md). No conf stops LocalFileSystem writing `.crc` files
+# (`setWriteChecksum` is API only); `fs.file.checksum.verify=false` would hide the stale one by
+# checking no checkpoint file at all, so it is not set.
 LOCAL_CHECKPOINT_CONF = {
     "spark.sql.streaming.checkpointFileManagerClass":
         "org.apache.spark.sql.execution.streaming.checkpointing."
@@ -262,6 +269,8 @@ class LiveJob:
         self._adopt(change)
         self.spark = get_spark(live_jvm(self.settings), "cep-live", kafka=True,
                                extra_conf=LOCAL_CHECKPOINT_CONF)
+        manager = "spark.sql.streaming.checkpointFileManagerClass"
+        log.info("checkpoint file manager: %s", self.spark.conf.get(manager, "Spark's default"))
         # One stateful task per batch by default: see `Settings.live_partitions`.
         self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.live_partitions))
         self.metrics.attach(self.spark)

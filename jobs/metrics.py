@@ -275,8 +275,12 @@ class ProgressListener:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
+    # Each callback logs its own errors: one raised here would reach the JVM's listener bus.
     def onQueryStarted(self, jevent: Any) -> None:  # noqa: N802 - the JVM's names
-        log.info("query started: %s", jevent.name())
+        try:
+            log.info("query started: %s", jevent.name())
+        except Exception:
+            log.exception("could not report a query's start")
 
     def onQueryProgress(self, jevent: Any) -> None:  # noqa: N802
         try:
@@ -288,9 +292,12 @@ class ProgressListener:
         pass
 
     def onQueryTerminated(self, jevent: Any) -> None:  # noqa: N802
-        exc = jevent.exception()
-        if exc.isDefined():
-            log.error("query terminated with error: %s", exc.get())
+        try:
+            exc = jevent.exception()
+            if exc.isDefined():
+                log.error("query terminated with error: %s", exc.get())
+        except Exception:
+            log.exception("could not report a query's end")
 
     class Java:
         implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]

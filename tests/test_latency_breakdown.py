@@ -17,7 +17,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.latency import alert_breakdown, breakdown_summary, lateness_ms, logged_batches
+from bench.latency import (
+    BENCH_LATENESS,
+    BENCH_RULES,
+    LatencyBenchError,
+    alert_breakdown,
+    breakdown_summary,
+    lateness_ms,
+    logged_batches,
+    rules_lateness,
+    rules_with_lateness,
+)
 
 KEY = ("velocity", "i-1", 100_000)
 
@@ -34,7 +44,7 @@ def _batches() -> list[dict[str, object]]:
     return [{"batch": 7, "start": 104.9, "end": 105.5}, {"batch": 8, "start": 105.5, "end": 106.1}]
 
 
-def test_links_add_up_to_the_latency() -> None:
+def test_the_links_of_one_alert() -> None:
     producer, reader = _parts()
     (row,) = alert_breakdown(producer, reader, _batches(), 5000, 99.0, 101.0)  # type: ignore[arg-type]
     assert row["batch"] == 8 and row["skipped"] == 0
@@ -42,8 +52,7 @@ def test_links_add_up_to_the_latency() -> None:
     assert row["wait"] == pytest.approx(0.5)
     assert row["run"] == pytest.approx(0.5)
     assert row["deliver"] == pytest.approx(0.05)
-    assert row["latency"] == pytest.approx(row["release"] + row["wait"] + row["run"]
-                                           + row["deliver"], abs=0.002)
+    assert row["latency"] == pytest.approx(1.05)
     assert row["gap_s"] == pytest.approx(0.0)
 
 
@@ -79,7 +88,15 @@ def test_batches_come_from_the_jobs_progress_lines() -> None:
 
 
 def test_lateness_in_ms() -> None:
-    assert lateness_ms(None) == 5000
+    assert lateness_ms(None) == lateness_ms(BENCH_LATENESS)
     assert lateness_ms("0s") == 0
     assert lateness_ms("250ms") == 250
     assert lateness_ms("2m") == 120_000
+
+
+def test_the_bench_rules_lateness_is_read_from_their_file() -> None:
+    assert f"LATENESS {BENCH_LATENESS}" in BENCH_RULES.read_text()
+    assert rules_lateness("STREAM s TIME BY ts LATENESS 250ms;") == "250ms"
+    assert rules_lateness(rules_with_lateness(BENCH_RULES.read_text(), "0s")) == "0s"
+    with pytest.raises(LatencyBenchError, match="found 2"):
+        rules_lateness("LATENESS 1s; LATENESS 2s;")

@@ -23,6 +23,7 @@ import pytest
 
 from cep.datagen import fraud
 from cep.delivery.kafka_sink import ensure_topics
+from jobs.live import LOCAL_CHECKPOINT_CONF
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,6 +148,9 @@ def test_kcat_in_cep_run_out_to_kafka_and_redis_exactly_once(live, kafka_bootstr
     # The accounting invariant: read = processed + dead letters, late among the processed.
     assert counters["events_read"] == len(lines) == counters["events"] + counters["dead_letters"]
     assert 0 < counters["late"] <= counters["events"]
+    # The running job's session has the checkpoint manager LOCAL_CHECKPOINT_CONF sets.
+    manager = LOCAL_CHECKPOINT_CONF["spark.sql.streaming.checkpointFileManagerClass"]
+    assert f"checkpoint file manager: {manager}" in live["log"].read_text()
     prom = (live["ck"] / "metrics.prom").read_text()
     # Dead letters travel in the one query with the alerts (jobs/live.py): counted apart.
     assert "cep_dead_letters_total 4" in prom

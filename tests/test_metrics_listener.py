@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from jobs.metrics import Metrics
+from jobs.metrics import Metrics, ProgressListener
 
 pytestmark = [pytest.mark.spark]
 
@@ -49,3 +49,25 @@ def test_every_progress_report_reaches_the_metrics(spark: Any, tmp_path: Path) -
     assert q_metrics["batch"] == 1 and q_metrics["input_rows"] == mine[1]["numInputRows"]
     assert q_metrics["started"] == seen[-1]["timestamp"]
     assert json.loads((tmp_path / "metrics.json").read_text())["queries"]["listened"]["batch"] == 1
+
+
+class _Event:
+    """A listener event whose report cannot be read (the py4j side failing)."""
+
+    def progress(self) -> Any:
+        raise RuntimeError("py4j: the gateway is gone")
+
+    name = exception = progress
+
+
+def test_a_report_that_cannot_be_read_is_logged_not_raised(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    listener = ProgressListener(Metrics(tmp_path / "metrics.json"))
+    with caplog.at_level("ERROR", logger="cep.metrics"):
+        listener.onQueryStarted(_Event())
+        listener.onQueryProgress(_Event())
+        listener.onQueryTerminated(_Event())
+    assert [r.getMessage() for r in caplog.records] == [
+        "could not report a query's start", "could not record a progress report",
+        "could not report a query's end"]
+    assert all(r.exc_info and "gateway is gone" in str(r.exc_info[1]) for r in caplog.records)
