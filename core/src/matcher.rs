@@ -118,11 +118,16 @@ impl Pool {
         }
     }
 
+    /// Keep the captures of `entries[from..]`, which are removed.
+    fn put_tail(&mut self, entries: &mut Vec<Entry>, from: usize) {
+        for e in entries.drain(from..) {
+            self.put_caps(e.caps);
+        }
+    }
+
     /// Keep an ended run's entry vector, and its entries' captures.
     fn put_entries(&mut self, mut e: Vec<Entry>) {
-        for x in e.drain(..) {
-            self.put_caps(x.caps);
-        }
+        self.put_tail(&mut e, 0);
         if self.entries.len() < POOL && (1..=8).contains(&e.capacity()) {
             self.entries.push(e);
         }
@@ -244,7 +249,22 @@ impl Core {
         Ok(false)
     }
 
-    fn spawn(&self, py: Python<'_>, ev: &Arc<Ev>, row: i64, local: &mut Loc<'_>, pool: &mut Pool) -> PyResult<Vec<Entry>> {
+    /// `f` given the pool taken out of `self` (put back after, also when `f` fails).
+    fn with_pool<T>(&mut self, f: impl FnOnce(&Self, &mut Pool) -> T) -> T {
+        let mut pool = std::mem::take(&mut self.pool);
+        let r = f(self, &mut pool);
+        self.pool = pool;
+        r
+    }
+
+    fn spawn(
+        &self,
+        py: Python<'_>,
+        ev: &Arc<Ev>,
+        row: i64,
+        local: &mut Loc<'_>,
+        pool: &mut Pool,
+    ) -> PyResult<Vec<Entry>> {
         let mut out = Vec::new();
         for (var, nxt) in &self.p.starts {
             if self.test(py, *var, ev, &NO_CAPS, local)? {
@@ -288,9 +308,7 @@ impl Core {
                 w += 1;
             }
         }
-        for e in entries.drain(w..) {
-            pool.put_caps(e.caps);
-        }
+        pool.put_tail(entries, w);
         acts.truncate(w);
         let mut out = std::mem::take(spare);
         out.clear();
@@ -413,10 +431,7 @@ impl Core {
         let local = &mut Loc { own, shared, rows };
         let (row, runs) = match state {
             None => {
-                let mut pool = std::mem::take(&mut self.pool);
-                let spawned = self.spawn(py, ev, 0, local, &mut pool);
-                self.pool = pool;
-                let spawned = spawned?;
+                let spawned = self.with_pool(|m, pool| m.spawn(py, ev, 0, local, pool))?;
                 if spawned.is_empty() {
                     return Ok(None);
                 }
@@ -427,14 +442,14 @@ impl Core {
                 // The runs are stepped in place (no new vectors per event).
                 let mut spare = std::mem::take(&mut self.spare);
                 let mut acts = std::mem::take(&mut self.acts);
-                let mut pool = std::mem::take(&mut self.pool);
-                for r in s.runs.iter_mut() {
-                    self.step(py, &mut r.entries, &mut spare, &mut acts, ev, row, local, &mut pool)?;
-                }
+                let spawned = self.with_pool(|m, pool| {
+                    for r in s.runs.iter_mut() {
+                        m.step(py, &mut r.entries, &mut spare, &mut acts, ev, row, local, pool)?;
+                    }
+                    m.spawn(py, ev, row, local, pool)
+                });
                 self.spare = spare;
                 self.acts = acts;
-                let spawned = self.spawn(py, ev, row, local, &mut pool);
-                self.pool = pool;
                 let spawned = spawned?;
                 if !spawned.is_empty() {
                     s.runs.push(Run { start: row, entries: spawned, tpart: None, matched: false });
@@ -508,9 +523,7 @@ impl Core {
                     w += 1;
                 }
             }
-            for e in entries.drain(w..) {
-                self.pool.put_caps(e.caps);
-            }
+            self.pool.put_tail(entries, w);
             r.tpart = tpart;
         }
         self.settle(py, state.row, state.runs, out, None)
