@@ -118,8 +118,13 @@ impl Pool {
         }
     }
 
-    /// Keep the captures of `entries[from..]`, which are removed.
+    /// Keep the captures of `entries[from..]`, which are removed (just dropped when the pool
+    /// is full: no `Arc::get_mut` per entry then).
     fn put_tail(&mut self, entries: &mut Vec<Entry>, from: usize) {
+        if self.caps.len() >= POOL {
+            entries.truncate(from);
+            return;
+        }
         for e in entries.drain(from..) {
             self.put_caps(e.caps);
         }
