@@ -105,9 +105,10 @@ pub struct Pool {
 const POOL: usize = 32;
 
 impl Pool {
-    /// Keep `c` if nothing else holds it (else it is just dropped).
+    /// Keep `c` if nothing else holds it (else it is just dropped). The count is read first:
+    /// `Arc::get_mut` is an atomic compare-exchange, paid for nothing by a shared vector.
     fn put_caps(&mut self, mut c: Caps) {
-        if self.caps.len() < POOL {
+        if self.caps.len() < POOL && Arc::strong_count(&c) == 1 {
             if let Some(v) = Arc::get_mut(&mut c) {
                 if v.v.capacity() <= 8 {
                     v.v.clear();
