@@ -832,7 +832,9 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
             }
         }
     }
-    let evs_of = |id: Id| st.keys.slot(id).val.new.iter().take(AHEAD_EVENTS).filter_map(|it| it.ev.as_deref());
+    let evs_of = |id: Id| {
+        st.keys.slot(id).val.new.iter().take(AHEAD_EVENTS).filter_map(|it| it.ev.as_deref())
+    };
     if let Some(&id) = due.get(k + 2) {
         for r in evs_of(id).filter_map(|ev| ev.row.as_ref()) {
             prefetch(Arc::as_ptr(r));
@@ -1170,7 +1172,10 @@ impl Engine {
             for j in 0..b.len {
                 match b.get(i, j)? {
                     Value::Int(x) => v.push(x),
-                    _ => return Err(PyValueError::new_err(format!("column '{what}': integers without nulls expected"))),
+                    _ => {
+                        let msg = format!("column '{what}': integers without nulls expected");
+                        return Err(PyValueError::new_err(msg));
+                    }
                 }
             }
             Ok(v)

@@ -1040,7 +1040,9 @@ impl CapVec {
         }
         let last = self.v.len() - 1;
         if self.acc.len() != n {
-            self.acc = vec![Acc::default(); n];
+            // In place: a pooled vector (`matcher::Pool`, emptied) keeps its allocation.
+            self.acc.clear();
+            self.acc.resize(n, Acc::default());
             for i in 0..last {
                 fold_cap(cx, &mut self.acc, &self.v[i], false);
             }

@@ -105,9 +105,10 @@ pub struct Pool {
 const POOL: usize = 32;
 
 impl Pool {
-    /// Keep `c` if nothing else holds it (else it is just dropped).
+    /// Keep `c` if nothing else holds it (else it is just dropped). The count is read first:
+    /// `Arc::get_mut` is an atomic compare-exchange, paid for nothing by a shared vector.
     fn put_caps(&mut self, mut c: Caps) {
-        if self.caps.len() < POOL {
+        if self.caps.len() < POOL && Arc::strong_count(&c) == 1 {
             if let Some(v) = Arc::get_mut(&mut c) {
                 if v.v.capacity() <= 8 {
                     v.v.clear();
@@ -118,11 +119,21 @@ impl Pool {
         }
     }
 
+    /// Keep the captures of `entries[from..]`, which are removed (just dropped when the pool
+    /// is full: no `Arc::get_mut` per entry then).
+    fn put_tail(&mut self, entries: &mut Vec<Entry>, from: usize) {
+        if self.caps.len() >= POOL {
+            entries.truncate(from);
+            return;
+        }
+        for e in entries.drain(from..) {
+            self.put_caps(e.caps);
+        }
+    }
+
     /// Keep an ended run's entry vector, and its entries' captures.
     fn put_entries(&mut self, mut e: Vec<Entry>) {
-        for x in e.drain(..) {
-            self.put_caps(x.caps);
-        }
+        self.put_tail(&mut e, 0);
         if self.entries.len() < POOL && (1..=8).contains(&e.capacity()) {
             self.entries.push(e);
         }
@@ -244,7 +255,22 @@ impl Core {
         Ok(false)
     }
 
-    fn spawn(&self, py: Python<'_>, ev: &Arc<Ev>, row: i64, local: &mut Loc<'_>, pool: &mut Pool) -> PyResult<Vec<Entry>> {
+    /// `f` given the pool taken out of `self` (put back after, also when `f` fails).
+    fn with_pool<T>(&mut self, f: impl FnOnce(&Self, &mut Pool) -> T) -> T {
+        let mut pool = std::mem::take(&mut self.pool);
+        let r = f(self, &mut pool);
+        self.pool = pool;
+        r
+    }
+
+    fn spawn(
+        &self,
+        py: Python<'_>,
+        ev: &Arc<Ev>,
+        row: i64,
+        local: &mut Loc<'_>,
+        pool: &mut Pool,
+    ) -> PyResult<Vec<Entry>> {
         let mut out = Vec::new();
         for (var, nxt) in &self.p.starts {
             if self.test(py, *var, ev, &NO_CAPS, local)? {
@@ -288,9 +314,7 @@ impl Core {
                 w += 1;
             }
         }
-        for e in entries.drain(w..) {
-            pool.put_caps(e.caps);
-        }
+        pool.put_tail(entries, w);
         acts.truncate(w);
         let mut out = std::mem::take(spare);
         out.clear();
@@ -413,10 +437,7 @@ impl Core {
         let local = &mut Loc { own, shared, rows };
         let (row, runs) = match state {
             None => {
-                let mut pool = std::mem::take(&mut self.pool);
-                let spawned = self.spawn(py, ev, 0, local, &mut pool);
-                self.pool = pool;
-                let spawned = spawned?;
+                let spawned = self.with_pool(|m, pool| m.spawn(py, ev, 0, local, pool))?;
                 if spawned.is_empty() {
                     return Ok(None);
                 }
@@ -427,14 +448,14 @@ impl Core {
                 // The runs are stepped in place (no new vectors per event).
                 let mut spare = std::mem::take(&mut self.spare);
                 let mut acts = std::mem::take(&mut self.acts);
-                let mut pool = std::mem::take(&mut self.pool);
-                for r in s.runs.iter_mut() {
-                    self.step(py, &mut r.entries, &mut spare, &mut acts, ev, row, local, &mut pool)?;
-                }
+                let spawned = self.with_pool(|m, pool| {
+                    for r in s.runs.iter_mut() {
+                        m.step(py, &mut r.entries, &mut spare, &mut acts, ev, row, local, pool)?;
+                    }
+                    m.spawn(py, ev, row, local, pool)
+                });
                 self.spare = spare;
                 self.acts = acts;
-                let spawned = self.spawn(py, ev, row, local, &mut pool);
-                self.pool = pool;
                 let spawned = spawned?;
                 if !spawned.is_empty() {
                     s.runs.push(Run { start: row, entries: spawned, tpart: None, matched: false });
@@ -508,9 +529,7 @@ impl Core {
                     w += 1;
                 }
             }
-            for e in entries.drain(w..) {
-                self.pool.put_caps(e.caps);
-            }
+            self.pool.put_tail(entries, w);
             r.tpart = tpart;
         }
         self.settle(py, state.row, state.runs, out, None)

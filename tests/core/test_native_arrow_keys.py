@@ -8,9 +8,11 @@ impossible_travel, on one stream and key field) and the bundled ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -82,13 +84,40 @@ def test_arrow_keys_equal_the_python_engine(rows: list[dict[str, Any]], batches:
 def test_a_key_column_that_stops_interning_mid_batch() -> None:
     """A batch of 9,000 rows whose first 8,500 cards are distinct: the column gives up
     interning at row 8,192 (`arrow.rs`: more than 3/4 distinct), so the rows before take the
-    index path and those after the text path, for the same cards (cards 0-499 come back, within
-    the hour, after the switch)."""
+    index path and those after the text path, for the same cards (cards 0-299 come back in rows
+    8,500-8,799, then cards 0-49 in rows 8,800-8,999, within the hour, after the switch)."""
+    events = _events(_stop_rows(lambda i: "m1"))
+    _run(_bench_rules(), events, [9_000])
+    _run(_bench_rules(), events, [5_000, 4_000])
+
+
+def _stop_rows(merchant: Callable[[int], str]) -> list[dict[str, Any]]:
+    """The rows of the test above, with `merchant(i)` for row i."""
     rows = []
     for i in range(9_000):
         card = f"card{i % 8_500}" if i < 8_800 else f"card{i % 50}"
         rows.append({"ts": 1_000_000 + 100 * i, "card": card, "amount": 1.5 if i % 7 else 700.0,
-                     "merchant": "m1", "country": "NL" if i % 3 else "US"})
-    events = _events(rows)
-    _run(_bench_rules(), events, [9_000])
-    _run(_bench_rules(), events, [5_000, 4_000])
+                     "merchant": merchant(i), "country": "NL" if i % 3 else "US"})
+    return rows
+
+
+MERCHANT_RULE = """
+RULE merchant_big FROM transactions PARTITION BY merchant
+  PATTERN (A B)
+  DEFINE B AS B.amount >= 500
+  WITHIN 1h
+  EMIT 'merchant_big';
+"""
+
+
+@pytest.mark.parametrize("merchants", [3, 8_600])
+def test_two_key_columns_in_a_batch_that_stops_interning(merchants: int) -> None:
+    """The batch above with a second group keyed by another column (a rule `PARTITION BY
+    merchant`): each group finds its key ids by its own column's index. Three merchants: the
+    merchant column stays interned (index path) while the card column has given up (text path)
+    in the same rows; 8,600: both columns give up at row 8,192, and merchants 0-399 come back
+    after the switch (rows 8,600-8,999), within the rule's hour."""
+    ruleset = compile_rules(BENCH_RULES.read_text() + MERCHANT_RULE)
+    events = _events(_stop_rows(lambda i: f"m{i % merchants}"))
+    _run(ruleset, events, [9_000])
+    _run(ruleset, events, [5_000, 4_000])
