@@ -24,16 +24,16 @@ use crate::value::Value;
 type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 
 /// The column names of the last distinct field list seen: events of one stream usually share
-/// their fields and order, so their rows share one `Cols`. A few other recent lists are kept
-/// too (rows with optional fields alternate between some), so a list seen lately is not
-/// built and its names interned again.
+/// their fields and order, so their rows share one `Cols`. The `SHAPES` most recently used
+/// lists are kept too (rows with optional fields alternate between some), so a list used
+/// lately is not built and its names interned again. One cache per ingest call.
 #[derive(Default)]
 pub struct ColsCache {
     last: Option<Arc<Cols>>,
     recent: Vec<(u64, Arc<Cols>)>,
 }
 
-/// How many recent field lists `ColsCache` keeps (besides `last`, which is one of them).
+/// How many field lists `ColsCache` keeps: the most recently used (`last` is one of them).
 const SHAPES: usize = 8;
 
 impl ColsCache {
@@ -44,8 +44,12 @@ impl ColsCache {
             }
         }
         let h = foldhash::fast::FixedState::default().hash_one(&names);
-        let c = match self.recent.iter().find(|(k, c)| *k == h && c.names == names) {
-            Some((_, c)) => c.clone(),
+        let c = match self.recent.iter().position(|(k, c)| *k == h && c.names == names) {
+            // Used again: it moves to the end, evicted last.
+            Some(i) => {
+                self.recent[i..].rotate_left(1);
+                self.recent[self.recent.len() - 1].1.clone()
+            }
             None => {
                 let c = Arc::new(Cols {
                     py_names: names.iter().map(|n| PyString::intern(py, n).unbind()).collect(),
