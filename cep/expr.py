@@ -22,6 +22,7 @@ import datetime as dt
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -363,10 +364,7 @@ def _sum(vals: list[Any]) -> Any:
     core reproduces. Not the builtin: from Python 3.12 it adds floats with compensated
     summation (sum([1e16, 1.0, -1e16]) is 1.0 there, 0.0 here), which would make the answer
     depend on the Python version and differ from the core's."""
-    total: Any = 0
-    for v in vals:
-        total = total + v
-    return total
+    return reduce(operator.add, vals, 0)
 
 
 class Windowed(dict):  # type: ignore[type-arg]

@@ -16,8 +16,10 @@ whichever it returns, with a key store to match (docs/native-core.md).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from cep.errors import RuleSemanticError, Span
 from cep.nfa import CompiledRule, RuleSet
 from cep.runtime import native
 from cep.runtime.engine import Engine, RuleRuntime, TableRuntime
@@ -35,6 +37,42 @@ def rule_hash(rule: CompiledRule) -> str:
     if rule.window is not None:
         text += f"|{rule.window!r}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def rule_fingerprint(rule: CompiledRule) -> int | None:
+    """The 32-bit fingerprint naming the rule's part of a native key state (the core's, of its
+    id and `rule_hash`); None when the core is not built."""
+    core = native._core
+    return None if core is None else int(core.rule_fingerprint(rule.id, rule_hash(rule)))
+
+
+def fingerprint_clash(rules: Iterable[CompiledRule],
+                      taken: Mapping[int, CompiledRule] | None = None,
+                      source: str | None = None) -> RuleSemanticError | None:
+    """An error naming two rules (of `taken`, or earlier in `rules`, and one of `rules`) whose
+    key-state fingerprints are equal: the native engine refuses to be built with both (their
+    state would mix), so a rule set is refused before (`cep check`, the rules watcher). None
+    without a clash, or when the core is not built (the engine build checks again)."""
+    seen = dict(taken or {})
+    for rule in rules:
+        fp = rule_fingerprint(rule)
+        if fp is None:
+            return None
+        other = seen.setdefault(fp, rule)
+        if other is not rule:
+            where = rule.source.rsplit(":", 2)  # path:line:col of its RULE keyword
+            span = (Span(where[0], int(where[1]), int(where[2]))
+                    if len(where) == 3 and where[1].isdigit() and where[2].isdigit() else None)
+            return RuleSemanticError(
+                f"rules {other.id!r} ({other.source}) and {rule.id!r} ({rule.source}) have the "
+                f"same key-state fingerprint ({fp:08x}): their state would mix", span,
+                source=source, hint="rename one of them")
+    return None
+
+
+def fingerprints(rules: Iterable[CompiledRule]) -> dict[int, CompiledRule]:
+    """Rules by fingerprint (empty when the core is not built): `taken` for `fingerprint_clash`."""
+    return {fp: r for r in rules if (fp := rule_fingerprint(r)) is not None}
 
 
 def make_matcher(rule: CompiledRule, *, max_partial_matches: int | None = None,

@@ -9,7 +9,7 @@
 //! integer that may not fit 64 bits, which serde_json would round to a float).
 
 use std::borrow::Cow;
-use std::collections::HashSet as StdHashSet;
+use std::collections::HashMap as StdHashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -21,19 +21,19 @@ use serde::Deserialize;
 use crate::expr::{Cols, Row};
 use crate::value::Value;
 
-type HashSet<T> = StdHashSet<T, foldhash::fast::RandomState>;
+type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 
 /// The column names of the last distinct field list seen: events of one stream usually share
-/// their fields and order, so their rows share one `Cols`. A few other recent lists are kept
-/// too (rows with optional fields alternate between some), so a list seen lately is not
-/// built and its names interned again.
+/// their fields and order, so their rows share one `Cols`. The `SHAPES` most recently used
+/// lists are kept too (rows with optional fields alternate between some), so a list used
+/// lately is not built and its names interned again. One cache per ingest call.
 #[derive(Default)]
 pub struct ColsCache {
     last: Option<Arc<Cols>>,
     recent: Vec<(u64, Arc<Cols>)>,
 }
 
-/// How many recent field lists `ColsCache` keeps (besides `last`, which is one of them).
+/// How many field lists `ColsCache` keeps: the most recently used (`last` is one of them).
 const SHAPES: usize = 8;
 
 impl ColsCache {
@@ -44,8 +44,12 @@ impl ColsCache {
             }
         }
         let h = foldhash::fast::FixedState::default().hash_one(&names);
-        let c = match self.recent.iter().find(|(k, c)| *k == h && c.names == names) {
-            Some((_, c)) => c.clone(),
+        let c = match self.recent.iter().position(|(k, c)| *k == h && c.names == names) {
+            // Used again: it moves to the end, evicted last.
+            Some(i) => {
+                self.recent[i..].rotate_left(1);
+                self.recent[self.recent.len() - 1].1.clone()
+            }
             None => {
                 let c = Arc::new(Cols {
                     py_names: names.iter().map(|n| PyString::intern(py, n).unbind()).collect(),
@@ -185,21 +189,30 @@ impl<'de> Visitor<'de> for RowSeed<'_, '_> {
 /// the width: 20k string compares for 200 fields) but checked for repeats once, by hashing.
 const WIDE: usize = 16;
 
-/// A repeated field keeps its first place and its last value (as `json.loads` builds a dict).
+/// A repeated field keeps its first place and its last value (as `json.loads` builds a dict):
+/// one pass over the names through a map from a name to its place, then one move of the values.
 fn merge_repeated(names: &mut Vec<String>, vals: &mut Vec<Value>) {
-    let mut seen: HashSet<&str> = HashSet::with_capacity_and_hasher(names.len(), Default::default());
-    if names.iter().all(|n| seen.insert(n.as_str())) {
+    let mut first: HashMap<&str, usize> =
+        HashMap::with_capacity_and_hasher(names.len(), Default::default());
+    let places: Vec<usize> = names
+        .iter()
+        .map(|n| {
+            let next = first.len();
+            *first.entry(n.as_str()).or_insert(next)
+        })
+        .collect();
+    let distinct = first.len();
+    if distinct == names.len() {
         return;
     }
-    let mut first_names: Vec<String> = Vec::with_capacity(names.len());
-    let mut first_vals: Vec<Value> = Vec::with_capacity(names.len());
-    for (n, v) in names.drain(..).zip(vals.drain(..)) {
-        match first_names.iter().position(|f| *f == n) {
-            Some(p) => first_vals[p] = v,
-            None => {
-                first_names.push(n);
-                first_vals.push(v);
-            }
+    let mut first_names: Vec<String> = Vec::with_capacity(distinct);
+    let mut first_vals: Vec<Value> = Vec::with_capacity(distinct);
+    for ((n, v), p) in names.drain(..).zip(vals.drain(..)).zip(places) {
+        if p == first_names.len() {
+            first_names.push(n);
+            first_vals.push(v);
+        } else {
+            first_vals[p] = v;
         }
     }
     *names = first_names;
@@ -335,6 +348,23 @@ fn py_of(py: Python<'_>, v: serde_json::Value) -> PyResult<Py<PyAny>> {
 #[cfg(test)]
 mod tests {
     use super::python_reads_differently as python;
+    use super::{merge_repeated, Value};
+
+    /// As `json.loads`: each name once, at its first place, with its last value.
+    #[test]
+    fn repeated_fields_keep_first_place_and_last_value() {
+        let mut names: Vec<String> = ["a", "b", "a", "c", "b", "a"].map(String::from).to_vec();
+        let mut vals: Vec<Value> = (0..6).map(Value::Int).collect();
+        merge_repeated(&mut names, &mut vals);
+        assert_eq!(names, ["a", "b", "c"]);
+        let ints: Vec<i64> =
+            vals.iter().map(|v| if let Value::Int(i) = v { *i } else { -1 }).collect();
+        assert_eq!(ints, [5, 4, 3]);
+        let mut names: Vec<String> = ["x", "y"].map(String::from).to_vec();
+        let mut vals = vec![Value::Int(1), Value::Int(2)];
+        merge_repeated(&mut names, &mut vals);
+        assert_eq!((names.len(), vals.len()), (2, 2));
+    }
 
     #[test]
     fn what_serde_json_reads_differently_goes_to_python() {

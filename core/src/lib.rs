@@ -102,6 +102,13 @@ fn state_from_bytes(py: Python<'_>, data: &[u8]) -> PyResult<State> {
     Ok(State { inner: Some(state::decode(py, data)?) })
 }
 
+/// The key-state fingerprint of a rule (`keycodec::fingerprint` of its id and version, the
+/// rule's content hash): what the engine refuses to see twice, for checks before a build.
+#[pyfunction]
+fn rule_fingerprint(id: &str, version: &str) -> u32 {
+    keycodec::fingerprint(id, version)
+}
+
 #[pyclass(module = "cep._core", name = "Matcher")]
 pub struct Matcher {
     core: Core,
@@ -414,6 +421,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::Engine>()?;
     m.add_class::<engine::EngineState>()?;
     m.add_function(wrap_pyfunction!(state_from_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(rule_fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(validate::validate_fast, m)?)?;
     m.add_function(wrap_pyfunction!(validate::content_seq_of, m)?)?;
     m.add_function(wrap_pyfunction!(validate::spark_shards, m)?)?;

@@ -46,9 +46,10 @@ ROWS = st.lists(st.tuples(st.lists(st.tuples(NAMES, VALUES), max_size=5), st.boo
 
 
 # Wide rows (the core merges repeated names after the object from 16 fields on): up to 40
-# fields from 24 names, so most rows repeat some.
-WIDE_ROWS = st.lists(st.tuples(st.lists(st.tuples(st.sampled_from([f"f{i}" for i in range(24)]),
-                                                  SCALARS), min_size=10, max_size=40),
+# fields from 24 names (escaped and non-ASCII among them), so most rows repeat some.
+WIDE_NAMES = [f"f{i}" for i in range(21)] + ["é", "a\"b", "x\\y"]
+WIDE_ROWS = st.lists(st.tuples(st.lists(st.tuples(st.sampled_from(WIDE_NAMES), SCALARS),
+                                        min_size=10, max_size=40),
                                st.booleans()), min_size=1, max_size=6)
 
 
@@ -64,6 +65,23 @@ def test_json_column_reads_as_json_loads(rows: list[tuple[list[tuple[str, object
 def test_wide_json_rows_read_as_json_loads(rows: list[tuple[list[tuple[str, object]], bool]],
                                            shared: bool, batch: int) -> None:
     same_as_json_loads(rows, shared, batch)
+
+
+@pytest.mark.parametrize("width", [5, 20])
+def test_more_field_lists_than_the_cache_holds(width: int) -> None:
+    """The core keeps the 8 most recently used field lists of one ingest call (json.rs
+    `ColsCache`): 12 lists here, the first every other row (stays cached), the 11 others in turn
+    (each evicted before it comes back); every third row repeats its first field at the end."""
+    lists = [(WIDE_NAMES[k:] + WIDE_NAMES[:k])[:width] for k in range(12)]
+    rows = []
+    for i in range(60):
+        names = lists[0 if i % 2 == 0 else (i // 2) % 11 + 1]
+        fields: list[tuple[str, object]] = [(n, i * 100 + j) for j, n in enumerate(names)]
+        if i % 3 == 0:
+            fields.append((names[0], f"again {i}"))
+        rows.append((fields, i % 5 == 0))
+    for batch in (1, 7, 100):
+        same_as_json_loads(rows, False, batch)
 
 
 def same_as_json_loads(rows: list[tuple[list[tuple[str, object]], bool]], shared: bool,

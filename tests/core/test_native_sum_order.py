@@ -15,6 +15,7 @@ from functools import reduce
 import pytest
 
 from cep.compile import compile_rules
+from cep.expr import _sum
 from cep.runtime import Matcher
 from cep.runtime.engine import Event
 from cep.runtime.native import native_matcher
@@ -74,3 +75,17 @@ def test_sum_is_a_left_fold_in_the_matchers(vals: list[float]) -> None:
         assert native is not None
         assert drive_matcher(native, timed(raw), script) == drive_matcher(Matcher(rule),
                                                                           timed(raw), script)
+
+
+def test_sum_adds_left_to_right() -> None:
+    """`cep.expr._sum` itself. The tests above pass with the builtin `sum()` on Python 3.11
+    (whose `sum()` is a left fold too); this one fails with it from 3.12 on. Run by hand on
+    Python 3.12.1 (pyenv, a venv with the project's requirements):
+    `PYTHONPATH=. /tmp/core13r/v312/bin/python -m pytest -q tests/core/test_native_sum_order.py`
+    on 2026-11-26: 11 passed; with `_sum` returning the builtin `sum(vals)`, 8 of 11 failed
+    (this one among them). On 3.11 both pass: there the change cannot be seen."""
+    assert _sum([1e16, 1.0, -1e16]) == 0.0
+    assert _sum([1.0, 1e100, 1.0, -1e100]) == 0.0
+    assert _sum([2**62, 2**62, -(2**62)]) == 2**62 and type(_sum([1, 2, 3])) is int
+    assert _sum([]) == 0 and type(_sum([])) is int
+    assert type(_sum([1, 2.5])) is float
