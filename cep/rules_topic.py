@@ -123,6 +123,8 @@ class TopicReader:
         self.tp = TopicPartition(topic, 0)
         self.consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
 
+    SETTLE_S = 5.0  # how long an early end (an open transaction) is waited on
+
     def read_new(self, timeout: float = 30.0) -> list[tuple[str, dict[str, Any] | None]]:
         """Up to the partition's end (librdkafka's end-of-partition event, which counts the
         transaction markers and stops at the last stable offset); at once when the end has not
@@ -133,23 +135,30 @@ class TopicReader:
         if hi <= lo or hi == self._end:
             return []
         out: list[tuple[str, dict[str, Any] | None]] = []
-        deadline = time.monotonic() + timeout
+        now = time.monotonic()
+        deadline, settle = now + timeout, now + min(timeout, self.SETTLE_S)
+        last_eof: int | None = None
         while time.monotonic() < deadline:
             eof = False
             for m in self.consumer.consume(500, timeout=0.2):
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        self._end = m.offset()
-                        eof = True
+                        last_eof = m.offset()
+                        # A committed transaction's markers reach the partition after the
+                        # producer's commit returns: until then the stable end is short of the
+                        # high watermark read above and the end event comes early.
+                        eof = last_eof >= hi
                     continue
                 key = m.key()
                 if key is None:
                     continue
                 raw = m.value()
                 out.append((key.decode(), None if raw is None else json.loads(raw)))
-            if eof:
-                break
+            if eof or (last_eof is not None and time.monotonic() >= settle):
+                break  # at the end, or a transaction still open: the next call reads on
+        if last_eof is not None:
+            self._end = last_eof
         return out
 
     def close(self) -> None:
