@@ -46,7 +46,7 @@ NOOP_JOB = r'''
 import json, sys, time
 from pathlib import Path
 from cep.config import load_settings
-from jobs.live import live_jvm
+from jobs.live import LOCAL_CHECKPOINT_CONF, live_jvm
 from jobs.session import get_spark
 from pyspark.sql import functions as F
 from pyspark import cloudpickle
@@ -54,9 +54,9 @@ import bench.noop_ops as noop_ops
 cloudpickle.register_pickle_by_value(noop_ops)
 bootstrap, topic, batch, shards, ck, out = sys.argv[1:7]
 # The live job's JVM options (`live_jvm`: the quick JIT unless java_options is set), as the
-# live job's settings are read (CEP_* environment).
+# live job's settings are read (CEP_* environment), and its checkpoint file manager.
 settings = live_jvm(load_settings(overrides={"kafka_bootstrap": bootstrap}))
-spark = get_spark(settings, "cep-noop", kafka=True)
+spark = get_spark(settings, "cep-noop", kafka=True, extra_conf=LOCAL_CHECKPOINT_CONF)
 spark.conf.set("spark.sql.shuffle.partitions", "1")
 src = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
        .option("subscribe", topic).option("startingOffsets", "earliest")

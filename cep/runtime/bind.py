@@ -59,7 +59,7 @@ def fingerprint_clash(rules: Iterable[CompiledRule],
         if fp is None:
             return None
         other = seen.setdefault(fp, rule)
-        if other is not rule:
+        if other is not rule and other.id != rule.id:  # one id twice has its own error
             where = rule.source.rsplit(":", 2)  # path:line:col of its RULE keyword
             span = (Span(where[0], int(where[1]), int(where[2]))
                     if len(where) == 3 and where[1].isdigit() and where[2].isdigit() else None)
