@@ -665,11 +665,10 @@ fn advance_key(
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(keep_unconsumed(st, id, buffer, parts, fstates, e)),
             Err(p) => {
-                return Err(CoreError::new_err(format!(
-                    "rule {}: the native engine failed: {}",
-                    rule.id,
-                    panic_message(p)
-                )))
+                // The closure touched only this rule's part: the rest stays the key's.
+                let msg = format!("rule {}: the native engine failed: {}", rule.id, panic_message(p));
+                let e = CoreError::new_err(msg);
+                return Err(keep_unconsumed(st, id, buffer, parts, fstates, e));
             }
         };
         if let Some(p) = partials.as_deref_mut() {
@@ -699,9 +698,11 @@ fn advance_key(
     Ok(())
 }
 
-/// A rule raised while the key was advanced: the key keeps what the call did not consume (its
-/// events not released, the parts of the rules not run yet), as the Python engine's key store
-/// does; the released events and the parts of the rules run so far are lost with the call.
+/// A rule raised (or panicked) while the key was advanced: the key keeps what the call did not
+/// consume (its events not released, the parts of the rules not run yet); the released events
+/// and the parts of the rules run so far are lost with the call. The Python engine keeps the
+/// same when the key had buffered events before the call; with none (or no state) it loses
+/// this call's events too (docs/native-core.md: the core keeps more on this error path).
 fn keep_unconsumed(
     st: &mut EngineState,
     id: Id,
