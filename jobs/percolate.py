@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import signal
 import threading
 import time
@@ -37,6 +36,7 @@ from cep.delivery.kafka_sink import MARKER_TOPIC, ensure_topics
 from cep.delivery.preflight import one_line
 from cep.delivery.record import OutRecord
 from cep.errors import CepError
+from cep.spark.kafka import is_topic_name
 from jobs.metrics import Metrics
 from percolator.analysis import Schema
 from percolator.changelog import DEFAULT_TOPIC
@@ -46,7 +46,6 @@ log = logging.getLogger("cep.percolate")
 
 QUERY_NAME = "notifications"
 DEFAULT_NOTIFICATION_TOPIC = "notifications"
-_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _PINS_KEPT = 100  # as Spark's spark.sql.streaming.minBatchesToRetain
 
 
@@ -144,8 +143,8 @@ class NotificationRouter:
                                 "of the job's own or Kafka's internal topics)", sid, kind, name)
 
     def _allowed_topic(self, name: str) -> bool:
-        return (bool(_TOPIC_RE.fullmatch(name)) and name not in (".", "..")
-                and not name.startswith("__") and name not in self.reserved)
+        return (is_topic_name(name) and not name.startswith("__")
+                and name not in self.reserved)
 
 
 def _sum_stats(tasks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -15,10 +15,16 @@ from cep.errors import CepError
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
+def is_topic_name(topic: str) -> bool:
+    """Whether Kafka allows `topic` as a topic name (ASCII letters, digits, '.', '_', '-', at
+    most 249 characters, not '.' or '..')."""
+    return bool(_TOPIC_NAME.fullmatch(topic)) and topic not in (".", "..")
+
+
 def check_topic(topic: str, what: str = "") -> str:
-    """`topic` if Kafka allows it as a topic name (ASCII letters, digits, '.', '_', '-', at most
-    249 characters, not '.' or '..'); else a `CepError` naming it (and `what`, e.g. its stream)."""
-    if _TOPIC_NAME.fullmatch(topic) and topic not in (".", ".."):
+    """`topic` if Kafka allows it as a topic name (`is_topic_name`); else a `CepError` naming it
+    (and `what`, e.g. its stream)."""
+    if is_topic_name(topic):
         return topic
     of = f" ({what})" if what else ""
     raise CepError(f"not a Kafka topic name: {topic!r}{of}; a topic name is 1-249 of "
