@@ -301,8 +301,8 @@ def slim_input(plan: Plan, position: tuple[str, ...],
     """(stream, topic) when `live_packed` can leave every column but `value` and `seq` in the
     JVM: one stream, no table, its topic known, the position Kafka's or none; else None.
     A dead letter's partition and offset are then read back from its seq (`kafka_position`),
-    which holds offsets up to 2^40 - 1 and partitions below 2^23: `kafka_seq` fails the query
-    on a record past them, so a slim dead letter never names a wrong position."""
+    exact for offsets up to 2^40 - 1 (past that, `kafka_seq`'s documented limit, a slim dead
+    letter's position reads as the next partition's)."""
     if topics is None or len(plan.streams) != 1 or position not in ((), KAFKA_POSITION):
         return None
     s = plan.streams[0]
