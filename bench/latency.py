@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cep.grammar import DURATION_UNITS
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_RULES = ROOT / "bench" / "rules" / "fraud.cep"
 RULE_IDS = ("card_testing", "velocity", "impossible_travel")
@@ -630,8 +632,7 @@ def lateness_ms(lateness: str | None) -> int:
     m = re.fullmatch(r"(\d+)\s*(ms|s|m|h|d)", text.strip())
     if m is None:
         raise LatencyBenchError(f"unreadable LATENESS {text!r}")
-    unit = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}[m.group(2)]
-    return int(m.group(1)) * unit
+    return int(m.group(1)) * DURATION_UNITS[m.group(2)]
 
 
 def logged_batches(log_text: str) -> list[dict[str, Any]]:
@@ -695,14 +696,14 @@ def alert_breakdown(producer: Producer, reader: RedisReader, batches: list[dict[
                                "deliver": round(read_at - emitted, 3)}
         if j >= 0 and release_at is not None:
             b = batches[j]
+            prev_end = None if j == 0 else batches[j - 1]["end"]
             row.update(batch=b["batch"], release=round(release_at - sent - lateness / 1000, 3),
                        wait=round(b["start"] - release_at, 3), run=round(emitted - b["start"], 3),
                        skipped=max(0, j - bisect.bisect_left(starts, release_at)),
                        batch_s=(None if b["end"] is None else round(b["end"] - b["start"], 3)),
-                       prev_batch_s=(None if j == 0 or batches[j - 1]["end"] is None else
-                                     round(batches[j - 1]["end"] - batches[j - 1]["start"], 3)),
-                       gap_s=(None if j == 0 or batches[j - 1]["end"] is None else
-                              round(b["start"] - batches[j - 1]["end"], 3)))
+                       prev_batch_s=(None if prev_end is None else
+                                     round(prev_end - batches[j - 1]["start"], 3)),
+                       gap_s=None if prev_end is None else round(b["start"] - prev_end, 3))
         rows.append(row)
     return rows
 
@@ -720,8 +721,7 @@ def breakdown_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def med(rs: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k in links:
-            vs = sorted(r[k] for r in rs if r.get(k) is not None)
-            out[k] = vs[len(vs) // 2] if vs else None
+            out[k] = _med([r[k] for r in rs if r.get(k) is not None])
         out["skipped_batches"] = sum(r["skipped"] for r in rs)
         out["alerts"] = len(rs)
         return out
@@ -729,7 +729,7 @@ def breakdown_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     by_rule = {}
     for rule in sorted({r["rule"] for r in full}):
         lat = sorted(r["latency"] for r in full if r["rule"] == rule)
-        by_rule[rule] = {"p50": lat[len(lat) // 2], "p99": lat[min(len(lat) - 1,
+        by_rule[rule] = {"p50": _med(lat), "p99": lat[min(len(lat) - 1,
                                                                    int(0.99 * len(lat)))]}
     return {"all": med(full), "slowest_5pct": med(tail), "by_rule": by_rule,
             "tail_batches": sorted({r["batch"] for r in tail})}
