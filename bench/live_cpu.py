@@ -85,7 +85,6 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
     t0 = time.monotonic()
     last = {}
     lastth = {}
-    first_seen = {}
     spies = []
     spied = set()
     mark = None  # (proc cpu, thread cpu) snapshot when batch MARK's progress line is logged
@@ -100,7 +99,6 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
             ps = procs(p.pid)
             for pid, (cmd_, t) in ps.items():
                 last[pid] = (cmd_, t)
-                first_seen.setdefault(pid, time.monotonic() - t0)
                 if kind(cmd_) == "jvm":
                     for tid, v in threads(pid).items():
                         lastth[tid] = v
@@ -113,14 +111,15 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
                          str(pid), "-r", "200", "-f", "raw", "-o", str(out),
                          "-d", "60", "--nonblocking"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            if mark is None and f'"batch": {MARK},' in logp.read_text(errors="replace"):
+            text = logp.read_text(errors="replace") if endm is None else ""
+            if mark is None and f'"batch": {MARK},' in text:
                 mark = ({pid: v for pid, v in last.items()}, dict(lastth), time.monotonic() - t0)
                 if os.environ.get("JFR"):
                     jpid = max((t, pid) for pid, (c, t) in last.items() if kind(c) == "jvm")[1]
                     subprocess.run(["jcmd", str(jpid), "JFR.start", "duration=25s",
                                     "settings=profile", f"filename={d}/rec.jfr"],
                                    capture_output=True)
-            if endm is None and f'"batch": {END},' in logp.read_text(errors="replace"):
+            if endm is None and f'"batch": {END},' in text:
                 endm = ({pid: v for pid, v in last.items()}, dict(lastth), time.monotonic() - t0)
             time.sleep(0.3)
     wall = time.monotonic() - t0
