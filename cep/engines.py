@@ -36,7 +36,7 @@ from cep.compile import (
 )
 from cep.errors import RuleSemanticError, SourceError, Span
 from cep.nfa import CompiledRule, RuleSet
-from cep.runtime.bind import build_embedded_engine, fingerprint_clash, fingerprints, rule_hash
+from cep.runtime.bind import build_embedded_engine, claim_fingerprints, rule_hash
 from cep.runtime.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -310,13 +310,12 @@ class RulesWatcher:
                         source=text, hint="rule ids must be unique across the rules directory")]
             if rules is not None and not errs:
                 # Else every worker's native engine build would fail on the accepted set.
-                clash = fingerprint_clash(rules, taken, text)
+                clash = claim_fingerprints(rules, taken, text)
                 errs = [clash] if clash is not None else []
             if rules is not None and not errs:
                 candidate[path] = text
                 compiled[path] = rules
                 owner.update((r.id, path) for r in rules)
-                taken.update(fingerprints(rules))
                 files[path] = {"status": "accepted", "errors": [], "running": "current"}
                 continue
             errors.extend(errs)
@@ -324,12 +323,11 @@ class RulesWatcher:
             prev_rules = self._compiled.get(path) if previous is not None else None
             running = "none"
             if previous is not None and prev_rules is not None and not any(
-                    r.id in owner for r in prev_rules) and fingerprint_clash(
+                    r.id in owner for r in prev_rules) and claim_fingerprints(
                     prev_rules, taken) is None:
                 candidate[path] = previous
                 compiled[path] = prev_rules
                 owner.update((r.id, path) for r in prev_rules)
-                taken.update(fingerprints(prev_rules))
                 running = "previous"
             files[path] = {"status": "rejected", "running": running,
                            "errors": [e.render().splitlines()[0] for e in errs]}

@@ -53,7 +53,23 @@ def fingerprint_clash(rules: Iterable[CompiledRule],
     key-state fingerprints are equal: the native engine refuses to be built with both (their
     state would mix), so a rule set is refused before (`cep check`, the rules watcher). None
     without a clash, or when the core is not built (the engine build checks again)."""
-    seen = dict(taken or {})
+    return _clash(rules, dict(taken or {}), source)
+
+
+def claim_fingerprints(rules: Iterable[CompiledRule], taken: dict[int, CompiledRule],
+                       source: str | None = None) -> RuleSemanticError | None:
+    """`fingerprint_clash`, and without a clash the rules' fingerprints join `taken` (each
+    fingerprint computed once)."""
+    seen = dict(taken)
+    clash = _clash(rules, seen, source)
+    if clash is None:
+        taken.update(seen)
+    return clash
+
+
+def _clash(rules: Iterable[CompiledRule], seen: dict[int, CompiledRule],
+           source: str | None) -> RuleSemanticError | None:
+    """`fingerprint_clash` over `seen`, which gets every fingerprint read."""
     for rule in rules:
         fp = rule_fingerprint(rule)
         if fp is None:
