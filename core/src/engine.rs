@@ -1086,6 +1086,7 @@ impl Engine {
             intern!(py, "data"),
             intern!(py, "route"),
         );
+        let empty: Arc<str> = Arc::from(""); // the key of a group without PARTITION BY
         for (i, ev) in events.iter().enumerate() {
             let ts: i64 = ev.getattr(a_ts)?.extract()?;
             top = top.max(ts);
@@ -1103,7 +1104,7 @@ impl Engine {
                     continue;
                 }
                 let key = if g.kf.is_empty() {
-                    Arc::from("")
+                    empty.clone()
                 } else {
                     let k = match dict {
                         Some(d) => d.get_item(g.kf_py.bind(py))?,
@@ -1217,6 +1218,7 @@ impl Engine {
         // (`Batch::last_interned`; `NO_ID`: not yet). Ids are only added during the loop (keys
         // are released in `finish`), so an id found here stays the key's.
         let mut key_ids: Vec<Vec<Id>> = vec![Vec::new(); self.groups.len()];
+        let empty: Arc<str> = Arc::from(""); // the key of a group without PARTITION BY
         for j in 0..b.len {
             let ts = tss[j];
             top = top.max(ts);
@@ -1271,8 +1273,7 @@ impl Engine {
                 let got: Value;
                 let mut interned = None;
                 let key: &Arc<str> = if g.kf.is_empty() {
-                    owned = Arc::from("");
-                    &owned
+                    &empty
                 } else {
                     let kv = match (json_i, kf_col[gi as usize]) {
                         (None, Some(c)) => {
