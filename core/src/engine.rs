@@ -518,7 +518,7 @@ fn advance_key(
     partials: Option<&mut [i64]>,
     g: &mut Group,
     st: &mut EngineState,
-    (id, key): (Id, Arc<str>),
+    (id, key): (Id, &Arc<str>),
     new: Option<Vec<Item>>,
     safe: i64,
     eof: bool,
@@ -748,7 +748,7 @@ impl Engine {
                 let slot = st.keys.slot(id);
                 (slot.group, slot.key.clone())
             };
-            let r = self.finish_key(py, st, (id, gi, key.clone()), max_ts, eof, &matches, &mut counts);
+            let r = self.finish_key(py, st, (id, gi, &key), max_ts, eof, &matches, &mut counts);
             if let Err(e) = r {
                 // The keys not advanced keep their state and come due again; their events of
                 // this call are dropped (as `drop_new` does for a call that fails earlier).
@@ -774,7 +774,7 @@ impl Engine {
         &mut self,
         py: Python<'_>,
         st: &mut EngineState,
-        (id, gi, key): (Id, u32, Arc<str>),
+        (id, gi, key): (Id, u32, &Arc<str>),
         max_ts: i64,
         eof: bool,
         matches: &Bound<'_, PyList>,
@@ -782,7 +782,7 @@ impl Engine {
     ) -> PyResult<()> {
         if let Some(raw) = st.raw.get(&id) {
             // Decoded before it is taken: bytes that fail to decode stay the key's state.
-            let ks = decode_key(py, raw, &key, [&self.known, &st.imported])?;
+            let ks = decode_key(py, raw, key, [&self.known, &st.imported])?;
             let raw = st.take_raw(id).unwrap_or_default();
             st.put_state(id, Some(ks));
             if st.track_dirty {
