@@ -29,16 +29,21 @@ type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 /// lately is not built and its names interned again. One cache per ingest call.
 #[derive(Default)]
 pub struct ColsCache {
-    last: Option<Arc<Cols>>,
+    /// Most recently used last.
     recent: Vec<(u64, Arc<Cols>)>,
 }
 
-/// How many field lists `ColsCache` keeps: the most recently used (`last` is one of them).
+/// How many field lists `ColsCache` keeps: the most recently used.
 const SHAPES: usize = 8;
 
 impl ColsCache {
+    /// The list the last `cols` returned.
+    fn last(&self) -> Option<&Arc<Cols>> {
+        self.recent.last().map(|(_, c)| c)
+    }
+
     pub fn cols(&mut self, py: Python<'_>, names: Vec<String>) -> Arc<Cols> {
-        if let Some(c) = &self.last {
+        if let Some(c) = self.last() {
             if c.names == names {
                 return c.clone();
             }
@@ -62,7 +67,6 @@ impl ColsCache {
                 c
             }
         };
-        self.last = Some(c.clone());
         c
     }
 }
@@ -139,7 +143,7 @@ impl<'de> Visitor<'de> for RowSeed<'_, '_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Row, A::Error> {
-        let last = self.cache.last.clone();
+        let last = self.cache.last().cloned();
         let same: &[String] = last.as_ref().map_or(&[], |c| &c.names);
         // None while the names so far are `same`'s first ones.
         let mut names: Option<Vec<String>> = None;
