@@ -656,10 +656,8 @@ impl Expr {
     #[inline]
     pub fn holds(&self, cx: &Cx, e: &Ev, c: &CapVec) -> PyResult<bool> {
         if let Expr::Cmp(op, l, r) = self {
-            if let Some(x) = l.num(cx, e, c) {
-                if let Some(y) = r.num(cx, e, c) {
-                    return Ok(value::holds(*op, value::num_cmp(x, y)));
-                }
+            if let Some(b) = cmp_num(*op, l, r, cx, e, c) {
+                return Ok(b);
             }
             return Ok(compare(cx, *op, l, r, e, c)?.is_true());
         }
@@ -741,10 +739,8 @@ impl Expr {
                 binary(cx, l, r, e, c, |a, b| value::arith(py, cx.ops, *op, a, b))?
             }
             Expr::Cmp(op, l, r) => {
-                if let Some(x) = l.num(cx, e, c) {
-                    if let Some(y) = r.num(cx, e, c) {
-                        return Ok(Value::Bool(value::holds(*op, value::num_cmp(x, y))));
-                    }
+                if let Some(b) = cmp_num(*op, l, r, cx, e, c) {
+                    return Ok(Value::Bool(b));
                 }
                 compare(cx, *op, l, r, e, c)?
             }
@@ -869,6 +865,14 @@ impl Expr {
         })
     }
 
+}
+
+/// `l op r` when both sides are numbers (`Expr::num`): the comparison without a `Value`.
+#[inline]
+fn cmp_num(op: CmpOp, l: &Expr, r: &Expr, cx: &Cx, e: &Ev, c: &CapVec) -> Option<bool> {
+    let x = l.num(cx, e, c)?;
+    let y = r.num(cx, e, c)?;
+    Some(value::holds(op, value::num_cmp(x, y)))
 }
 
 /// `l op r` by `value::compare`.
