@@ -635,20 +635,27 @@ def lateness_ms(lateness: str | None) -> int:
     return int(m.group(1)) * DURATION_UNITS[m.group(2)]
 
 
+def progress_reports(log_text: str) -> list[dict[str, Any]]:
+    """The progress reports jobs/metrics.py logged in a job's log, in order (a line cut short
+    is skipped)."""
+    out = []
+    for line in log_text.splitlines():
+        _, sep, rest = line.partition(" cep.metrics progress ")
+        if sep:
+            try:
+                out.append(json.loads(rest))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
 def logged_batches(log_text: str) -> list[dict[str, Any]]:
     """Every micro-batch from the job's log (jobs/metrics.py logs each progress report; the live
     job runs one query, `alerts`, and the logged report has no query name): batch id, start
     (epoch s, Spark's trigger timestamp), end (start + its triggerExecution) and durationMs.
     The metrics file holds only the last batch; its poller can miss one."""
     out: dict[int, dict[str, Any]] = {}
-    for line in log_text.splitlines():
-        _, sep, rest = line.partition(" cep.metrics progress ")
-        if not sep:
-            continue
-        try:
-            q = json.loads(rest)
-        except json.JSONDecodeError:
-            continue
+    for q in progress_reports(log_text):
         start = _iso_s(q.get("started"))
         dur = q.get("durations_ms") or {}
         if not isinstance(q.get("batch"), int) or start is None:

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.latency import BENCH_RULES, COUNTRIES, ROOT, Services, _tree_cpu_s
+from bench.latency import BENCH_RULES, COUNTRIES, ROOT, Services, _tree_cpu_s, progress_reports
 from cep.config import Settings
 
 CARD_GAP_S = 20.0
@@ -160,12 +160,8 @@ def run_ours(services: Services, work: Path, topic: str, batch: int, skip: int,
            "--starting-offsets", "earliest", "--once", "--max-offsets-per-trigger", str(batch),
            "--shards", str(shards)]
     rc, wall, cpu = _run(cmd, env, d / "run.log", ROOT if code is None else code)
-    progress = []
-    for line in (d / "run.log").read_text(errors="replace").splitlines():
-        if " cep.metrics progress " in line:
-            q = json.loads(line.split(" cep.metrics progress ", 1)[1])
-            progress.append({"numInputRows": q.get("input_rows"),
-                             "durationMs": q.get("durations_ms") or {}})
+    progress = [{"numInputRows": q.get("input_rows"), "durationMs": q.get("durations_ms") or {}}
+                for q in progress_reports((d / "run.log").read_text(errors="replace"))]
     counters = (json.loads((d / "ck" / "metrics.json").read_text()).get("counters") or {}) \
         if (d / "ck" / "metrics.json").exists() else {}
     # The operator's own time over the whole run, in ms (jobs/metrics.py's counters; a

@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.latency import BENCH_RULES, Services
+from bench.latency import BENCH_RULES, Services, progress_reports
 from bench.live_ceiling import _fresh, _steady, load_topic
 
 TCK = os.sysconf("SC_CLK_TCK")
@@ -133,14 +133,10 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
     for tname, t in lastth.values():
         key = tname.rstrip("0123456789#-")
         th[key] += t / TCK
-    progress = []
-    for line in (d / "run.log").read_text(errors="replace").splitlines():
-        if " cep.metrics progress " in line:
-            q = json.loads(line.split(" cep.metrics progress ", 1)[1])
-            progress.append({"numInputRows": q.get("input_rows"),
-                             "durationMs": q.get("durations_ms") or {},
-                             "collect": (q.get("last_delivery") or {}).get("collect_ms"),
-                             "state": q.get("state_ms")})
+    progress = [{"numInputRows": q.get("input_rows"), "durationMs": q.get("durations_ms") or {},
+                 "collect": (q.get("last_delivery") or {}).get("collect_ms"),
+                 "state": q.get("state_ms")}
+                for q in progress_reports((d / "run.log").read_text(errors="replace"))]
     st = _steady(progress, 2)
     counters = (json.loads((d / "ck" / "metrics.json").read_text()).get("counters") or {}) \
         if (d / "ck" / "metrics.json").exists() else {}
