@@ -7,6 +7,7 @@
 //! holds them, and a cell is copied out (`Batch::get`) only when it is read.
 
 use std::ffi::{c_char, c_void, CStr};
+use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
@@ -56,8 +57,8 @@ pub struct Batch<'py> {
 /// The distinct values of a string column: each value's index in `dict`.
 #[derive(Default)]
 struct Intern {
-    map: std::collections::HashMap<std::sync::Arc<str>, u32, foldhash::fast::RandomState>,
-    dict: Vec<std::sync::Arc<str>>,
+    map: std::collections::HashMap<Text, u32, foldhash::fast::RandomState>,
+    dict: Vec<Arc<str>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -96,12 +97,27 @@ struct Col {
 
 /// A string cell's bytes as text; the error every reader of a string column gives.
 pub fn utf8(b: &[u8]) -> PyResult<&str> {
-    std::str::from_utf8(b).map_err(|_| bad("arrow: a string that is not UTF-8"))
+    std::str::from_utf8(b).map_err(|_| not_utf8())
+}
+
+#[cold]
+fn not_utf8() -> PyErr {
+    bad("arrow: a string that is not UTF-8")
 }
 
 impl Batch<'_> {
     /// Cell `j` of column `c`.
+    #[inline]
     pub fn get(&self, c: usize, j: usize) -> PyResult<Value> {
+        self.cell(c, j).ok_or_else(not_utf8)
+    }
+
+    /// `get`, with None for a string that is not UTF-8. Inlined into its callers, so that a
+    /// row's values are built where they are stored: returned through memory, each one was
+    /// stored and loaded back at a different width, which stalled the load until the row's
+    /// (cold) stores before it had drained (perf: ~9% of the fraud samples on that load).
+    #[inline(always)]
+    fn cell(&self, c: usize, j: usize) -> Option<Value> {
         // Checked: a safe function must not read past the buffers, whatever its caller passes.
         assert!(j < self.len, "arrow: row {j} of a batch of {}", self.len);
         let col = &self.cols[c];
@@ -110,14 +126,14 @@ impl Batch<'_> {
         // type needs, and the capsules (so the buffers) live as long as `self`.
         unsafe {
             if !col.validity.is_null() && !bit(col.validity, i) {
-                return Ok(Value::Null);
+                return Some(Value::Null);
             }
             macro_rules! prim {
                 ($t:ty) => {
                     std::ptr::read_unaligned((col.data as *const $t).add(i))
                 };
             }
-            Ok(match col.kind {
+            Some(match col.kind {
                 Kind::Null => Value::Null,
                 Kind::Bool => Value::Bool(bit(col.data, i)),
                 Kind::I8 => Value::Int(prim!(i8) as i64),
@@ -129,7 +145,7 @@ impl Batch<'_> {
                 Kind::I64 => Value::Int(prim!(i64)),
                 Kind::F32 => Value::Float(prim!(f32) as f64),
                 Kind::F64 => Value::Float(prim!(f64)),
-                Kind::Utf8 | Kind::LargeUtf8 => Value::Str(col.interned(col.text(i)?)),
+                Kind::Utf8 | Kind::LargeUtf8 => Value::Str(col.interned(col.bytes(i))?),
             })
         }
     }
@@ -172,15 +188,10 @@ impl Batch<'_> {
 }
 
 impl Col {
-    /// The text of cell `i` (an absolute index) of a string column.
+    /// The bytes of cell `i` (an absolute index) of a string column.
     ///
     /// # Safety
     /// `i` is within the column and the column is `Utf8` or `LargeUtf8` (`Batch::get`).
-    unsafe fn text(&self, i: usize) -> PyResult<&str> {
-        utf8(self.bytes(i))
-    }
-
-    /// The bytes of cell `i` of a string column (same contract as `text`).
     unsafe fn bytes(&self, i: usize) -> &[u8] {
         let (start, end) = if self.kind == Kind::Utf8 {
             let o = self.offsets as *const i32;
@@ -196,28 +207,55 @@ impl Col {
         }
     }
 
-    fn interned(&self, text: &str) -> std::sync::Arc<str> {
+    /// The string of a cell's bytes, shared with the column's earlier equal cells while the
+    /// column interns; None when the bytes are not UTF-8. A cell equal to an interned string
+    /// is found by its bytes (checked as UTF-8 once, when its string was interned).
+    #[inline(never)]
+    fn interned(&self, b: &[u8]) -> Option<Arc<str>> {
         let mut guard = self.intern.borrow_mut();
-        let Some(it) = guard.as_mut() else { return std::sync::Arc::from(text) };
+        let Some(it) = guard.as_mut() else { return std::str::from_utf8(b).ok().map(Arc::from) };
         let seen = self.seen.get() + 1;
         self.seen.set(seen);
-        if let Some(l) = it.dict.get(self.last.get() as usize).filter(|l| ***l == *text) {
-            return l.clone();
+        if let Some(l) = it.dict.get(self.last.get() as usize).filter(|l| l.as_bytes() == b) {
+            return Some(l.clone());
         }
-        if let Some(&i) = it.map.get(text) {
+        if let Some(&i) = it.map.get(b) {
             self.last.set(i);
-            return it.dict[i as usize].clone();
+            return Some(it.dict[i as usize].clone());
         }
-        let a: std::sync::Arc<str> = std::sync::Arc::from(text);
+        let a: Arc<str> = Arc::from(std::str::from_utf8(b).ok()?);
         let i = it.dict.len() as u32;
-        it.map.insert(a.clone(), i);
+        it.map.insert(Text(a.clone()), i);
         it.dict.push(a.clone());
         self.last.set(i);
         if seen >= 8192 && it.map.len() * 4 > seen * 3 {
             *guard = None;
             self.last.set(u32::MAX);
         }
-        a
+        Some(a)
+    }
+}
+
+/// An interned string as a map key looked up by its bytes (hashed and compared as `[u8]`).
+struct Text(Arc<str>);
+
+impl std::hash::Hash for Text {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.0.as_bytes().hash(h)
+    }
+}
+
+impl PartialEq for Text {
+    fn eq(&self, other: &Text) -> bool {
+        self.0.as_bytes() == other.0.as_bytes()
+    }
+}
+
+impl Eq for Text {}
+
+impl std::borrow::Borrow<[u8]> for Text {
+    fn borrow(&self) -> &[u8] {
+        self.0.as_bytes()
     }
 }
 
@@ -312,7 +350,10 @@ pub fn read_batch<'py>(batch: &Bound<'py, PyAny>) -> PyResult<Batch<'py>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+
+    fn interned(col: &Col, text: &str) -> Arc<str> {
+        col.interned(text.as_bytes()).expect("UTF-8")
+    }
 
     fn string_col() -> Col {
         Col {
@@ -330,11 +371,11 @@ mod tests {
     #[test]
     fn equal_strings_share_one_value_through_the_last_and_the_map() {
         let col = string_col();
-        let a = col.interned("card-1");
-        assert!(Arc::ptr_eq(&a, &col.interned("card-1")), "the last value");
-        let b = col.interned("card-2");
-        assert!(Arc::ptr_eq(&a, &col.interned("card-1")), "from the map after another value");
-        assert!(Arc::ptr_eq(&b, &col.interned("card-2")));
+        let a = interned(&col, "card-1");
+        assert!(Arc::ptr_eq(&a, &interned(&col, "card-1")), "the last value");
+        let b = interned(&col, "card-2");
+        assert!(Arc::ptr_eq(&a, &interned(&col, "card-1")), "from the map after another value");
+        assert!(Arc::ptr_eq(&b, &interned(&col, "card-2")));
         assert!(!Arc::ptr_eq(&a, &b));
         assert_eq!((&*a, &*b), ("card-1", "card-2"));
     }
@@ -343,11 +384,22 @@ mod tests {
     fn a_column_of_mostly_distinct_values_stops_interning() {
         let col = string_col();
         for i in 0..9000 {
-            assert_eq!(&*col.interned(&format!("v{i}")), format!("v{i}"));
+            assert_eq!(&*interned(&col, &format!("v{i}")), format!("v{i}"));
         }
         assert!(col.intern.borrow().is_none());
-        let (x, y) = (col.interned("v1"), col.interned("v1"));
+        let (x, y) = (interned(&col, "v1"), interned(&col, "v1"));
         assert_eq!((&*x, &*y), ("v1", "v1"));
         assert!(!Arc::ptr_eq(&x, &y), "no longer shared");
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_give_none_whether_or_not_the_column_interns() {
+        let col = string_col();
+        assert!(col.interned(b"\xff\xfe").is_none());
+        assert_eq!(&*interned(&col, "DE"), "DE");
+        assert!(col.interned(b"D\xc3").is_none(), "a prefix of no interned string");
+        *col.intern.borrow_mut() = None;
+        assert!(col.interned(b"\xff").is_none());
+        assert_eq!(&*interned(&col, "FR"), "FR");
     }
 }

@@ -519,17 +519,32 @@ pub struct Cx<'a, 'py> {
     pub rows: &'a [RowMemo],
 }
 
-impl Cx<'_, '_> {
+impl<'a> Cx<'a, '_> {
     /// Field `i` (of the field table) of event `ev`.
     #[inline]
     pub fn field(&self, ev: &Ev, i: usize) -> PyResult<Value> {
+        Ok(self.field_ref(ev, i)?.clone())
+    }
+
+    /// Field `i` of event `ev`, borrowed: read in place from a row projected on the field
+    /// table (`Ev::pidx`), else from the event's values (`vals`).
+    #[inline]
+    pub fn field_ref<'e>(&self, ev: &'e Ev, i: usize) -> PyResult<&'e Value> {
         if let (Some(p), Some(row)) = (&ev.pidx, &ev.row) {
             return Ok(match p[i] {
-                u32::MAX => Value::Null,
-                c => row.vals[c as usize].clone(),
+                u32::MAX => &NULL,
+                c => &row.vals[c as usize],
             });
         }
-        Ok(self.vals(ev)?[i].clone())
+        Ok(&self.vals(ev)?[i])
+    }
+
+    /// The value of row expression `x` (memo slot `slot`) for the event `e` being fed, computed
+    /// on the first read and shared by every partial match that reads it: `Some(None)` when it
+    /// raises, None when this evaluation keeps no memo (the caller evaluates `x` itself).
+    #[inline]
+    fn memo(&self, slot: usize, x: &Expr, e: &Ev) -> Option<&'a Option<Value>> {
+        Some(self.rows.get(slot)?.get_or_init(|| x.eval(self, e, &NO_CAPS).ok()))
     }
 
     pub fn vals<'e>(&self, ev: &'e Ev) -> PyResult<&'e [Value]> {
@@ -586,23 +601,11 @@ impl Expr {
         use std::borrow::Cow;
         match self {
             Expr::Const(v) => Ok(Cow::Borrowed(v)),
-            Expr::Field(i) => match (&e.pidx, &e.row) {
-                (Some(p), Some(row)) => Ok(Cow::Borrowed(match p[*i] {
-                    u32::MAX => &NULL,
-                    k => &row.vals[k as usize],
-                })),
-                _ => Ok(Cow::Owned(self.eval(cx, e, c)?)),
+            Expr::Field(i) => Ok(Cow::Borrowed(cx.field_ref(e, *i)?)),
+            Expr::VarRow { var, first, row, cur } if matches!(**row, Expr::Field(_)) => match row_event(*var, *first, *cur, e, c) {
+                Some(ev) => row.operand(cx, ev, &NO_CAPS),
+                None => Ok(Cow::Borrowed(&NULL)),
             },
-            Expr::VarRow { var, first, row, cur } if matches!(**row, Expr::Field(_)) => {
-                let found = if *first { c.iter().find(|cap| cap.var == *var) } else { c.iter().rev().find(|cap| cap.var == *var) };
-                match found {
-                    // The same captures `eval` reads: the last (or first) row of the variable
-                    // in the match, else the current event when it is being tested for it.
-                    Some(cap) if *first || !*cur => row.operand(cx, &cap.ev, &NO_CAPS),
-                    None if *cur => row.operand(cx, e, &NO_CAPS),
-                    _ => Ok(Cow::Owned(self.eval(cx, e, c)?)),
-                }
-            }
             _ => Ok(Cow::Owned(self.eval(cx, e, c)?)),
         }
     }
@@ -616,30 +619,12 @@ impl Expr {
     pub(crate) fn num(&self, cx: &Cx, e: &Ev, c: &CapVec) -> Option<Num> {
         match self {
             Expr::Const(v) => value::num(v),
-            Expr::Field(i) => match (&e.pidx, &e.row) {
-                (Some(p), Some(row)) => match p[*i] {
-                    u32::MAX => None,
-                    k => value::num(&row.vals[k as usize]),
-                },
-                _ => value::num(cx.vals(e).ok()?.get(*i)?),
-            },
-            Expr::Local { slot, e: x } => match cx.rows.get(*slot as usize) {
-                Some(memo) => value::num(memo.get_or_init(|| x.eval(cx, e, &NO_CAPS).ok()).as_ref()?),
+            Expr::Field(i) => value::num(cx.field_ref(e, *i).ok()?),
+            Expr::Local { slot, e: x } => match cx.memo(*slot as usize, x, e) {
+                Some(v) => value::num(v.as_ref()?),
                 None => x.num(cx, e, &NO_CAPS),
             },
-            Expr::VarRow { var, first, row, cur } => {
-                // The row `eval` reads: the last (or first) capture of the variable, else the
-                // current event when it is being tested for it.
-                if !*first && *cur {
-                    return row.num(cx, e, &NO_CAPS);
-                }
-                let found = if *first { c.iter().find(|cap| cap.var == *var) } else { c.iter().rev().find(|cap| cap.var == *var) };
-                match found {
-                    Some(cap) => row.num(cx, &cap.ev, &NO_CAPS),
-                    None if *cur => row.num(cx, e, &NO_CAPS),
-                    None => None,
-                }
-            }
+            Expr::VarRow { var, first, row, cur } => row.num(cx, row_event(*var, *first, *cur, e, c)?, &NO_CAPS),
             Expr::Prev { row, back } if c.len() >= *back => row.num(cx, &c[c.len() - back].ev, &NO_CAPS),
             Expr::AggSlot { slot, cur } => agg_slot_num(cx, *slot as usize, *cur, e, c),
             Expr::Arith(op, l, r) => {
@@ -688,30 +673,10 @@ impl Expr {
                 }
                 Value::from_py(&cur)
             }
-            Expr::VarRow { var, first, row, cur } => {
-                if !*first {
-                    if *cur {
-                        return row.eval(cx, e, &NO_CAPS);
-                    }
-                    for cap in c.iter().rev() {
-                        if cap.var == *var {
-                            return row.eval(cx, &cap.ev, &NO_CAPS);
-                        }
-                    }
-                    Value::Null
-                } else {
-                    for cap in c.iter() {
-                        if cap.var == *var {
-                            return row.eval(cx, &cap.ev, &NO_CAPS);
-                        }
-                    }
-                    if *cur {
-                        row.eval(cx, e, &NO_CAPS)?
-                    } else {
-                        Value::Null
-                    }
-                }
-            }
+            Expr::VarRow { var, first, row, cur } => match row_event(*var, *first, *cur, e, c) {
+                Some(ev) => row.eval(cx, ev, &NO_CAPS)?,
+                None => Value::Null,
+            },
             Expr::Prev { row, back } => {
                 if c.len() >= *back {
                     row.eval(cx, &c[c.len() - back].ev, &NO_CAPS)?
@@ -721,12 +686,10 @@ impl Expr {
             }
             Expr::Agg { func, var, row, cur } => agg(cx, *func, *var, row.as_deref(), *cur, e, c)?,
             Expr::AggSlot { slot, cur } => agg_slot(cx, *slot as usize, *cur, e, c)?,
-            Expr::Local { slot, e: x } => match cx.rows.get(*slot as usize) {
-                Some(memo) => match memo.get_or_init(|| x.eval(cx, e, &NO_CAPS).ok()) {
-                    Some(v) => v.clone(),
-                    None => x.eval(cx, e, &NO_CAPS)?, // it raises: as Python raises it
-                },
-                None => x.eval(cx, e, &NO_CAPS)?,
+            Expr::Local { slot, e: x } => match cx.memo(*slot as usize, x, e) {
+                Some(Some(v)) => v.clone(),
+                // Not memoised, or it raises: evaluated (raising as Python raises it).
+                _ => x.eval(cx, e, &NO_CAPS)?,
             },
             Expr::Neg(x) => {
                 let v = x.eval(cx, e, c)?;
@@ -867,6 +830,23 @@ impl Expr {
 
 }
 
+/// The event whose row `FIRST(var.x)` / `LAST(var.x)` (`Expr::VarRow`) reads: the first (or
+/// last) capture of the variable in the match `c`, else the event `e` being tested when it is
+/// being tested for the variable (`cur`; LAST then always reads it); None: the value is NULL.
+#[inline]
+fn row_event<'a>(var: u32, first: bool, cur: bool, e: &'a Ev, c: &'a CapVec) -> Option<&'a Ev> {
+    if cur && !first {
+        return Some(e);
+    }
+    let mut caps = c.iter().filter(|cap| cap.var == var);
+    let found = if first { caps.next() } else { caps.next_back() };
+    match found {
+        Some(cap) => Some(&cap.ev),
+        None if cur => Some(e),
+        None => None,
+    }
+}
+
 /// `l op r` when both sides are numbers (`Expr::num`): the comparison without a `Value`.
 #[inline]
 fn cmp_num(op: CmpOp, l: &Expr, r: &Expr, cx: &Cx, e: &Ev, c: &CapVec) -> Option<bool> {
@@ -972,11 +952,9 @@ fn agg_slot(cx: &Cx, slot: usize, cur: bool, e: &Ev, c: &CapVec) -> PyResult<Val
         match &spec.row {
             None => n += 1,
             Some(row) => {
-                let v = match cx.rows.get(slot) {
-                    Some(memo) => match memo.get_or_init(|| row.eval(cx, e, &NO_CAPS).ok()) {
-                        Some(v) => v.clone(),
-                        None => return slow(), // the row raises: as Python raises it
-                    },
+                let v = match cx.memo(slot, row, e) {
+                    Some(Some(v)) => v.clone(),
+                    Some(None) => return slow(), // the row raises: as Python raises it
                     None => row.eval(cx, e, &NO_CAPS)?,
                 };
                 if !v.is_null() {
@@ -1004,19 +982,24 @@ fn agg_slot_num(cx: &Cx, slot: usize, cur: bool, e: &Ev, c: &CapVec) -> Option<N
         Fold::Null => return None,
     };
     if let (true, Some(row)) = (cur, &spec.row) {
-        let v = match cx.rows.get(slot) {
-            Some(memo) => memo.get_or_init(|| row.eval(cx, e, &NO_CAPS).ok()).clone()?,
-            None => row.eval(cx, e, &NO_CAPS).ok()?,
+        // The row's value, borrowed from the event's memo (not copied per partial match).
+        let owned: Value;
+        let v = match cx.memo(slot, row, e) {
+            Some(v) => v.as_ref()?,
+            None => {
+                owned = row.eval(cx, e, &NO_CAPS).ok()?;
+                &owned
+            }
         };
         if !v.is_null() {
             n += 1;
             // `fold_step`: the running sum from 0, or the first value, or a better one.
             fold = match (spec.func, fold) {
                 (AggF::Count, f) => f,
-                (AggF::Sum | AggF::Avg, f) => value::arith_num(ArOp::Add, f.unwrap_or(Num::I(0)), value::num(&v)?)?,
-                (AggF::Min | AggF::Max, None) => Some(value::num(&v)?),
+                (AggF::Sum | AggF::Avg, f) => value::arith_num(ArOp::Add, f.unwrap_or(Num::I(0)), value::num(v)?)?,
+                (AggF::Min | AggF::Max, None) => Some(value::num(v)?),
                 (AggF::Min | AggF::Max, Some(best)) => {
-                    let x = value::num(&v)?;
+                    let x = value::num(v)?;
                     let op = if matches!(spec.func, AggF::Max) { CmpOp::Gt } else { CmpOp::Lt };
                     Some(if value::holds(op, value::num_cmp(x, best)) { x } else { best })
                 }
@@ -1068,9 +1051,9 @@ fn fold_cap(cx: &Cx, acc: &mut [Acc], cap: &Cap, current: bool) {
         };
         // The row's value, borrowed from the event's memo when it is the event being fed.
         let owned: Option<Value>;
-        let v = match (current, cx.rows.get(slot)) {
-            (true, Some(memo)) => memo.get_or_init(|| row.eval(cx, &cap.ev, &NO_CAPS).ok()).as_ref(),
-            _ => {
+        let v = match current.then(|| cx.memo(slot, row, &cap.ev)).flatten() {
+            Some(v) => v.as_ref(),
+            None => {
                 owned = row.eval(cx, &cap.ev, &NO_CAPS).ok();
                 owned.as_ref()
             }

@@ -328,6 +328,18 @@ fn dump_str(s: &str, out: &mut String) {
     out.push('"');
 }
 
+/// The number of digits after the point in the exact decimal expansion of (finite) `f`: `f`
+/// is `m * 2^e` with `m` odd, and `2^-k` has exactly `k` of them.
+fn exact_frac_digits(f: f64) -> usize {
+    let bits = f.to_bits();
+    let (mant, exp) = (bits & ((1 << 52) - 1), ((bits >> 52) & 0x7ff) as i32);
+    let (m, e) = if exp == 0 { (mant, -1074) } else { (mant | 1 << 52, exp - 1075) };
+    if m == 0 {
+        return 0;
+    }
+    (-(e + m.trailing_zeros() as i32)).max(0) as usize
+}
+
 /// Python's `repr(float)`: the shortest digits that read back as `f`, positional when the
 /// decimal exponent is in [-4, 16), else `d.ddde±XX`.
 fn float_repr(f: f64, out: &mut String) {
@@ -343,6 +355,11 @@ fn float_repr(f: f64, out: &mut String) {
         let _ = write!(out, "{f:?}");
         let mid = out.len();
         let frac = out[start..mid].split_once('.').map_or(0, |(_, d)| d.len());
+        // A tie needs `f` exactly halfway between two `frac`-digit decimals: its exact
+        // expansion is then one digit longer. Any other float is written once.
+        if exact_frac_digits(f) != frac + 1 {
+            return;
+        }
         let _ = write!(out, "{f:.frac$}");
         if out[mid..] != out[start..mid] && out[mid..].parse::<f64>() == Ok(f) {
             out.replace_range(start..mid, "");
@@ -713,6 +730,43 @@ mod tests {
             float_repr(f, &mut s);
             assert_eq!(s, want);
         }
+    }
+
+    #[test]
+    fn exact_frac_digits_counts_the_digits_of_the_exact_value() {
+        for (f, n) in [(0.0, 0), (1.0, 0), (1e15, 0), (0.5, 1), (0.25, 2), (0.125, 3), (-0.375, 3),
+                       (764461555359037.25, 2), (0.1, 55), (5e-324, 1074)] {
+            assert_eq!(exact_frac_digits(f), n, "{f:?}");
+        }
+    }
+
+    /// The premise of `float_repr`'s one write: a positional float whose exact expansion is not
+    /// one digit longer than its shortest form has that form as its correctly rounded one too.
+    #[test]
+    fn shortest_digits_are_the_rounded_ones_unless_a_tie_is_possible() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut checked = 0;
+        for k in 0..300_000 {
+            let r = next();
+            // Random bit patterns, and values with few fraction bits (where ties are).
+            let f = if k % 2 == 0 { f64::from_bits(r) } else { (r >> 11) as f64 / (1u64 << (r % 50)) as f64 };
+            if !(f == 0.0 || (1e-4..1e16).contains(&f.abs())) {
+                continue;
+            }
+            let short = format!("{f:?}");
+            let frac = short.split_once('.').map_or(0, |(_, d)| d.len());
+            if exact_frac_digits(f) != frac + 1 {
+                assert_eq!(format!("{f:.frac$}"), short);
+                checked += 1;
+            }
+        }
+        assert!(checked > 100_000);
     }
 
     #[test]
