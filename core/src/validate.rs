@@ -735,7 +735,7 @@ mod tests {
     #[test]
     fn exact_frac_digits_counts_the_digits_of_the_exact_value() {
         for (f, n) in [(0.0, 0), (1.0, 0), (1e15, 0), (0.5, 1), (0.25, 2), (0.125, 3), (-0.375, 3),
-                       (764461555359037.25, 2), (0.1, 55), (5e-324, 1074)] {
+                       (764461555359037.0 + 0.25, 2), (0.1, 55), (5e-324, 1074)] {
             assert_eq!(exact_frac_digits(f), n, "{f:?}");
         }
     }
