@@ -381,9 +381,11 @@ pub fn compare(py: Python<'_>, ops: &PyOps, op: CmpOp, a: &Value, b: &Value) -> 
                 Some(r) => Ok(Value::Bool(r.is_truthy()?)),
             }
         }
+        // `=` / `<>` on the `Arc`s: for a type that is `Eq`, std compares the pointers first, so
+        // a batch column's shared value (`arrow::Col::interned`) is equal without reading it.
         (Value::Str(x), Value::Str(y)) => Ok(Value::Bool(match op {
-            CmpOp::Eq => str_eq(x, y),
-            CmpOp::Ne => !str_eq(x, y),
+            CmpOp::Eq => x == y,
+            CmpOp::Ne => x != y,
             _ => holds(op, Some(x.as_ref().cmp(y.as_ref()))),
         })),
         _ => match (num(a), num(b)) {
@@ -395,13 +397,6 @@ pub fn compare(py: Python<'_>, ops: &PyOps, op: CmpOp, a: &Value, b: &Value) -> 
             }),
         },
     }
-}
-
-/// Two strings are equal: the same allocation (a batch's column shares one per distinct value,
-/// `arrow::Col::interned`) without reading them, else by length and bytes.
-#[inline]
-fn str_eq(x: &Arc<str>, y: &Arc<str>) -> bool {
-    Arc::ptr_eq(x, y) || x == y
 }
 
 /// Python `a == b` (truthiness), for IN lists.
@@ -518,16 +513,6 @@ pub fn in_set(py: Python<'_>, ops: &PyOps, set: &Py<PyAny>, v: &Value) -> PyResu
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn strings_are_equal_by_allocation_or_by_bytes() {
-        let a: Arc<str> = Arc::from("DE");
-        assert!(str_eq(&a, &a.clone()));
-        assert!(str_eq(&a, &Arc::from("DE")), "another allocation of the same text");
-        assert!(!str_eq(&a, &Arc::from("DEU")));
-        assert!(!str_eq(&a, &Arc::from("FR")));
-        assert!(!str_eq(&Arc::from(""), &a));
-    }
 
     #[test]
     fn float_mod_follows_python() {
