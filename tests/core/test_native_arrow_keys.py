@@ -121,3 +121,26 @@ def test_two_key_columns_in_a_batch_that_stops_interning(merchants: int) -> None
     events = _events(_stop_rows(lambda i: f"m{i % merchants}"))
     _run(ruleset, events, [9_000])
     _run(ruleset, events, [5_000, 4_000])
+
+
+@pytest.mark.parametrize("cards", [[b"a", b"a", b"\xff"], [b"a\xc3", b"a"], [b"a", b"b", b"a\xc3"]])
+def test_a_string_cell_that_is_not_utf8_still_fails_the_batch(cards: list[bytes]) -> None:
+    """The interning set is looked up by a cell's bytes and checks UTF-8 only for a new value
+    (`arrow.rs`, `Col::interned`): a bad cell after good ones (the last value, the map) or
+    before them still makes the core give the batch up, and the batch then fails as its
+    conversion to events fails (`events_from_batch`)."""
+    import pyarrow as pa
+
+    from cep import _core
+
+    rows = [{"ts": 1_000_000 + i, "card": "a", "amount": 1.5, "merchant": "m1", "country": "NL"}
+            for i in range(len(cards))]
+    batch = _batch(_events(rows), False)
+    batch = batch.set_column(batch.schema.get_field_index("card"), "card",
+                             pa.array(cards, pa.binary()).view(pa.string()))
+    native = build_embedded_engine(_bench_rules())
+    with pytest.raises(_core.Unsupported, match="arrow: a string that is not UTF-8"):
+        native.core.ingest_arrow(native.state_of(MemoryKeyStore()), batch, NEG_INF, None,
+                                 native._only_stream(), None)
+    with pytest.raises(UnicodeDecodeError):
+        native.ingest_batch(MemoryKeyStore(), batch, NEG_INF)
