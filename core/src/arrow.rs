@@ -397,7 +397,7 @@ mod tests {
         let col = string_col();
         assert!(col.interned(b"\xff\xfe").is_none());
         assert_eq!(&*interned(&col, "DE"), "DE");
-        assert!(col.interned(b"D\xc3").is_none(), "a prefix of no interned string");
+        assert!(col.interned(b"D\xc3").is_none(), "the last value's length and first byte, not its bytes");
         *col.intern.borrow_mut() = None;
         assert!(col.interned(b"\xff").is_none());
         assert_eq!(&*interned(&col, "FR"), "FR");
