@@ -341,3 +341,52 @@ def test_a_key_whose_rule_raises_keeps_its_events_not_released_as_the_python_eng
         out.append(_records(engine, got))
     assert out[0] == out[1]
     assert [r["rule_id"] for r in out[0]] == ["card_testing"], "the buffered probe counts"
+
+
+def test_a_key_without_buffered_events_whose_rule_raises_keeps_the_same_state_in_both() -> None:
+    """The rule error path when the key had nothing buffered before the call: both engines keep
+    the call's events not released (the Python engine used to lose them: its buffer was a new
+    list, not the stored one) and set the wake of the keys the failed call did not finish (the
+    Python engine used to lose the wake of a due key not reached: its buffered event was then
+    never released, even at the end of input). Same live keys and wake keys after the failed
+    call, same results and no state left at the end.
+
+        card a:  . . . . . . . . . . . . raise@t0+1s ... probe@t1 | probes, large charge
+        card b:  probe@t0 (buffered; due in the failed call, not reached: a fails first)
+    """
+    ruleset = native_bundled()
+    python = build_engine(ruleset, use_native=False)
+    native = build_embedded_engine(ruleset)
+    t0, t1 = 10 * HOUR, 11 * HOUR
+
+    def charge(seq: int, card: str, ts: int, amount: float, data: Any = None) -> Event:
+        row = {"ts": ts, "card": card, "amount": amount, "merchant": "m1", "country": "NL"}
+        return Event("transactions", ts, seq, data(row) if data else row)
+
+    calls = [[charge(0, "b", t0, 1.5)],
+             [charge(1, "a", t0 + 1000, 30.0, _Raising), charge(2, "a", t1, 1.5)],
+             [charge(3, "a", t1 + 10_000, 1.5), charge(4, "a", t1 + 20_000, 1.5),
+              charge(5, "a", t1 + 30_000, 900.0)]]
+    out, after_error = [], []
+    for engine in (python, native):
+        store, max_ts = MemoryKeyStore(), NEG_INF
+        got: list[Any] = []
+        for i, chunk in enumerate(calls):
+            if i == 1:
+                with pytest.raises(RuntimeError, match="amount unreadable"):
+                    engine.ingest(store, chunk, max_ts)
+                if engine is python:
+                    after_error.append((len(store.states), len(store.wake)))
+                else:
+                    after_error.append((engine.live_keys(store), engine.wake_keys(store)))
+            else:
+                got += engine.ingest(store, chunk, max_ts).matches
+            max_ts = max(max_ts, max(e.ts for e in chunk))
+        got += engine.ingest(store, [], max_ts, end_of_input=max_ts).matches
+        left = ((len(store.states), len(store.wake)) if engine is python
+                else (engine.live_keys(store), engine.wake_keys(store)))
+        out.append((_records(engine, got), left))
+    assert after_error[0] == after_error[1] == (2, 2), after_error
+    assert out[0] == out[1]
+    assert out[0][1] == (0, 0)
+    assert [r["rule_id"] for r in out[0][0]] == ["card_testing"], "the probe kept counts"
