@@ -562,7 +562,11 @@ fn advance_key(
                 Ev::from_row(row.clone(), it.seq.as_ref().map(|x| x.clone_ref(py)), it.seqi.unwrap_or(0), it.ts, pidx)
             }
             (None, Some(d), Some(q)) => Ev::from_py(d.clone_ref(py), q.clone_ref(py), it.ts),
-            _ => Ev::from_py(it.data_obj(py)?, it.seq_obj(py)?, it.ts),
+            _ => match it.data_obj(py).and_then(|d| Ok((d, it.seq_obj(py)?))) {
+                Ok((d, q)) => Ev::from_py(d, q, it.ts),
+                // As a rule's error: the key keeps its state (the released events are lost).
+                Err(e) => return Err(keep_unconsumed(st, id, buffer, parts.into_iter().map(Some).collect(), fstates, e)),
+            },
         }));
     }
     prefetch_key(&evs, &parts);
@@ -600,11 +604,13 @@ fn advance_key(
                     Ok(Ok(r)) => r,
                     Ok(Err(e)) => return Err(keep_unconsumed(st, id, buffer, parts, fstates, e)),
                     Err(p) => {
-                        return Err(CoreError::new_err(format!(
+                        let e = CoreError::new_err(format!(
                             "rule {}: the native engine failed: {}",
                             rules[fam.members[0]].id,
                             panic_message(p)
-                        )))
+                        ));
+                        // The family's state and its members' parts went with the closure.
+                        return Err(keep_unconsumed(st, id, buffer, parts, fstates, e));
                     }
                 };
                 if let Some(p) = partials.as_deref_mut() {
@@ -621,7 +627,9 @@ fn advance_key(
                 fam_outs[fi] = Some(fout);
             }
             if let Some(fo) = &fam_outs[fi] {
-                fo.append_rule(ri, matches)?;
+                if let Err(e) = fo.append_rule(ri, matches) {
+                    return Err(keep_unconsumed(st, id, buffer, parts, fstates, e));
+                }
             }
             continue;
         }
@@ -700,9 +708,8 @@ fn advance_key(
 
 /// A rule raised (or panicked) while the key was advanced: the key keeps what the call did not
 /// consume (its events not released, the parts of the rules not run yet); the released events
-/// and the parts of the rules run so far are lost with the call. The Python engine keeps the
-/// same when the key had buffered events before the call; with none (or no state) it loses
-/// this call's events too (docs/native-core.md: the core keeps more on this error path).
+/// and the parts of the rules run so far are lost with the call. Every error and panic path of
+/// `advance_key` ends here, as the Python engine's `_advance` does (docs/native-core.md).
 fn keep_unconsumed(
     st: &mut EngineState,
     id: Id,
