@@ -755,7 +755,13 @@ impl Engine {
                 let slot = st.keys.slot(id);
                 (slot.group, slot.key.clone())
             };
-            let r = self.finish_key(py, st, (id, gi, &key), max_ts, eof, &matches, &mut counts);
+            // Outside the rules' own guards (decoding, the key table's counts): a panic still
+            // becomes an error naming the rules of the key's group.
+            let r = catch_unwind(AssertUnwindSafe(|| self.finish_key(py, st, (id, gi, &key), max_ts, eof, &matches, &mut counts)))
+                .unwrap_or_else(|p| {
+                    let ids = self.groups[gi as usize].rule_ids.join(", ");
+                    Err(CoreError::new_err(format!("rule {ids}: the native engine failed: {}", panic_message(p))))
+                });
             if let Err(e) = r {
                 // The keys not advanced keep their state and come due again; their events of
                 // this call are dropped (as `drop_new` does for a call that fails earlier).

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cep import _core
 from cep.compile import compile_rules, load_rules_dir
@@ -28,7 +30,7 @@ from cep.runtime.bind import (
 from cep.runtime.embedded import alerts_for
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, events_from_dicts, run_embedded
 from cep.runtime.native import native_matcher
-from tests.hyp import profile
+from tests.hyp import examples, profile
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 # rules/history.cep's rules read windows of a key's history, which the core does not run: they
@@ -494,3 +496,34 @@ def test_a_family_panic_keeps_the_key_state() -> None:
                         end_of_input=3).matches
     assert [(r.rule_id, r.first_ts) for r in end] == [("other", 0)]
     assert engine.live_keys(broken) == 0
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1,
+                      max_size=3), blob=st.booleans())
+def test_corrupt_key_bytes_never_let_a_panic_cross_the_boundary(
+        edits: list[tuple[int, int]], blob: bool) -> None:
+    """Key states and blobs with bytes overwritten, loaded and then advanced, encoded and
+    exported: every call returns or raises an `Exception` (a `ValueError` for bytes it cannot
+    read, `CoreError` naming the rule for a panic inside a rule's work); a panic anywhere else
+    would cross as pyo3's `PanicException`, a `BaseException` (a Spark worker's death, not an
+    error), which the boundary turns into `CoreError` too."""
+    engine, store = _probe_with_a_partial_match()
+    data = bytearray(engine.core.export_blobs(engine.state_of(store), all=True)[0] if blob
+                     else engine.key_bytes(store, "s:k", "K"))
+    for at, value in edits:
+        data[7 + at % (len(data) - 7)] = value
+    state = _core.EngineState()
+    calls = [
+        lambda: (engine.core.import_blob(state, bytes(data)) if blob
+                 else engine.core.load_key(state, "s:k", "K", bytes(data))),
+        lambda: engine.core.key_bytes(state, "s:k", "K"),
+        lambda: engine.core.ingest(state, [Event("s", 2, 2, {"k": "K", "v": 2, "ts": 2})], 1),
+        lambda: engine.core.export_blobs(state, all=True),
+        lambda: engine.core.ingest(state, [], 10, 10),
+    ]
+    for call in calls:
+        try:
+            call()
+        except Exception:  # noqa: S112 (an error is an allowed outcome; a BaseException is not)
+            break
