@@ -388,8 +388,10 @@ pub struct Engine {
 }
 
 /// A hash of what a key state's layout depends on: the groups in order (id, rules by
-/// fingerprint) and the rules' families. Engines built from the same rules share it.
-fn engine_ident(rules: &[RuleE], groups: &[Group], fam_of: &[u32]) -> u64 {
+/// fingerprint), the rules' families and the declared tables (a key held as bytes names a
+/// table by fingerprint: an engine without it could not read the key). Engines built from the
+/// same rules share it.
+fn engine_ident(rules: &[RuleE], groups: &[Group], fam_of: &[u32], known: &Known) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
     for g in groups {
@@ -397,6 +399,9 @@ fn engine_ident(rules: &[RuleE], groups: &[Group], fam_of: &[u32]) -> u64 {
         g.rules.iter().map(|&ri| rules[ri].fp).collect::<Vec<_>>().hash(&mut h);
     }
     fam_of.hash(&mut h);
+    for t in known.tables() {
+        t.names.hash(&mut h);
+    }
     h.finish()
 }
 
@@ -1068,7 +1073,7 @@ impl Engine {
         }
         let group_rules: Vec<&[usize]> = groups.iter().map(|g| &g.rules[..]).collect();
         let (families, fam_of) = family::build(&rs, &group_rules, &shapes);
-        let ident = engine_ident(&rs, &groups, &fam_of);
+        let ident = engine_ident(&rs, &groups, &fam_of, &known);
         Ok(Engine { rules: rs, groups, by_stream, rank, partials: None, known, families, fam_of, ident })
     }
 

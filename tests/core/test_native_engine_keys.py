@@ -390,3 +390,32 @@ def test_a_key_without_buffered_events_whose_rule_raises_keeps_the_same_state_in
     assert out[0] == out[1]
     assert out[0][1] == (0, 0)
     assert [r["rule_id"] for r in out[0][0]] == ["card_testing"], "the probe kept counts"
+
+
+def test_a_state_belongs_to_the_declared_tables_of_the_engine_that_filled_it() -> None:
+    """The declared streams' column tables are part of what ties an `EngineState` to its engine
+    (`engine_ident`): a key held as bytes names a known table by its fingerprint only, so an
+    engine built from the same rules without that table (or with another) could not read it
+    back. It refuses the state instead; an engine with the same tables goes on with it."""
+    from cep import _core
+    from cep.runtime.native import native_program
+    from cep.runtime.native_engine import _declared_fields
+
+    runtimes = list(build_embedded_engine(native_bundled()).rules.values())
+    rules = [(native_program(r.meta), None, r.stream, r.key_field, r.lateness_ms, r.content_hash)
+             for r in runtimes]
+    tables = _declared_fields(runtimes)
+    assert tables, "the bundled streams declare their fields"
+    first, same = _core.Engine(rules, tables), _core.Engine(rules, tables)
+    events = _waves(30, seed=4)[:60]
+    state = _core.EngineState()
+    max_ts = max(e.ts for e in events)
+    first.ingest_arrow(state, _batch(events, False), max_ts)
+    assert len(state) > 0
+    first.export_blobs(state, all=True)  # (keys held as bytes: keep_decoded=0)
+    assert same.keys(state) == first.keys(state)
+    for other in ([], [*tables, ["x", "y"]], [[*t, "extra"] for t in tables]):
+        with pytest.raises(ValueError, match="engine with other rules"):
+            _core.Engine(rules, other).ingest(state, [], max_ts)
+    end, *_ = same.ingest(state, [], max_ts, max_ts)
+    assert len(state) == 0
