@@ -939,10 +939,11 @@ impl Engine {
     #[new]
     #[pyo3(signature = (rules, tables=Vec::new(), families=true))]
     fn new(py: Python<'_>, rules: &Bound<'_, PyList>, tables: Vec<Vec<String>>, families: bool) -> PyResult<Self> {
-        let mut rs = Vec::new();
+        let mut rs: Vec<RuleE> = Vec::new();
         let mut groups: Vec<Group> = Vec::new();
         let mut members: Vec<(String, String)> = Vec::new();
         let mut programs = Vec::new();
+        let mut by_fp: HashMap<u32, usize> = HashMap::default();
         for (i, item) in rules.iter().enumerate() {
             let t = item.downcast::<PyTuple>()?;
             let program = t.get_item(0)?;
@@ -978,13 +979,14 @@ impl Engine {
             let fp = keycodec::fingerprint(&id, &version);
             // A key state names a rule's part by this 32-bit fingerprint only: two rules with
             // the same one would read each other's state.
-            if let Some(other) = rs.iter().find(|r: &&RuleE| r.fp == fp) {
+            if let Some(&other) = by_fp.get(&fp) {
                 return Err(PyValueError::new_err(format!(
                     "rules '{}' and '{id}' have the same key-state fingerprint ({fp:08x}): their \
                      state would mix; rename one of them",
-                    other.id
+                    rs[other].id
                 )));
             }
+            by_fp.insert(fp, rs.len());
             rs.push(RuleE { core, id, fp });
             programs.push(program);
         }
