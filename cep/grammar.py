@@ -301,6 +301,14 @@ def _located(s: str, t: pp.ParseResults) -> tuple[int, int]:
     return start, end
 
 
+def _skip_blanks(s: str, loc: int) -> int:
+    """The offset of the first non-blank at or after `loc` (a parse action's `loc` is before
+    the element's leading blanks)."""
+    while loc < len(s) and s[loc].isspace():
+        loc += 1
+    return loc
+
+
 def _located_span(s: str, t: pp.ParseResults) -> Span:
     start, end = _located(s, t)
     return span_at(start, end - start)
@@ -501,7 +509,7 @@ table_decl = (
     + pp.Optional(pp.Suppress(K("TIME BY")) - located_name)("time")
     + pp.Suppress(K("FROM"))
     - (K("KAFKA") | K("FILE")).set_name("KAFKA 'topic' or FILE 'path'")
-    + STRING
+    + STRING.copy().add_parse_action(lambda s, loc, t: [(t[0], span_at(_skip_blanks(s, loc)))])
     + SEMI
 ).set_name("TABLE statement")
 
@@ -512,9 +520,9 @@ def _table(s: str, loc: int, t: pp.ParseResults) -> ast.TableDecl:
     fields = tuple(t[1])
     key, key_span = t[2]
     time = t[3] if "time" in t else None
-    kind, source = str(t[-2]).upper(), str(t[-1])
-    return ast.TableDecl(name, fields, key, time[0] if time else None, kind, source, sp,
-                         key_span, time[1] if time else sp)
+    kind, (source, source_span) = str(t[-2]).upper(), t[-1]
+    return ast.TableDecl(name, fields, key, time[0] if time else None, kind, str(source), sp,
+                         key_span, time[1] if time else sp, source_span)
 
 
 statement = (stream_decl | rule_decl | table_decl).set_name(
