@@ -326,21 +326,35 @@ def test_a_key_whose_rule_raises_keeps_its_events_not_released_as_the_python_eng
              [charge(2, t1, 1.5)],  # releases the two events above: the rule raises
              [charge(3, t1 + 10_000, 1.5), charge(4, t1 + 20_000, 1.5),
               charge(5, t1 + 30_000, 900.0)]]
-    out = []
-    for engine in (python, native):
-        store, max_ts = MemoryKeyStore(), NEG_INF
-        got: list[Any] = []
-        for i, chunk in enumerate(calls):
-            if i == 2:
-                with pytest.raises(RuntimeError, match="amount unreadable"):
-                    engine.ingest(store, chunk, max_ts)
-            else:
-                got += engine.ingest(store, chunk, max_ts).matches
-            max_ts = max(max_ts, max(e.ts for e in chunk))
-        got += engine.ingest(store, [], max_ts, end_of_input=max_ts).matches
-        out.append(_records(engine, got))
+    out = [_with_a_failing_call(engine, calls, 2)[0] for engine in (python, native)]
     assert out[0] == out[1]
     assert [r["rule_id"] for r in out[0]] == ["card_testing"], "the buffered probe counts"
+
+
+def _held(engine: Any, store: MemoryKeyStore) -> tuple[int, int]:
+    """(keys with state, keys in the wake index) of either engine."""
+    if hasattr(engine, "live_keys"):
+        return engine.live_keys(store), engine.wake_keys(store)
+    return len(store.states), len(store.wake)
+
+
+def _with_a_failing_call(engine: Any, calls: list[list[Event]], failing: int) -> tuple[
+        list[dict[str, Any]], tuple[int, int], tuple[int, int]]:
+    """The calls through `engine`, call `failing` raising the unreadable amount, then the end
+    of input: (the results, `_held` after the failed call, `_held` at the end)."""
+    store, max_ts = MemoryKeyStore(), NEG_INF
+    got: list[Any] = []
+    after_error = (-1, -1)
+    for i, chunk in enumerate(calls):
+        if i == failing:
+            with pytest.raises(RuntimeError, match="amount unreadable"):
+                engine.ingest(store, chunk, max_ts)
+            after_error = _held(engine, store)
+        else:
+            got += engine.ingest(store, chunk, max_ts).matches
+        max_ts = max(max_ts, max(e.ts for e in chunk))
+    got += engine.ingest(store, [], max_ts, end_of_input=max_ts).matches
+    return _records(engine, got), after_error, _held(engine, store)
 
 
 def test_a_key_without_buffered_events_whose_rule_raises_keeps_the_same_state_in_both() -> None:
@@ -367,29 +381,11 @@ def test_a_key_without_buffered_events_whose_rule_raises_keeps_the_same_state_in
              [charge(1, "a", t0 + 1000, 30.0, _Raising), charge(2, "a", t1, 1.5)],
              [charge(3, "a", t1 + 10_000, 1.5), charge(4, "a", t1 + 20_000, 1.5),
               charge(5, "a", t1 + 30_000, 900.0)]]
-    out, after_error = [], []
-    for engine in (python, native):
-        store, max_ts = MemoryKeyStore(), NEG_INF
-        got: list[Any] = []
-        for i, chunk in enumerate(calls):
-            if i == 1:
-                with pytest.raises(RuntimeError, match="amount unreadable"):
-                    engine.ingest(store, chunk, max_ts)
-                if engine is python:
-                    after_error.append((len(store.states), len(store.wake)))
-                else:
-                    after_error.append((engine.live_keys(store), engine.wake_keys(store)))
-            else:
-                got += engine.ingest(store, chunk, max_ts).matches
-            max_ts = max(max_ts, max(e.ts for e in chunk))
-        got += engine.ingest(store, [], max_ts, end_of_input=max_ts).matches
-        left = ((len(store.states), len(store.wake)) if engine is python
-                else (engine.live_keys(store), engine.wake_keys(store)))
-        out.append((_records(engine, got), left))
-    assert after_error[0] == after_error[1] == (2, 2), after_error
-    assert out[0] == out[1]
-    assert out[0][1] == (0, 0)
-    assert [r["rule_id"] for r in out[0][0]] == ["card_testing"], "the probe kept counts"
+    (want, want_err, want_end), (got, got_err, got_end) = (
+        _with_a_failing_call(engine, calls, 1) for engine in (python, native))
+    assert want_err == got_err == (2, 2)
+    assert want == got and want_end == got_end == (0, 0)
+    assert [r["rule_id"] for r in want] == ["card_testing"], "the probe kept counts"
 
 
 def test_a_state_belongs_to_the_declared_tables_of_the_engine_that_filled_it() -> None:
