@@ -44,17 +44,12 @@ def rule_fingerprint(rule: CompiledRule) -> int:
     return fingerprint(rule.id, rule_hash(rule))
 
 
-def fingerprints(rules: Iterable[CompiledRule]) -> dict[int, CompiledRule]:
-    """Rules by fingerprint: `taken` for `fingerprint_clash`."""
-    return {rule_fingerprint(r): r for r in rules}
-
-
 def fingerprint_clash(rules: Iterable[CompiledRule],
                       taken: Mapping[int, CompiledRule] | None = None,
                       source: str | None = None) -> RuleSemanticError | None:
     """An error naming two rules (of `taken`, or earlier in `rules`, and one of `rules`) whose
     key-state fingerprints are equal (their state would mix); None without a clash."""
-    return _clash(rules, dict(taken or {}), source)
+    return claim_fingerprints(rules, dict(taken or {}), source)
 
 
 def claim_fingerprints(rules: Iterable[CompiledRule], taken: dict[int, CompiledRule],
@@ -62,15 +57,6 @@ def claim_fingerprints(rules: Iterable[CompiledRule], taken: dict[int, CompiledR
     """`fingerprint_clash`, and without a clash the rules' fingerprints join `taken` (each
     fingerprint computed once)."""
     seen = dict(taken)
-    clash = _clash(rules, seen, source)
-    if clash is None:
-        taken.update(seen)
-    return clash
-
-
-def _clash(rules: Iterable[CompiledRule], seen: dict[int, CompiledRule],
-           source: str | None) -> RuleSemanticError | None:
-    """`fingerprint_clash` over `seen`, which gets every fingerprint read."""
     for rule in rules:
         fp = rule_fingerprint(rule)
         other = seen.setdefault(fp, rule)
@@ -82,4 +68,5 @@ def _clash(rules: Iterable[CompiledRule], seen: dict[int, CompiledRule],
                 f"rules {other.id!r} ({other.source}) and {rule.id!r} ({rule.source}) have the "
                 f"same key-state fingerprint ({fp:08x}): their state would mix", span,
                 source=source, hint="rename one of them")
+    taken.update(seen)
     return None

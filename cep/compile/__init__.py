@@ -16,7 +16,7 @@ from cep.compile.diagnostics import CompileErrors, Diagnostics
 from cep.compile.parse import parse_text
 from cep.compile.rules import compile_rule, compile_streams, compile_tables
 from cep.errors import RuleSemanticError, SourceError, Span
-from cep.fingerprint import fingerprint_clash, fingerprints
+from cep.fingerprint import claim_fingerprints
 from cep.nfa import CompiledRule, RuleSet, StreamSpec, TableSpec
 
 RULE_SUFFIXES = (".cep",)
@@ -133,10 +133,9 @@ def check_paths(paths: Iterable[str | Path]) -> tuple[dict[Path, RuleSet], list[
                     )
                 )
             owner.setdefault(r.id, path)
-        clash = fingerprint_clash(rules, taken, text)
+        clash = claim_fingerprints(rules, taken, text)
         if clash is not None:
             errors.append(clash)
-        taken.update(fingerprints(rules))
         sets[path] = rules
     return sets, errors
 

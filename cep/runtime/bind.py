@@ -17,14 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# rule_hash and the fingerprint checks are the language layer's (the engines and the rules
-# watcher import them from here).
-from cep.fingerprint import (  # noqa: F401
-    claim_fingerprints,
-    fingerprint_clash,
-    rule_fingerprint,
-    rule_hash,
-)
+from cep.fingerprint import fingerprint_clash, rule_hash
 from cep.nfa import CompiledRule, RuleSet
 from cep.runtime import native
 from cep.runtime.engine import Engine, RuleRuntime, TableRuntime
