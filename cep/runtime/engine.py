@@ -415,17 +415,8 @@ class Engine:
         end of `_advance` would set)."""
         group = self.groups.get(sk[0])
         state = None if group is None else store.get(sk)
-        if group is None or state is None:
-            return
-        buffer, parts = state
-        due: int | None = buffer[0][0] if buffer else None
-        for rule in group.rules:
-            part = parts.get(rule.rule_id)
-            if part is not None and part[0] == rule.content_hash:
-                deadline = rule.matcher.next_deadline(part[1])
-                if deadline is not None and (due is None or deadline < due):
-                    due = deadline
-        wake.set(sk, AT_END if due is None else due + group.lateness_ms + 1)
+        if group is not None and state is not None:
+            wake.set(sk, _wake_time(group, *state))
 
     def _apply_records(self, store: KeyStore, wake: Wake, records: list[Event],
                        keep: Mapping[str, int]) -> None:
@@ -549,7 +540,6 @@ class Engine:
         if released and group.lookups:
             released = self._with_rows(store, group, released)
         kept: dict[str, tuple[str, Any]] = {}
-        due: int | None = buffer[0][0] if buffer else None
         try:
             self._run_rules(group, key, parts, released, safe, out, kept)
         except BaseException:
@@ -561,11 +551,6 @@ class Engine:
             elif loaded is not None:
                 store.delete(sk)
             raise
-        for rule in group.rules:
-            part = kept.get(rule.rule_id)
-            deadline = None if part is None else rule.matcher.next_deadline(part[1])
-            if deadline is not None and (due is None or deadline < due):
-                due = deadline
         out.keys_reset += len(parts)  # parts of rules that left the group
         out.keys_touched += 1
         if not buffer and not kept:
@@ -575,10 +560,7 @@ class Engine:
             out.keys_released += 1
             return
         store.put(sk, (buffer, kept))
-        # The key is due when the safe time reaches its first buffered event or a matcher's
-        # next deadline (safe = max event time - lateness - 1), stored as the max event time at
-        # which that happens; a key that only the end of input can decide waits for it.
-        wake.set(sk, AT_END if due is None else due + group.lateness_ms + 1)
+        wake.set(sk, _wake_time(group, buffer, kept))
 
     def _run_rules(self, group: RuleGroup, key: str, parts: dict[str, tuple[str, Any]],
                    released: list[Buffered], safe: int, out: Output,
@@ -621,6 +603,22 @@ class Engine:
                     pm[rule.rule_id] = pm.get(rule.rule_id, 0) + after - before
             if not matcher.is_empty(mstate):
                 kept[rule.rule_id] = (rule.content_hash, mstate)
+
+
+def _wake_time(group: RuleGroup, buffer: list[Buffered],
+               parts: Mapping[str, tuple[str, Any]]) -> int:
+    """When a key is due: the safe time reaches its first buffered event or a matcher's next
+    deadline (safe = max event time - lateness - 1), given as the max event time at which that
+    happens; a key that only the end of input can decide waits for it (`AT_END`). Parts of
+    another version of a rule are not read (they are reset when the key is advanced)."""
+    due: int | None = buffer[0][0] if buffer else None
+    for rule in group.rules:
+        part = parts.get(rule.rule_id)
+        if part is not None and part[0] == rule.content_hash:
+            deadline = rule.matcher.next_deadline(part[1])
+            if deadline is not None and (due is None or deadline < due):
+                due = deadline
+    return AT_END if due is None else due + group.lateness_ms + 1
 
 
 def _feed_each(matcher: RuleMatcher, mstate: Any, items: list[Buffered], key: str,
