@@ -301,14 +301,6 @@ def _located(s: str, t: pp.ParseResults) -> tuple[int, int]:
     return start, end
 
 
-def _skip_blanks(s: str, loc: int) -> int:
-    """The offset of the first non-blank at or after `loc` (a parse action's `loc` is before
-    the element's leading blanks)."""
-    while loc < len(s) and s[loc].isspace():
-        loc += 1
-    return loc
-
-
 def _located_span(s: str, t: pp.ParseResults) -> Span:
     start, end = _located(s, t)
     return span_at(start, end - start)
@@ -509,7 +501,7 @@ table_decl = (
     + pp.Optional(pp.Suppress(K("TIME BY")) - located_name)("time")
     + pp.Suppress(K("FROM"))
     - (K("KAFKA") | K("FILE")).set_name("KAFKA 'topic' or FILE 'path'")
-    + STRING.copy().add_parse_action(lambda s, loc, t: [(t[0], span_at(_skip_blanks(s, loc)))])
+    + pp.Located(STRING).set_name("string").set_parse_action(lambda s, loc, t: [_name_node(s, t)])
     + SEMI
 ).set_name("TABLE statement")
 
