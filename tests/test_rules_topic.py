@@ -6,6 +6,7 @@ does not compile never replaces the running version."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -231,8 +232,20 @@ def test_the_reader_settles_when_the_end_comes_short_of_the_high_watermark(
     reader = TopicReader(kafka_bootstrap, topic)
     reader.SETTLE_S = 0.5
     real = reader.consumer
+
+    def markers_in(hi: int) -> None:
+        """Wait until the read_committed watermark is `hi` (the commit or abort markers are in
+        the partition: `commit_transaction` may return before), so that the only early end a
+        read meets is the wrapper's, not a real one longer than the shortened settle time."""
+        for _ in range(600):
+            if real.get_watermark_offsets(reader.tp, timeout=10)[1] >= hi:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"the watermark never reached {hi}")
+
     try:
         write("current/a", {"v": 1}, "commit")
+        markers_in(2)
         reader.consumer = _RacingWatermark(real, ahead=2)
         assert reader.read_new(timeout=30) == [("current/a", {"v": 1})]
         assert reader._end == 2, "the end seen (record + marker), short of the watermark (4)"
@@ -241,11 +254,13 @@ def test_the_reader_settles_when_the_end_comes_short_of_the_high_watermark(
         assert real.get_watermark_offsets(reader.tp, timeout=10)[1] == 2
         assert reader.read_new(timeout=30) == [], "open: not returned"
         producer.commit_transaction(30)
+        markers_in(4)
         reader.consumer = _RacingWatermark(real, ahead=1)
         assert reader.read_new(timeout=30) == [("current/b", {"v": 2})]
         reader.consumer = real
         write("current/c", {"v": 3}, "abort")
         write("current/d", {"v": 4}, "commit")
+        markers_in(8)  # c, its abort marker, d, its commit marker
         assert reader.read_new(timeout=30) == [("current/d", {"v": 4})]
         end = reader._end
         assert reader.read_new(timeout=30) == [] and reader._end == end, "at the end: at once"
