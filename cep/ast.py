@@ -238,6 +238,7 @@ class TableDecl:
     span: Span = _span()
     key_span: Span = _span()
     time_span: Span = _span()
+    source_span: Span = _span()  # the quoted topic or path
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,8 +35,9 @@ from cep.compile import (
     ruleset_from_sources,
 )
 from cep.errors import RuleSemanticError, SourceError, Span
+from cep.fingerprint import claim_fingerprints
 from cep.nfa import CompiledRule, RuleSet
-from cep.runtime.bind import build_embedded_engine, claim_fingerprints, rule_hash
+from cep.runtime.bind import build_embedded_engine, rule_hash
 from cep.runtime.engine import Engine
 
 log = logging.getLogger(__name__)

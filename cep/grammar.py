@@ -501,7 +501,7 @@ table_decl = (
     + pp.Optional(pp.Suppress(K("TIME BY")) - located_name)("time")
     + pp.Suppress(K("FROM"))
     - (K("KAFKA") | K("FILE")).set_name("KAFKA 'topic' or FILE 'path'")
-    + STRING
+    + pp.Located(STRING).set_name("string").set_parse_action(lambda s, loc, t: [_name_node(s, t)])
     + SEMI
 ).set_name("TABLE statement")
 
@@ -512,9 +512,9 @@ def _table(s: str, loc: int, t: pp.ParseResults) -> ast.TableDecl:
     fields = tuple(t[1])
     key, key_span = t[2]
     time = t[3] if "time" in t else None
-    kind, source = str(t[-2]).upper(), str(t[-1])
-    return ast.TableDecl(name, fields, key, time[0] if time else None, kind, source, sp,
-                         key_span, time[1] if time else sp)
+    kind, (source, source_span) = str(t[-2]).upper(), t[-1]
+    return ast.TableDecl(name, fields, key, time[0] if time else None, kind, str(source), sp,
+                         key_span, time[1] if time else sp, source_span)
 
 
 statement = (stream_decl | rule_decl | table_decl).set_name(

@@ -148,7 +148,7 @@ class TopicReader:
                         # A committed transaction's markers reach the partition after the
                         # producer's commit returns: until then the stable end is short of the
                         # high watermark read above and the end event comes early.
-                        eof = last_eof >= hi
+                        eof = last_eof is not None and last_eof >= hi
                     continue
                 key = m.key()
                 if key is None:

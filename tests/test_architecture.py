@@ -72,7 +72,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "base": ("cep.errors", "cep.config", "cep.events", "cep.tables", "cep.delivery", "cep.colour",
              "cep.datagen"),
     "language": ("cep.grammar", "cep.ast", "cep.expr", "cep.expr_columns", "cep.compile",
-                 "cep.nfa", "cep.program"),
+                 "cep.nfa", "cep.program", "cep.fingerprint"),
     "runtime": ("cep.runtime",),
     "host": ("cep.engines", "cep.rules_topic", "cep.testing", "cep.report"),
     "percolator": ("percolator",),

@@ -6,6 +6,7 @@ does not compile never replaces the running version."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,83 @@ def test_the_job_watcher_follows_the_topic(fraud_rules_dir, kafka_bootstrap, top
         assert sorted(change.versions) == ["card_testing"]
     finally:
         source.close()
+
+
+class _RacingWatermark:
+    """The reader's consumer, whose high watermark runs `ahead` offsets past the stable end: the
+    state between a producer's `commit_transaction` returning and the commit markers reaching
+    the partition (the broker answers a read_committed watermark query with the last stable
+    offset, so an open transaction alone does not show it: checked below)."""
+
+    def __init__(self, consumer, ahead: int) -> None:
+        self.consumer, self.ahead = consumer, ahead
+
+    def get_watermark_offsets(self, tp, timeout):
+        lo, hi = self.consumer.get_watermark_offsets(tp, timeout=timeout)
+        return lo, hi + self.ahead
+
+    def __getattr__(self, name: str):
+        return getattr(self.consumer, name)
+
+
+def test_the_reader_settles_when_the_end_comes_short_of_the_high_watermark(
+        kafka_bootstrap, topic):
+    """`TopicReader.read_new` when the partition's end (librdkafka's end event, at the last
+    stable offset) comes short of the high watermark it read: it waits its settle time
+    (shortened here; no clock is asserted), returns what is committed and remembers that end;
+    the next call reads on from there. A transaction left open is not returned, and does not
+    move the read_committed watermark; once committed, the next call returns its record; an
+    aborted one's record is never returned."""
+    from cep.rules_topic import RulesTopic, TopicReader
+
+    RulesTopic(kafka_bootstrap, topic).ensure()
+    producer = Producer({"bootstrap.servers": kafka_bootstrap,
+                         "transactional.id": f"test-{topic}", "enable.idempotence": True})
+    producer.init_transactions(30)
+
+    def write(key: str, value: dict, end: str | None) -> None:
+        producer.begin_transaction()
+        producer.produce(topic, key=key.encode(), value=json.dumps(value).encode())
+        producer.flush(30)
+        if end == "commit":
+            producer.commit_transaction(30)
+        elif end == "abort":
+            producer.abort_transaction(30)
+
+    reader = TopicReader(kafka_bootstrap, topic)
+    reader.SETTLE_S = 0.5
+    real = reader.consumer
+
+    def markers_in(hi: int) -> None:
+        """Wait until the read_committed watermark is `hi` (the commit or abort markers are in
+        the partition: `commit_transaction` may return before), so that the only early end a
+        read meets is the wrapper's, not a real one longer than the shortened settle time."""
+        for _ in range(600):
+            if real.get_watermark_offsets(reader.tp, timeout=10)[1] >= hi:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"the watermark never reached {hi}")
+
+    try:
+        write("current/a", {"v": 1}, "commit")
+        markers_in(2)
+        reader.consumer = _RacingWatermark(real, ahead=2)
+        assert reader.read_new(timeout=30) == [("current/a", {"v": 1})]
+        assert reader._end == 2, "the end seen (record + marker), short of the watermark (4)"
+        reader.consumer = real
+        write("current/b", {"v": 2}, None)  # left open
+        assert real.get_watermark_offsets(reader.tp, timeout=10)[1] == 2
+        assert reader.read_new(timeout=30) == [], "open: not returned"
+        producer.commit_transaction(30)
+        markers_in(4)
+        reader.consumer = _RacingWatermark(real, ahead=1)
+        assert reader.read_new(timeout=30) == [("current/b", {"v": 2})]
+        reader.consumer = real
+        write("current/c", {"v": 3}, "abort")
+        write("current/d", {"v": 4}, "commit")
+        markers_in(8)  # c, its abort marker, d, its commit marker
+        assert reader.read_new(timeout=30) == [("current/d", {"v": 4})]
+        end = reader._end
+        assert reader.read_new(timeout=30) == [] and reader._end == end, "at the end: at once"
+    finally:
+        real.close()

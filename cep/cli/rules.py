@@ -12,8 +12,6 @@ from typing import Any
 
 from cep.colour import diagnostic
 from cep.compile import check_paths, rule_files
-from cep.errors import SourceError
-from cep.nfa import CompiledRule, RuleSet
 
 
 def register(subparsers: Any) -> None:
@@ -44,25 +42,10 @@ def register(subparsers: Any) -> None:
     explain.set_defaults(func=cmd_explain)
 
 
-def checked(paths: list[str | Path]) -> tuple[dict[Path, RuleSet], list[SourceError]]:
-    """`check_paths`, then no two rules with one key-state fingerprint (a native engine
-    refuses them; checked when the core is built): what the rules watcher accepts."""
-    from cep.runtime.bind import fingerprint_clash, fingerprints
-
-    sets, errors = check_paths(paths)
-    taken: dict[int, CompiledRule] = {}
-    for rs in sets.values():
-        clash = fingerprint_clash(rs, taken)
-        if clash is not None:
-            errors.append(clash)
-        taken.update(fingerprints(rs))
-    return sets, errors
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     files = [f for f in rule_files(args.paths) if f.exists()]
     missing = [p for p in map(Path, args.paths) if not p.exists()]
-    sets, errors = checked([p for p in args.paths if Path(p).exists()])
+    sets, errors = check_paths([p for p in args.paths if Path(p).exists()])
     rules = sum(len(rs) for rs in sets.values())
     n_errors = len(errors) + len(missing)
     code = 1 if n_errors else 0
@@ -94,7 +77,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"{path}: error: no such file or directory", file=sys.stderr)
         return 1
-    sets, errors = checked([path])
+    sets, errors = check_paths([path])
     if errors:
         for e in errors:
             print(diagnostic(e.render(), sys.stderr), file=sys.stderr)

@@ -16,6 +16,7 @@ from cep.compile.diagnostics import CompileErrors, Diagnostics
 from cep.compile.parse import parse_text
 from cep.compile.rules import compile_rule, compile_streams, compile_tables
 from cep.errors import RuleSemanticError, SourceError, Span
+from cep.fingerprint import claim_fingerprints
 from cep.nfa import CompiledRule, RuleSet, StreamSpec, TableSpec
 
 RULE_SUFFIXES = (".cep",)
@@ -104,10 +105,13 @@ def _read(path: Path) -> tuple[str | None, SourceError | None]:
 
 
 def check_paths(paths: Iterable[str | Path]) -> tuple[dict[Path, RuleSet], list[SourceError]]:
-    """Compile every rules file under `paths` (linter mode): all rule sets and all errors."""
+    """Compile every rules file under `paths` (linter mode): all rule sets and all errors,
+    among them two rules with one key-state fingerprint (`cep.fingerprint`: a native
+    engine refuses them)."""
     sets: dict[Path, RuleSet] = {}
     errors: list[SourceError] = []
     owner: dict[str, Path] = {}
+    taken: dict[int, CompiledRule] = {}
     for path in rule_files(paths):
         text, err = _read(path)
         if err is not None or text is None:
@@ -129,6 +133,9 @@ def check_paths(paths: Iterable[str | Path]) -> tuple[dict[Path, RuleSet], list[
                     )
                 )
             owner.setdefault(r.id, path)
+        clash = claim_fingerprints(rules, taken, text)
+        if clash is not None:
+            errors.append(clash)
         sets[path] = rules
     return sets, errors
 

@@ -20,6 +20,7 @@ from cep.compile.expressions import (
 )
 from cep.compile.nfa_build import MAX_STATES, TooManyStates, build_nfa
 from cep.compile.patterns import PatternInfo, check_pattern
+from cep.delivery.preflight import TOPIC_NAME_RULE, is_topic_name
 from cep.errors import Span
 from cep.expr import Expr
 from cep.tables import load_file_rows
@@ -138,6 +139,9 @@ def compile_tables(
                                                                  "NUMBER"):
             diag.error(f"the key of table {t.name!r} must be STRING or INT", t.key_span,
                        "a key is compared as text: 5 and 5.0 would be different keys")
+        if t.source_kind == "KAFKA" and not is_topic_name(t.source):
+            diag.error(f"table {t.name!r}: not a Kafka topic name: {t.source!r}", t.source_span,
+                       TOPIC_NAME_RULE)
         if t.source_kind == "KAFKA" and t.time_field is None:
             diag.error(f"table {t.name!r} reads a Kafka changelog: it needs TIME BY (the "
                        "column holding when each version takes effect)", t.span,

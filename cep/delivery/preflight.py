@@ -9,6 +9,7 @@ the `cep.kafka.client` logger instead, which is silent unless the command runs w
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,18 @@ CLIENT_LOG.setLevel(logging.CRITICAL)
 
 class ServiceError(CepError):
     """A service or resource the job needs is not there."""
+
+
+# Kafka's legal topic names (its `Topic.validate`): a name outside them, e.g. "a,b", would be
+# read by the Spark source's comma-separated `subscribe` as two topics.
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+TOPIC_NAME_RULE = "a topic name is 1-249 of A-Z a-z 0-9 . _ - (not '.' or '..')"
+
+
+def is_topic_name(topic: str) -> bool:
+    """Whether Kafka allows `topic` as a topic name (`TOPIC_NAME_RULE`). Used by `cep check`
+    for a table's topic and by the jobs for every topic they read."""
+    return bool(_TOPIC_NAME.fullmatch(topic)) and topic not in (".", "..")
 
 
 def set_verbose(verbose: bool) -> None:

@@ -15,80 +15,14 @@ whichever it returns, with a key store to match (docs/native-core.md).
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Mapping
 from typing import Any
 
-from cep.errors import RuleSemanticError, Span
+from cep.fingerprint import fingerprint_clash, rule_hash
 from cep.nfa import CompiledRule, RuleSet
 from cep.runtime import native
 from cep.runtime.engine import Engine, RuleRuntime, TableRuntime
 from cep.runtime.matcher import Matcher
 from cep.runtime.windows import OverMatcher, WindowRuleMatcher, python_matcher
-
-
-def rule_hash(rule: CompiledRule) -> str:
-    """A short hash of what the rule compiles to (its NFA and skip strategy), not its text."""
-    text = f"{rule.version}|{rule.stream}|{rule.key_field}|{rule.skip}|{rule.nfa}|{rule.measures}"
-    if rule.lookups:  # (kept out of the text otherwise: existing rules keep their hashes)
-        text += f"|{rule.lookups}"
-    if rule.over:
-        text += f"|{rule.over}"
-    if rule.window is not None:
-        text += f"|{rule.window!r}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def rule_fingerprint(rule: CompiledRule) -> int | None:
-    """The 32-bit fingerprint naming the rule's part of a native key state (the core's, of its
-    id and `rule_hash`); None when the core is not built."""
-    core = native._core
-    return None if core is None else int(core.rule_fingerprint(rule.id, rule_hash(rule)))
-
-
-def fingerprint_clash(rules: Iterable[CompiledRule],
-                      taken: Mapping[int, CompiledRule] | None = None,
-                      source: str | None = None) -> RuleSemanticError | None:
-    """An error naming two rules (of `taken`, or earlier in `rules`, and one of `rules`) whose
-    key-state fingerprints are equal: the native engine refuses to be built with both (their
-    state would mix), so a rule set is refused before (`cep check`, the rules watcher). None
-    without a clash, or when the core is not built (the engine build checks again)."""
-    return _clash(rules, dict(taken or {}), source)
-
-
-def claim_fingerprints(rules: Iterable[CompiledRule], taken: dict[int, CompiledRule],
-                       source: str | None = None) -> RuleSemanticError | None:
-    """`fingerprint_clash`, and without a clash the rules' fingerprints join `taken` (each
-    fingerprint computed once)."""
-    seen = dict(taken)
-    clash = _clash(rules, seen, source)
-    if clash is None:
-        taken.update(seen)
-    return clash
-
-
-def _clash(rules: Iterable[CompiledRule], seen: dict[int, CompiledRule],
-           source: str | None) -> RuleSemanticError | None:
-    """`fingerprint_clash` over `seen`, which gets every fingerprint read."""
-    for rule in rules:
-        fp = rule_fingerprint(rule)
-        if fp is None:
-            return None
-        other = seen.setdefault(fp, rule)
-        if other is not rule and other.id != rule.id:  # one id twice has its own error
-            where = rule.source.rsplit(":", 2)  # path:line:col of its RULE keyword
-            span = (Span(where[0], int(where[1]), int(where[2]))
-                    if len(where) == 3 and where[1].isdigit() and where[2].isdigit() else None)
-            return RuleSemanticError(
-                f"rules {other.id!r} ({other.source}) and {rule.id!r} ({rule.source}) have the "
-                f"same key-state fingerprint ({fp:08x}): their state would mix", span,
-                source=source, hint="rename one of them")
-    return None
-
-
-def fingerprints(rules: Iterable[CompiledRule]) -> dict[int, CompiledRule]:
-    """Rules by fingerprint (empty when the core is not built): `taken` for `fingerprint_clash`."""
-    return {fp: r for r in rules if (fp := rule_fingerprint(r)) is not None}
 
 
 def make_matcher(rule: CompiledRule, *, max_partial_matches: int | None = None,
@@ -144,6 +78,9 @@ def build_embedded_engine(ruleset: RuleSet, *, max_partial_matches: int | None =
         use_native = native.wanted()
     if use_native and native.available():
         rules = [rule for rule in ruleset.rules if rule.enabled]
+        clash = fingerprint_clash(rules)
+        if clash is not None:  # (the core refuses it too, without files and lines)
+            raise clash
         programs = [native.native_program(rule) for rule in rules]
         if rules and any(p is not None for p in programs):
             runtimes = [

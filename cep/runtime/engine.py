@@ -387,7 +387,8 @@ class Engine:
                 out.late.append(LateEvent(late_for, late_key, ev, late_wm))
         due = set(pending)
         due.update(wake.pop_all() if eof else wake.pop_due(max_ts))
-        for sk in sorted(due):
+        order = sorted(due)
+        for k, sk in enumerate(order):
             if sk[0].startswith(TABLE_PREFIX):
                 self._compact(store, wake, sk, keep)
                 continue
@@ -396,9 +397,26 @@ class Engine:
                 store.delete(sk)
                 out.keys_reset += 1
                 continue
-            self._advance(store, wake, sk, group, pending.get(sk), safe[sk[0]], out)
+            try:
+                self._advance(store, wake, sk, group, pending.get(sk), safe[sk[0]], out)
+            except BaseException:
+                # The keys not advanced (this one too: `_advance` kept what it did not
+                # consume) keep their state and come due again; their events of this call
+                # are dropped. As the native core does (docs/native-core.md).
+                for left in order[k:]:
+                    self._wake_again(store, wake, left)
+                store.save_wake(wake)
+                raise
         store.save_wake(wake)
         return out
+
+    def _wake_again(self, store: KeyStore, wake: Wake, sk: StateKey) -> None:
+        """Set the wake of a key with state that a failed call did not advance (the time the
+        end of `_advance` would set)."""
+        group = self.groups.get(sk[0])
+        state = None if group is None else store.get(sk)
+        if group is not None and state is not None:
+            wake.set(sk, _wake_time(group, *state))
 
     def _apply_records(self, store: KeyStore, wake: Wake, records: list[Event],
                        keep: Mapping[str, int]) -> None:
@@ -521,10 +539,36 @@ class Engine:
         del buffer[:n]
         if released and group.lookups:
             released = self._with_rows(store, group, released)
+        kept: dict[str, tuple[str, Any]] = {}
+        try:
+            self._run_rules(group, key, parts, released, safe, out, kept)
+        except BaseException:
+            # A rule raised: the key keeps what the call did not consume (its events not
+            # released, the parts of the rules not run yet), whatever store holds it and
+            # whether or not it had buffered events before (the native core's `keep_unconsumed`).
+            if buffer or parts:
+                store.put(sk, (buffer, parts))
+            elif loaded is not None:
+                store.delete(sk)
+            raise
+        out.keys_reset += len(parts)  # parts of rules that left the group
+        out.keys_touched += 1
+        if not buffer and not kept:
+            if loaded is not None:
+                store.delete(sk)
+            wake.discard(sk)
+            out.keys_released += 1
+            return
+        store.put(sk, (buffer, kept))
+        wake.set(sk, _wake_time(group, buffer, kept))
+
+    def _run_rules(self, group: RuleGroup, key: str, parts: dict[str, tuple[str, Any]],
+                   released: list[Buffered], safe: int, out: Output,
+                   kept: dict[str, tuple[str, Any]]) -> None:
+        """The released events and deadlines through each rule of the key's group: each
+        rule's part is taken from `parts`, and put in `kept` while it has partial matches."""
         eof = self._eof
         track = self.track_partials
-        kept: dict[str, tuple[str, Any]] = {}
-        due: int | None = buffer[0][0] if buffer else None
         for rule in group.rules:
             matcher = rule.matcher
             part = parts.pop(rule.rule_id, None)
@@ -559,22 +603,22 @@ class Engine:
                     pm[rule.rule_id] = pm.get(rule.rule_id, 0) + after - before
             if not matcher.is_empty(mstate):
                 kept[rule.rule_id] = (rule.content_hash, mstate)
-                deadline = matcher.next_deadline(mstate)
-                if deadline is not None and (due is None or deadline < due):
-                    due = deadline
-        out.keys_reset += len(parts)  # parts of rules that left the group
-        out.keys_touched += 1
-        if not buffer and not kept:
-            if loaded is not None:
-                store.delete(sk)
-            wake.discard(sk)
-            out.keys_released += 1
-            return
-        store.put(sk, (buffer, kept))
-        # The key is due when the safe time reaches its first buffered event or a matcher's
-        # next deadline (safe = max event time - lateness - 1), stored as the max event time at
-        # which that happens; a key that only the end of input can decide waits for it.
-        wake.set(sk, AT_END if due is None else due + group.lateness_ms + 1)
+
+
+def _wake_time(group: RuleGroup, buffer: list[Buffered],
+               parts: Mapping[str, tuple[str, Any]]) -> int:
+    """When a key is due: the safe time reaches its first buffered event or a matcher's next
+    deadline (safe = max event time - lateness - 1), given as the max event time at which that
+    happens; a key that only the end of input can decide waits for it (`AT_END`). Parts of
+    another version of a rule are not read (they are reset when the key is advanced)."""
+    due: int | None = buffer[0][0] if buffer else None
+    for rule in group.rules:
+        part = parts.get(rule.rule_id)
+        if part is not None and part[0] == rule.content_hash:
+            deadline = rule.matcher.next_deadline(part[1])
+            if deadline is not None and (due is None or deadline < due):
+                due = deadline
+    return AT_END if due is None else due + group.lateness_ms + 1
 
 
 def _feed_each(matcher: RuleMatcher, mstate: Any, items: list[Buffered], key: str,

@@ -3,22 +3,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
 
 from cep.config import Settings
+from cep.delivery.preflight import TOPIC_NAME_RULE, is_topic_name
 from cep.errors import CepError
-
-# Kafka's legal topic names (its `Topic.validate`): a name outside them, e.g. "a,b", would be
-# read by the source's comma-separated `subscribe` as two topics.
-_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
-
-
-def is_topic_name(topic: str) -> bool:
-    """Whether Kafka allows `topic` as a topic name (ASCII letters, digits, '.', '_', '-', at
-    most 249 characters, not '.' or '..')."""
-    return bool(_TOPIC_NAME.fullmatch(topic)) and topic not in (".", "..")
 
 
 def check_topic(topic: str, what: str = "") -> str:
@@ -27,8 +17,7 @@ def check_topic(topic: str, what: str = "") -> str:
     if is_topic_name(topic):
         return topic
     of = f" ({what})" if what else ""
-    raise CepError(f"not a Kafka topic name: {topic!r}{of}; a topic name is 1-249 of "
-                   "A-Z a-z 0-9 . _ - (not '.' or '..')")
+    raise CepError(f"not a Kafka topic name: {topic!r}{of}; {TOPIC_NAME_RULE}")
 
 
 def kafka_reader(reader: Any, settings: Settings, topics: Iterable[str], *, starting: str,

@@ -388,8 +388,10 @@ pub struct Engine {
 }
 
 /// A hash of what a key state's layout depends on: the groups in order (id, rules by
-/// fingerprint) and the rules' families. Engines built from the same rules share it.
-fn engine_ident(rules: &[RuleE], groups: &[Group], fam_of: &[u32]) -> u64 {
+/// fingerprint), the rules' families and the declared tables (a key held as bytes names a
+/// table by fingerprint: an engine without it could not read the key). Engines built from the
+/// same rules share it.
+fn engine_ident(rules: &[RuleE], groups: &[Group], fam_of: &[u32], known: &Known) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
     for g in groups {
@@ -397,6 +399,9 @@ fn engine_ident(rules: &[RuleE], groups: &[Group], fam_of: &[u32]) -> u64 {
         g.rules.iter().map(|&ri| rules[ri].fp).collect::<Vec<_>>().hash(&mut h);
     }
     fam_of.hash(&mut h);
+    for t in known.tables() {
+        t.names.hash(&mut h);
+    }
     h.finish()
 }
 
@@ -562,7 +567,11 @@ fn advance_key(
                 Ev::from_row(row.clone(), it.seq.as_ref().map(|x| x.clone_ref(py)), it.seqi.unwrap_or(0), it.ts, pidx)
             }
             (None, Some(d), Some(q)) => Ev::from_py(d.clone_ref(py), q.clone_ref(py), it.ts),
-            _ => Ev::from_py(it.data_obj(py)?, it.seq_obj(py)?, it.ts),
+            _ => match it.data_obj(py).and_then(|d| Ok((d, it.seq_obj(py)?))) {
+                Ok((d, q)) => Ev::from_py(d, q, it.ts),
+                // As a rule's error: the key keeps its state (the released events are lost).
+                Err(e) => return Err(keep_unconsumed(st, id, buffer, parts.into_iter().map(Some).collect(), fstates, e)),
+            },
         }));
     }
     prefetch_key(&evs, &parts);
@@ -600,11 +609,13 @@ fn advance_key(
                     Ok(Ok(r)) => r,
                     Ok(Err(e)) => return Err(keep_unconsumed(st, id, buffer, parts, fstates, e)),
                     Err(p) => {
-                        return Err(CoreError::new_err(format!(
+                        let e = CoreError::new_err(format!(
                             "rule {}: the native engine failed: {}",
                             rules[fam.members[0]].id,
                             panic_message(p)
-                        )))
+                        ));
+                        // The family's state and its members' parts went with the closure.
+                        return Err(keep_unconsumed(st, id, buffer, parts, fstates, e));
                     }
                 };
                 if let Some(p) = partials.as_deref_mut() {
@@ -621,7 +632,9 @@ fn advance_key(
                 fam_outs[fi] = Some(fout);
             }
             if let Some(fo) = &fam_outs[fi] {
-                fo.append_rule(ri, matches)?;
+                if let Err(e) = fo.append_rule(ri, matches) {
+                    return Err(keep_unconsumed(st, id, buffer, parts, fstates, e));
+                }
             }
             continue;
         }
@@ -700,9 +713,8 @@ fn advance_key(
 
 /// A rule raised (or panicked) while the key was advanced: the key keeps what the call did not
 /// consume (its events not released, the parts of the rules not run yet); the released events
-/// and the parts of the rules run so far are lost with the call. The Python engine keeps the
-/// same when the key had buffered events before the call; with none (or no state) it loses
-/// this call's events too (docs/native-core.md: the core keeps more on this error path).
+/// and the parts of the rules run so far are lost with the call. Every error and panic path of
+/// `advance_key` ends here, as the Python engine's `_advance` does (docs/native-core.md).
 fn keep_unconsumed(
     st: &mut EngineState,
     id: Id,
@@ -748,7 +760,13 @@ impl Engine {
                 let slot = st.keys.slot(id);
                 (slot.group, slot.key.clone())
             };
-            let r = self.finish_key(py, st, (id, gi, &key), max_ts, eof, &matches, &mut counts);
+            // Outside the rules' own guards (decoding, the key table's counts): a panic still
+            // becomes an error naming the rules of the key's group.
+            let r = catch_unwind(AssertUnwindSafe(|| self.finish_key(py, st, (id, gi, &key), max_ts, eof, &matches, &mut counts)))
+                .unwrap_or_else(|p| {
+                    let ids = self.groups[gi as usize].rule_ids.join(", ");
+                    Err(CoreError::new_err(format!("rule {ids}: the native engine failed: {}", panic_message(p))))
+                });
             if let Err(e) = r {
                 // The keys not advanced keep their state and come due again; their events of
                 // this call are dropped (as `drop_new` does for a call that fails earlier).
@@ -921,10 +939,11 @@ impl Engine {
     #[new]
     #[pyo3(signature = (rules, tables=Vec::new(), families=true))]
     fn new(py: Python<'_>, rules: &Bound<'_, PyList>, tables: Vec<Vec<String>>, families: bool) -> PyResult<Self> {
-        let mut rs = Vec::new();
+        let mut rs: Vec<RuleE> = Vec::new();
         let mut groups: Vec<Group> = Vec::new();
         let mut members: Vec<(String, String)> = Vec::new();
         let mut programs = Vec::new();
+        let mut by_fp: HashMap<u32, usize> = HashMap::default();
         for (i, item) in rules.iter().enumerate() {
             let t = item.downcast::<PyTuple>()?;
             let program = t.get_item(0)?;
@@ -960,13 +979,14 @@ impl Engine {
             let fp = keycodec::fingerprint(&id, &version);
             // A key state names a rule's part by this 32-bit fingerprint only: two rules with
             // the same one would read each other's state.
-            if let Some(other) = rs.iter().find(|r: &&RuleE| r.fp == fp) {
+            if let Some(&other) = by_fp.get(&fp) {
                 return Err(PyValueError::new_err(format!(
                     "rules '{}' and '{id}' have the same key-state fingerprint ({fp:08x}): their \
                      state would mix; rename one of them",
-                    other.id
+                    rs[other].id
                 )));
             }
+            by_fp.insert(fp, rs.len());
             rs.push(RuleE { core, id, fp });
             programs.push(program);
         }
@@ -1055,7 +1075,7 @@ impl Engine {
         }
         let group_rules: Vec<&[usize]> = groups.iter().map(|g| &g.rules[..]).collect();
         let (families, fam_of) = family::build(&rs, &group_rules, &shapes);
-        let ident = engine_ident(&rs, &groups, &fam_of);
+        let ident = engine_ident(&rs, &groups, &fam_of, &known);
         Ok(Engine { rules: rs, groups, by_stream, rank, partials: None, known, families, fam_of, ident })
     }
 

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cep import _core
 from cep.compile import compile_rules, load_rules_dir
@@ -28,7 +30,7 @@ from cep.runtime.bind import (
 from cep.runtime.embedded import alerts_for
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore, events_from_dicts, run_embedded
 from cep.runtime.native import native_matcher
-from tests.hyp import profile
+from tests.hyp import examples, profile
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 # rules/history.cep's rules read windows of a key's history, which the core does not run: they
@@ -451,3 +453,77 @@ def test_arrow_batches_of_several_streams_and_key_fields(size: int) -> None:
     assert want_late or size >= len(rows)  # one batch: no watermark to be late for
     assert [alert_record(native, r) for r in got] == [alert_record(python, r) for r in want]
     assert got_late == want_late
+
+
+def test_a_family_panic_keeps_the_key_state() -> None:
+    """A panic while a rule family (docs/rule-families.md) advances a key is an exception naming
+    a member, and the key keeps what the call did not consume, as on a single rule's error
+    (`keep_unconsumed`): its event not released and the part of the rule not run yet, whose
+    match then completes. (The family's path dropped the whole key state before.)"""
+    from cep.runtime.bind import rule_hash
+
+    text = ("STREAM s TIME BY ts;\n"
+            "RULE p1 FROM s PARTITION BY k PATTERN (a b) DEFINE a AS v = 1, b AS v = 2 "
+            "WITHIN 5ms EMIT 'm';\n"
+            "RULE p2 FROM s PARTITION BY k PATTERN (a b) DEFINE a AS v = 1, b AS v = 3 "
+            "WITHIN 6ms EMIT 'm';\n"
+            "RULE other FROM s PARTITION BY k PATTERN (x -> y -> z) DEFINE x AS v = 1, "
+            "y AS v = 3, z AS v = 9 WITHIN 1s EMIT 'o';\n")
+    ruleset = compile_rules(text, "f.cep")
+    engine = build_embedded_engine(ruleset)
+    assert engine.families == [["p1", "p2"]]
+    store = MemoryKeyStore()
+    engine.ingest(store, [Event("s", 0, 0, {"k": "K", "v": 1, "ts": 0})], NEG_INF)
+    engine.ingest(store, [Event("s", 1, 1, {"k": "K", "v": 5, "ts": 1})], 0)
+    data = engine.key_bytes(store, "s:k", "K")
+    # p1's part (a family member's part: how a family's state is written): its fingerprint,
+    # then as in test_a_panic_in_the_native_engine_is_an_exception_naming_the_rule.
+    fp = _core.rule_fingerprint("p1", rule_hash(ruleset.get("p1"))).to_bytes(4, "little")
+    at = data.index(fp) + 4
+    _, at = _varint(data, at)  # row
+    _, at = _varint(data, at)  # runs
+    _, at = _varint(data, at)  # row - start
+    flags = data[at]
+    assert flags & 2 == 0 and flags >> 2 != 0
+    data = data[:at] + bytes([flags & 3, 1, 0xE8, 0x07]) + data[at + 1:]
+    broken = MemoryKeyStore()
+    engine.load_key(broken, "s:k", "K", data)
+    with pytest.raises(_core.CoreError, match="rule p1: the native engine failed"):
+        engine.ingest(broken, [Event("s", 2, 2, {"k": "K", "v": 3, "ts": 2})], 1)
+    assert engine.keys(broken) == [("s:k", "K")], "the key keeps its state"
+    assert engine.next_wake(broken) is not None
+    end = engine.ingest(broken, [Event("s", 3, 3, {"k": "K", "v": 9, "ts": 3})], 2,
+                        end_of_input=3).matches
+    assert [(r.rule_id, r.first_ts) for r in end] == [("other", 0)]
+    assert engine.live_keys(broken) == 0
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1,
+                      max_size=3), blob=st.booleans())
+def test_corrupt_key_bytes_never_let_a_panic_cross_the_boundary(
+        edits: list[tuple[int, int]], blob: bool) -> None:
+    """Key states and blobs with bytes overwritten, loaded and then advanced, encoded and
+    exported: every call returns or raises an `Exception` (a `ValueError` for bytes it cannot
+    read, `CoreError` naming the rule for a panic inside a rule's work); a panic anywhere else
+    would cross as pyo3's `PanicException`, a `BaseException` (a Spark worker's death, not an
+    error), which the boundary turns into `CoreError` too."""
+    engine, store = _probe_with_a_partial_match()
+    data = bytearray(engine.core.export_blobs(engine.state_of(store), all=True)[0] if blob
+                     else engine.key_bytes(store, "s:k", "K"))
+    for at, value in edits:
+        data[7 + at % (len(data) - 7)] = value
+    state = _core.EngineState()
+    calls = [
+        lambda: (engine.core.import_blob(state, bytes(data)) if blob
+                 else engine.core.load_key(state, "s:k", "K", bytes(data))),
+        lambda: engine.core.key_bytes(state, "s:k", "K"),
+        lambda: engine.core.ingest(state, [Event("s", 2, 2, {"k": "K", "v": 2, "ts": 2})], 1),
+        lambda: engine.core.export_blobs(state, all=True),
+        lambda: engine.core.ingest(state, [], 10, 10),
+    ]
+    for call in calls:
+        try:
+            call()
+        except Exception:  # noqa: S112 (an error is an allowed outcome; a BaseException is not)
+            break

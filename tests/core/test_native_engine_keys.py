@@ -326,18 +326,92 @@ def test_a_key_whose_rule_raises_keeps_its_events_not_released_as_the_python_eng
              [charge(2, t1, 1.5)],  # releases the two events above: the rule raises
              [charge(3, t1 + 10_000, 1.5), charge(4, t1 + 20_000, 1.5),
               charge(5, t1 + 30_000, 900.0)]]
-    out = []
-    for engine in (python, native):
-        store, max_ts = MemoryKeyStore(), NEG_INF
-        got: list[Any] = []
-        for i, chunk in enumerate(calls):
-            if i == 2:
-                with pytest.raises(RuntimeError, match="amount unreadable"):
-                    engine.ingest(store, chunk, max_ts)
-            else:
-                got += engine.ingest(store, chunk, max_ts).matches
-            max_ts = max(max_ts, max(e.ts for e in chunk))
-        got += engine.ingest(store, [], max_ts, end_of_input=max_ts).matches
-        out.append(_records(engine, got))
+    out = [_with_a_failing_call(engine, calls, 2)[0] for engine in (python, native)]
     assert out[0] == out[1]
     assert [r["rule_id"] for r in out[0]] == ["card_testing"], "the buffered probe counts"
+
+
+def _held(engine: Any, store: MemoryKeyStore) -> tuple[int, int]:
+    """(keys with state, keys in the wake index) of either engine."""
+    if hasattr(engine, "live_keys"):
+        return engine.live_keys(store), engine.wake_keys(store)
+    return len(store.states), len(store.wake)
+
+
+def _with_a_failing_call(engine: Any, calls: list[list[Event]], failing: int) -> tuple[
+        list[dict[str, Any]], tuple[int, int], tuple[int, int]]:
+    """The calls through `engine`, call `failing` raising the unreadable amount, then the end
+    of input: (the results, `_held` after the failed call, `_held` at the end)."""
+    store, max_ts = MemoryKeyStore(), NEG_INF
+    got: list[Any] = []
+    after_error = (-1, -1)
+    for i, chunk in enumerate(calls):
+        if i == failing:
+            with pytest.raises(RuntimeError, match="amount unreadable"):
+                engine.ingest(store, chunk, max_ts)
+            after_error = _held(engine, store)
+        else:
+            got += engine.ingest(store, chunk, max_ts).matches
+        max_ts = max(max_ts, max(e.ts for e in chunk))
+    got += engine.ingest(store, [], max_ts, end_of_input=max_ts).matches
+    return _records(engine, got), after_error, _held(engine, store)
+
+
+def test_a_key_without_buffered_events_whose_rule_raises_keeps_the_same_state_in_both() -> None:
+    """The rule error path when the key had nothing buffered before the call: both engines keep
+    the call's events not released (the Python engine used to lose them: its buffer was a new
+    list, not the stored one) and set the wake of the keys the failed call did not finish (the
+    Python engine used to lose the wake of a due key not reached: its buffered event was then
+    never released, even at the end of input). Same live keys and wake keys after the failed
+    call, same results and no state left at the end.
+
+        card a:  . . . . . . . . . . . . raise@t0+1s ... probe@t1 | probes, large charge
+        card b:  probe@t0 (buffered; due in the failed call, not reached: a fails first)
+    """
+    ruleset = native_bundled()
+    python = build_engine(ruleset, use_native=False)
+    native = build_embedded_engine(ruleset)
+    t0, t1 = 10 * HOUR, 11 * HOUR
+
+    def charge(seq: int, card: str, ts: int, amount: float, data: Any = None) -> Event:
+        row = {"ts": ts, "card": card, "amount": amount, "merchant": "m1", "country": "NL"}
+        return Event("transactions", ts, seq, data(row) if data else row)
+
+    calls = [[charge(0, "b", t0, 1.5)],
+             [charge(1, "a", t0 + 1000, 30.0, _Raising), charge(2, "a", t1, 1.5)],
+             [charge(3, "a", t1 + 10_000, 1.5), charge(4, "a", t1 + 20_000, 1.5),
+              charge(5, "a", t1 + 30_000, 900.0)]]
+    (want, want_err, want_end), (got, got_err, got_end) = (
+        _with_a_failing_call(engine, calls, 1) for engine in (python, native))
+    assert want_err == got_err == (2, 2)
+    assert want == got and want_end == got_end == (0, 0)
+    assert [r["rule_id"] for r in want] == ["card_testing"], "the probe kept counts"
+
+
+def test_a_state_belongs_to_the_declared_tables_of_the_engine_that_filled_it() -> None:
+    """The declared streams' column tables are part of what ties an `EngineState` to its engine
+    (`engine_ident`): a key held as bytes names a known table by its fingerprint only, so an
+    engine built from the same rules without that table (or with another) could not read it
+    back. It refuses the state instead; an engine with the same tables goes on with it."""
+    from cep import _core
+    from cep.runtime.native import native_program
+    from cep.runtime.native_engine import _declared_fields
+
+    runtimes = list(build_embedded_engine(native_bundled()).rules.values())
+    rules = [(native_program(r.meta), None, r.stream, r.key_field, r.lateness_ms, r.content_hash)
+             for r in runtimes]
+    tables = _declared_fields(runtimes)
+    assert tables, "the bundled streams declare their fields"
+    first, same = _core.Engine(rules, tables), _core.Engine(rules, tables)
+    events = _waves(30, seed=4)[:60]
+    state = _core.EngineState()
+    max_ts = max(e.ts for e in events)
+    first.ingest_arrow(state, _batch(events, False), max_ts)
+    assert len(state) > 0
+    first.export_blobs(state, all=True)  # (keys held as bytes: keep_decoded=0)
+    assert same.keys(state) == first.keys(state)
+    for other in ([], [*tables, ["x", "y"]], [[*t, "extra"] for t in tables]):
+        with pytest.raises(ValueError, match="engine with other rules"):
+            _core.Engine(rules, other).ingest(state, [], max_ts)
+    end, *_ = same.ingest(state, [], max_ts, max_ts)
+    assert len(state) == 0

@@ -143,3 +143,22 @@ def test_test_file_table_rows_are_checked(tmp_path: Path, rows: str, message: st
     with pytest.raises(TestFileError) as exc:
         load_test_file(path)
     assert message in str(exc.value) and exc.value.span.line == 5
+
+
+@pytest.mark.parametrize("topic", ["a,b", "", "with space", ".", "..", "x" * 250, "café"])
+def test_a_table_topic_kafka_does_not_allow_is_a_check_error_at_the_string(
+        topic: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A table's Kafka topic is checked by `cep check` (it was only refused when the live job
+    started): the error points at the quoted topic, line and column, with Kafka's rule."""
+    from cep.cli import main
+
+    decl = f"TABLE t (id STRING, u INT) KEY id TIME BY u\n  FROM KAFKA '{topic}';\n"
+    got = errors(decl)
+    assert got == [(5, 14, f"table 't': not a Kafka topic name: {topic!r}",
+                    "a topic name is 1-249 of A-Z a-z 0-9 . _ - (not '.' or '..')")]
+    path = tmp_path / "t.cep"
+    path.write_text(HEAD + decl)
+    assert main(["check", str(path)]) == 1
+    assert f"{path}:5:14: error: table 't': not a Kafka topic name" in capsys.readouterr().err
+    ok = HEAD + "TABLE t (id STRING, u INT) KEY id TIME BY u FROM KAFKA 'a.b_c-9';\n"
+    assert check_text(ok, "t.cep") == []
