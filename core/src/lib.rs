@@ -47,9 +47,6 @@ extern "C" {
 /// `mi_option_purge_decommits` (mimalloc.h, v2 and v3).
 const MI_OPTION_PURGE_DECOMMITS: std::ffi::c_int = 5;
 
-/// `mi_option_allow_thp` (mimalloc.h, v3: the version the `mimalloc` crate builds).
-const MI_OPTION_ALLOW_THP: std::ffi::c_int = 43;
-
 /// Freed memory that mimalloc purges is reset (`MADV_FREE`: the OS may take it back when it
 /// needs it) instead of decommitted: a decommitted page faults and is zeroed again when the
 /// next batch reuses it. The engine frees most of a batch's memory before the next batch, and
@@ -60,10 +57,6 @@ fn tune_allocator() {
     if std::env::var_os("MIMALLOC_PURGE_DECOMMITS").is_none() {
         // SAFETY: a plain option store; mimalloc reads its options when it purges.
         unsafe { mi_option_set(MI_OPTION_PURGE_DECOMMITS, 0) };
-    }
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
-        // SAFETY: as above; mimalloc reads it when it maps memory.
-        unsafe { mi_option_set(MI_OPTION_ALLOW_THP, 0) };
     }
 }
 
