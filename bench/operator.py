@@ -148,6 +148,18 @@ class Watermark:
         return self.wm
 
 
+def fire_timers(proc: Any, shard: ShardState, wm: int) -> None:
+    """The operator's calls for the shards whose timers the watermark `wm` passed, as Spark
+    makes them after a batch's input (each fired timer removed first)."""
+    for key, ts_set in sorted(shard.timers.items()):
+        expired = {t for t in ts_set if t <= wm}
+        if expired:
+            ts_set -= expired
+            shard.at = key
+            for _ in proc.handleExpiredTimer(key, Watermark(wm), None):
+                pass
+
+
 def stored_bytes(s: ShardState) -> int:
     maps = sum(len(v[0]) for m in s.maps.values() for v in m.values())
     return maps + sum(len(r[0]) for rows in s.lists.values() for r in rows)
@@ -224,13 +236,7 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
                 stats = json.loads(res[res["kind"] == "stats"]["payload"].iloc[-1])
                 for k in us:
                     us[k] += stats.get(k, 0)
-        for key, ts_set in sorted(shard.timers.items()):
-            expired = {t for t in ts_set if t <= wm}
-            if expired:
-                ts_set -= expired
-                shard.at = key
-                for _ in proc.handleExpiredTimer(key, Watermark(wm), None):
-                    pass
+        fire_timers(proc, shard, wm)
         cpu = time.process_time() - cpu
         wm = t0 + int((b + 1) * n * 1000 / rate) - DELAY_MS
         keys = (sum(len(h.state) for h in op._HELD.values()) if loop == "native" else None)
