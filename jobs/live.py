@@ -191,9 +191,9 @@ def live_worker_env() -> dict[str, str]:
     worker holds every shard's keys and frees and refills much of its memory each batch; with
     huge pages each fault on purged memory zeroed 2 MiB (perf of the operator's loop without
     Spark: ~20% of its samples in the kernel's `clear_page_erms`). Measured (docs/spark-runtime.md,
-    "Where a live micro-batch's CPU goes"): the core's export of changed keys 3.4 -> 1.5 µs per
-    event. The embedded engine keeps mimalloc's default (docs/native-core.md: THP off cost 3-9%
-    on the 10k-card fraud run)."""
+    "The operator's export of changed keys"): the core's export of changed keys 3.4 -> 1.5 µs
+    per event. The embedded engine keeps mimalloc's default (docs/native-core.md: THP off was
+    3-9% slower on the 10k-card fraud run)."""
     if "MIMALLOC_ALLOW_THP" in os.environ:
         return {}
     return {"spark.executorEnv.MIMALLOC_ALLOW_THP": "0"}
