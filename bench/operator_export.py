@@ -10,41 +10,23 @@ of changed keys (session 14)".
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import zlib
 from typing import Any
 
 from bench.operator import (
-    COUNTRIES,
     DELAY_MS,
     RULES,
+    T0,
     Handle,
     ShardState,
     Watermark,
+    batch_frames,
     fire_timers,
-    pack_frame,
 )
 
 RATE, SHARDS, STEADY_FROM = 20_000, 8, 4
-
-
-def frames(batches: int) -> list[dict[int, Any]]:
-    cards, t0, out = RATE * 20, 1_700_000_000_000, []
-    for b in range(batches):
-        by: dict[int, list[tuple[Any, ...]]] = {}
-        for i in range(b * RATE, (b + 1) * RATE):
-            card = f"c{i % cards}"
-            data = json.dumps({"ts": t0 + i * 1000 // RATE, "card": card,
-                               "amount": 5 + (i * 7) % 295, "merchant": "m",
-                               "country": COUNTRIES[i % cards % 4]})
-            s = zlib.crc32(card.encode()) % SHARDS
-            by.setdefault(s, []).append((s, "transactions", t0 + i * 1000 // RATE, i, data,
-                                         "card", True))
-        out.append({s: pack_frame(rows) for s, rows in by.items()})
-    return out
 
 
 def main() -> int:
@@ -55,7 +37,7 @@ def main() -> int:
     from cep.runtime.state_store import blob_records
     from cep.spark import operator as op
 
-    todo = frames(batches)
+    todo = [batch_frames(b, RATE, RATE, SHARDS) for b in range(batches)]
     shard = ShardState()
     proc = op.CepProcessor(RulesEngineFactory.from_path(RULES), output_rows, DELAY_MS,
                            shards=SHARDS)
@@ -77,7 +59,6 @@ def main() -> int:
 
     engine.core = Timed()
     wm, steady = 0, [0.0, 0.0, 0]
-    t0 = 1_700_000_000_000
     for b, by_shard in enumerate(todo):
         export.update(cpu=0.0, records=0)
         cpu = time.process_time()
@@ -87,7 +68,7 @@ def main() -> int:
                 pass
         fire_timers(proc, shard, wm)
         cpu = time.process_time() - cpu
-        wm = t0 + (b + 1) * 1000 - DELAY_MS
+        wm = T0 + (b + 1) * 1000 - DELAY_MS
         print(f"batch {b}: operator {1e6 * cpu / RATE:.2f} µs/event CPU, export "
               f"{1e6 * export['cpu'] / RATE:.2f}, records {export['records'] / RATE:.2f}/event")
         if b >= STEADY_FROM:
