@@ -187,16 +187,15 @@ LOCAL_CHECKPOINT_CONF = {
 def live_worker_env() -> dict[str, str]:
     """Environment of the live job's Python workers: mimalloc (the core's allocator) without
     transparent huge pages (`MIMALLOC_ALLOW_THP=0`: no `MADV_HUGEPAGE` on its memory, and THP
-    off for the worker process), unless the job's own environment sets it. The operator's
+    off for the worker process), or the job's own `MIMALLOC_ALLOW_THP` if its environment sets
+    one (passed on as it is: executors on a cluster do not inherit the driver's). The operator's
     worker holds every shard's keys and frees and refills much of its memory each batch; with
     huge pages each fault on purged memory zeroed 2 MiB (perf of the operator's loop without
     Spark: ~20% of its samples in the kernel's `clear_page_erms`). Measured (docs/spark-runtime.md,
     "The operator's export of changed keys"): the core's export of changed keys 3.4 -> 1.5 µs
     per event. The embedded engine keeps mimalloc's default (docs/native-core.md: THP off was
     3-9% slower on the 10k-card fraud run)."""
-    if "MIMALLOC_ALLOW_THP" in os.environ:
-        return {}
-    return {"spark.executorEnv.MIMALLOC_ALLOW_THP": "0"}
+    return {"spark.executorEnv.MIMALLOC_ALLOW_THP": os.environ.get("MIMALLOC_ALLOW_THP", "0")}
 
 
 def rules_source(settings: Settings, rules: str) -> Any:

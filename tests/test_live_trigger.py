@@ -41,6 +41,6 @@ def test_the_live_workers_run_mimalloc_without_huge_pages_unless_the_environment
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MIMALLOC_ALLOW_THP", raising=False)
     assert live_worker_env() == {"spark.executorEnv.MIMALLOC_ALLOW_THP": "0"}
-    # The job's own setting reaches the workers as it is (they inherit the JVM's environment).
+    # The job's own setting reaches the workers as it is.
     monkeypatch.setenv("MIMALLOC_ALLOW_THP", "1")
-    assert live_worker_env() == {}
+    assert live_worker_env() == {"spark.executorEnv.MIMALLOC_ALLOW_THP": "1"}
