@@ -27,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULES = os.path.join(ROOT, "bench", "rules", "fraud.cep")
 DELAY_MS = 5_000  # the benchmark rules' LATENESS
 COUNTRIES = ("NL", "DE", "FR", "BE")
+T0 = 1_700_000_000_000  # the input's first event time
 
 
 def pack_frame(rows: list[tuple[Any, ...]]) -> Any:
@@ -148,6 +149,33 @@ class Watermark:
         return self.wm
 
 
+def fire_timers(proc: Any, shard: ShardState, wm: int) -> None:
+    """The operator's calls for the shards whose timers the watermark `wm` passed, as Spark
+    makes them after a batch's input (each fired timer removed first)."""
+    for key, ts_set in sorted(shard.timers.items()):
+        expired = {t for t in ts_set if t <= wm}
+        if expired:
+            ts_set -= expired
+            shard.at = key
+            for _ in proc.handleExpiredTimer(key, Watermark(wm), None):
+                pass
+
+
+def batch_frames(b: int, n: int, rate: int, shards: int) -> dict[int, Any]:
+    """The `b`-th batch of `n` events of the input at `rate` events/s from `T0` (each card
+    every 20 s: velocity's 5-in-1-minute never fits), as the operator's frame per shard."""
+    cards = rate * 20
+    by_shard: dict[int, list[tuple[Any, ...]]] = {}
+    for i in range(b * n, (b + 1) * n):
+        ts = T0 + int(i * 1000 / rate)
+        card = f"c{i % cards}"
+        data = json.dumps({"ts": ts, "card": card, "amount": 5 + (i * 7) % 295,
+                           "merchant": "m", "country": COUNTRIES[i % cards % 4]})
+        s = zlib.crc32(card.encode()) % shards
+        by_shard.setdefault(s, []).append((s, "transactions", ts, i, data, "card", True))
+    return {s: pack_frame(rows) for s, rows in by_shard.items()}
+
+
 def stored_bytes(s: ShardState) -> int:
     maps = sum(len(v[0]) for m in s.maps.values() for v in m.values())
     return maps + sum(len(r[0]) for rows in s.lists.values() for r in rows)
@@ -200,20 +228,10 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
                            shards=shards)
     handle = Handle(shard)
     proc.init(handle)  # type: ignore[arg-type]
-    cards = rate * 20  # each card every 20 s: velocity's 5-in-1-minute never fits
-    t0, i, wm, out = 1_700_000_000_000, 0, 0, []
+    wm, out = 0, []
     n = int(rate * batch_s)
     for b in range(batches):
-        by_shard: dict[int, list[tuple[Any, ...]]] = {}
-        for j in range(n):
-            ts = t0 + int((b * n + j) * 1000 / rate)
-            card = f"c{i % cards}"
-            data = json.dumps({"ts": ts, "card": card, "amount": 5 + (i * 7) % 295,
-                               "merchant": "m", "country": COUNTRIES[i % cards % 4]})
-            s = zlib.crc32(card.encode()) % shards
-            by_shard.setdefault(s, []).append((s, "transactions", ts, i, data, "card", True))
-            i += 1
-        frames = {s: pack_frame(rows) for s, rows in by_shard.items()}
+        frames = batch_frames(b, n, rate, shards)
         cpu = time.process_time()
         cpu_in.update({k: 0.0 for k in cpu_in})
         written = sum(x.written for x in handle.lists)
@@ -224,15 +242,9 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
                 stats = json.loads(res[res["kind"] == "stats"]["payload"].iloc[-1])
                 for k in us:
                     us[k] += stats.get(k, 0)
-        for key, ts_set in sorted(shard.timers.items()):
-            expired = {t for t in ts_set if t <= wm}
-            if expired:
-                ts_set -= expired
-                shard.at = key
-                for _ in proc.handleExpiredTimer(key, Watermark(wm), None):
-                    pass
+        fire_timers(proc, shard, wm)
         cpu = time.process_time() - cpu
-        wm = t0 + int((b + 1) * n * 1000 / rate) - DELAY_MS
+        wm = T0 + int((b + 1) * n * 1000 / rate) - DELAY_MS
         keys = (sum(len(h.state) for h in op._HELD.values()) if loop == "native" else None)
         # After a call every held key has its `CEPNK` bytes (held as bytes, or kept beside the
         # decoded key): the key states' own size.

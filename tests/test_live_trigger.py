@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from cep.config import QUICK_JIT, Settings
-from jobs.live import CONTINUOUS, LiveOptions, live_jvm, live_trigger
+from jobs.live import CONTINUOUS, LiveOptions, live_jvm, live_trigger, live_worker_env
 
 
 def _opts(**kw: object) -> LiveOptions:
@@ -35,3 +35,12 @@ def test_precedence(setting: str, seconds: float | None, once: bool,
 def test_the_live_jvm_runs_the_quick_jit_unless_options_are_given() -> None:
     assert live_jvm(Settings()).java_options == QUICK_JIT
     assert live_jvm(Settings(java_options="-Xmx4g")).java_options == "-Xmx4g"
+
+
+def test_the_live_workers_run_mimalloc_without_huge_pages_unless_the_environment_says(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MIMALLOC_ALLOW_THP", raising=False)
+    assert live_worker_env() == {"spark.executorEnv.MIMALLOC_ALLOW_THP": "0"}
+    # The job's own setting reaches the workers as it is.
+    monkeypatch.setenv("MIMALLOC_ALLOW_THP", "1")
+    assert live_worker_env() == {"spark.executorEnv.MIMALLOC_ALLOW_THP": "1"}
