@@ -176,6 +176,14 @@ class NativeShardStore:
     MAX_ROWS = 1024  # past this, compact whatever the records
     COMPACT_SLACK = 16_384  # records
     COMPACT_SLACK_BYTES = 16 << 20
+    # Compactions are spread over micro-batches: a store compacts at most `COMPACT_PER_TASK`
+    # shards (the operator makes one store per Spark task: one task per micro-batch in the live
+    # job), and a shard whose log is due waits for a later task, at most `COMPACT_DEFER` of its
+    # calls. A job's shards grow alike (keys are hashed over them), so they passed the bounds
+    # in the same batch: at 20,000 events/s all 8 shards were rewritten in one micro-batch, a
+    # batch of ~1.1 s against a median of ~0.4 s (docs/spark-runtime.md, "Compactions").
+    COMPACT_PER_TASK = 1
+    COMPACT_DEFER = 64
     # A shard's keys stay decoded between calls while their bytes total at most this
     # (`EngineState.keep_decoded`): a call then neither decodes the keys it reaches nor
     # re-encodes keys it did not change; the rest are held as bytes. A decoded fraud key
@@ -204,6 +212,8 @@ class NativeShardStore:
         self.reads = 0  # log rows read on reloads
         self.reloads = 0  # calls that had to read the whole shard (the held copy was stale)
         self.compactions = 0
+        self.task_compactions = 0  # this store's (the task's) compactions: never reset
+        self.deferred = 0  # flushes that appended to a log due for a compaction (another had it)
         self.dropped = 0  # keys of rule groups that no longer exist, dropped on a reload
         # Where `flush` spends its time, in µs since the operator last reset them: the core
         # encoding the changed keys (`encode_us`), the state server's writes (`write_us`).
@@ -245,7 +255,7 @@ class NativeShardStore:
         self.dropped += dropped
         # Records of dropped groups leave the store at the next write (a compaction).
         self._cur = _Held(token, engine, state, rows, size, records, dropped > 0,
-                          UNKNOWN)
+                          UNKNOWN, 0)
 
     @property
     def timer(self) -> Any:
@@ -271,7 +281,7 @@ class NativeShardStore:
         try:
             core = self._engine.core
             t0 = time.perf_counter()
-            if self._compact_now(cur):
+            if self._compact_turn(cur):
                 blobs = core.export_blobs(cur.state, True)
                 t1 = time.perf_counter()
                 if blobs:
@@ -279,6 +289,8 @@ class NativeShardStore:
                 else:
                     self._log.clear()
                 self.compactions += 1
+                self.task_compactions += 1
+                cur.due = 0
                 cur.rows = len(blobs)
                 cur.size = sum(len(b) for b in blobs)
                 cur.records = sum(map(blob_records, blobs))
@@ -304,6 +316,22 @@ class NativeShardStore:
         except BaseException:
             self._held.pop(self._shard, None)
             raise
+
+    def _compact_turn(self, cur: _Held) -> bool:
+        """Whether this flush compacts: the log is due (`_compact_now`), this task has not
+        compacted `COMPACT_PER_TASK` shards yet and no shard this process holds has waited
+        longer for its turn (so a shard due again soon cannot keep the others waiting); or the
+        shard has waited `COMPACT_DEFER` calls (a log stays within its bounds plus that many
+        calls' records); or its records of dropped rule groups must go."""
+        if not self._compact_now(cur):
+            return False
+        if cur.compact or cur.due >= self.COMPACT_DEFER or (
+                self.task_compactions < self.COMPACT_PER_TASK
+                and not any(h.due > cur.due for h in self._held.values() if h is not cur)):
+            return True
+        cur.due += 1
+        self.deferred += 1
+        return False
 
     def _compact_now(self, cur: _Held) -> bool:
         """Whether this flush rewrites the log as the current keys (the class docstring)."""
@@ -336,6 +364,7 @@ class _Held:
     records: int  # key records in the log (a key's latest supersedes its earlier ones)
     compact: bool  # compact at the next flush
     timer: Any  # the registered timer (None: none), or UNKNOWN
+    due: int  # flushes since the log was first due for a compaction that another shard had
 
 
 UNKNOWN = object()  # NativeShardStore.timer when this process does not know it
