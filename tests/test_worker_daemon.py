@@ -23,11 +23,12 @@ def test_a_worker_freezes_once_after_its_first_task() -> None:
     try:
         assert run("sock", False) == 0  # the task's exit code is passed on
         after_first = gc.get_freeze_count()
-        kept = [object()]  # made by a later task: not frozen by it
+        kept = [[] for _ in range(1000)]  # tracked objects made after the first task
         assert run("sock", True) == 1
         assert calls == [("sock", False), ("sock", True)]
         assert frozen_during[0] == 0 and after_first > 0
-        assert gc.get_freeze_count() == after_first and kept
+        # (a frozen object that is freed leaves the count: it can only go down)
+        assert gc.get_freeze_count() <= after_first and len(kept) == 1000
     finally:
         gc.unfreeze()
 
