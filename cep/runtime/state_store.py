@@ -176,13 +176,15 @@ class NativeShardStore:
     MAX_ROWS = 1024  # past this, compact whatever the records
     COMPACT_SLACK = 16_384  # records
     COMPACT_SLACK_BYTES = 16 << 20
-    # Compactions are spread over micro-batches: a store compacts at most `COMPACT_PER_TASK`
-    # shards (the operator makes one store per Spark task: one task per micro-batch in the live
-    # job), and a shard whose log is due waits for a later task, at most `COMPACT_DEFER` of its
-    # calls. A job's shards grow alike (keys are hashed over them), so they passed the bounds
-    # in the same batch: at 20,000 events/s all 8 shards were rewritten in one micro-batch, a
-    # batch of ~1.1 s against a median of ~0.4 s (docs/spark-runtime.md, "Compactions").
-    COMPACT_PER_TASK = 1
+    # Compactions are spread over micro-batches: a worker process compacts one shard in a task
+    # at most (the operator makes one store per Spark task: one task per micro-batch in the live
+    # job), and none in the `COMPACT_GAP` - 1 tasks after it (an alert's latency spans two
+    # batches, the one running when the alert is released and the one that emits it: two long
+    # batches in a row are the tail). A shard whose log is due waits for a later task, at most
+    # `COMPACT_DEFER` of its calls. A job's shards grow alike (keys are hashed over them), so
+    # they passed the bounds in the same call: all 8 shards were rewritten in one micro-batch
+    # (docs/spark-runtime.md, "Long micro-batches").
+    COMPACT_GAP = 2  # tasks
     COMPACT_DEFER = 64
     # A shard's keys stay decoded between calls while their bytes total at most this
     # (`EngineState.keep_decoded`): a call then neither decodes the keys it reaches nor
@@ -212,7 +214,7 @@ class NativeShardStore:
         self.reads = 0  # log rows read on reloads
         self.reloads = 0  # calls that had to read the whole shard (the held copy was stale)
         self.compactions = 0
-        self.task_compactions = 0  # this store's (the task's) compactions: never reset
+        self.task = _TURNS.new_task()
         self.deferred = 0  # flushes that appended to a log due for a compaction (another had it)
         self.dropped = 0  # keys of rule groups that no longer exist, dropped on a reload
         # Where `flush` spends its time, in µs since the operator last reset them: the core
@@ -289,7 +291,7 @@ class NativeShardStore:
                 else:
                     self._log.clear()
                 self.compactions += 1
-                self.task_compactions += 1
+                _TURNS.compacted = self.task
                 cur.due = 0
                 cur.rows = len(blobs)
                 cur.size = sum(len(b) for b in blobs)
@@ -318,15 +320,15 @@ class NativeShardStore:
             raise
 
     def _compact_turn(self, cur: _Held) -> bool:
-        """Whether this flush compacts: the log is due (`_compact_now`), this task has not
-        compacted `COMPACT_PER_TASK` shards yet and no shard this process holds has waited
-        longer for its turn (so a shard due again soon cannot keep the others waiting); or the
-        shard has waited `COMPACT_DEFER` calls (a log stays within its bounds plus that many
-        calls' records); or its records of dropped rule groups must go."""
+        """Whether this flush compacts: the log is due (`_compact_now`), this process has not
+        compacted in this task or the `COMPACT_GAP` - 1 before it, and no shard it holds has
+        waited longer for its turn (so a shard due again soon cannot keep the others waiting);
+        or the shard has waited `COMPACT_DEFER` calls (a log stays within its bounds plus that
+        many calls' records); or its records of dropped rule groups must go."""
         if not self._compact_now(cur):
             return False
         if cur.compact or cur.due >= self.COMPACT_DEFER or (
-                self.task_compactions < self.COMPACT_PER_TASK
+                self.task - _TURNS.compacted >= self.COMPACT_GAP
                 and not any(h.due > cur.due for h in self._held.values() if h is not cur)):
             return True
         cur.due += 1
@@ -368,6 +370,22 @@ class _Held:
 
 
 UNKNOWN = object()  # NativeShardStore.timer when this process does not know it
+
+
+class _Turns:
+    """A worker process's tasks (one `NativeShardStore` each), numbered, and the last one that
+    compacted a shard (`NativeShardStore.COMPACT_GAP`)."""
+
+    def __init__(self) -> None:
+        self.tasks = 0
+        self.compacted = -(2**62)
+
+    def new_task(self) -> int:
+        self.tasks += 1
+        return self.tasks
+
+
+_TURNS = _Turns()
 
 
 def blob_records(blob: bytes) -> int:
