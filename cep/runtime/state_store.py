@@ -215,7 +215,6 @@ class NativeShardStore:
         self.reloads = 0  # calls that had to read the whole shard (the held copy was stale)
         self.compactions = 0
         self.task = _TURNS.new_task()
-        self.deferred = 0  # flushes that appended to a log due for a compaction (another had it)
         self.dropped = 0  # keys of rule groups that no longer exist, dropped on a reload
         # Where `flush` spends its time, in µs since the operator last reset them: the core
         # encoding the changed keys (`encode_us`), the state server's writes (`write_us`).
@@ -332,7 +331,6 @@ class NativeShardStore:
                 and not any(h.due > cur.due for h in self._held.values() if h is not cur)):
             return True
         cur.due += 1
-        self.deferred += 1
         return False
 
     def _compact_now(self, cur: _Held) -> bool:

@@ -18,8 +18,8 @@ them after the fork for that reason).
 
 Each forked worker also freezes its objects once its first task is done (`gc.freeze`, after a
 collection): PySpark's daemon runs a full collection (`gc.collect()`) after every task of a
-reused worker, and Python starts one on its own about as often, each walking every object the
-worker holds: PySpark, pandas, pyarrow, the rules (~92k objects). Measured in the live job
+reused worker, each walking every object the worker holds: PySpark, pandas, pyarrow, the rules
+(~92k objects), on the cores the next stage needs. Measured in the live job
 (session 14, `bench.latency` at 5,000 events/s, a gc callback timing each collection with the
 thread's CPU clock, load 7-14): one full collection per task in both the map-pass worker and
 the operator worker, 32-35 ms of CPU each (~23 per worker in a 10 s window), 2.7-3.5 ms once
