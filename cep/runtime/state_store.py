@@ -143,8 +143,8 @@ class NativeShardStore:
 
     Layout: a ListState of blobs the core writes (`Engine.export_blobs`: records of group, key,
     wake time and versioned `CEPNK` bytes, or none for a key whose state is gone), applied in
-    order, and a ValueState with `(token, log rows, log bytes, 0)` (the last field was the
-    bytes at the last compaction until session 12).
+    order, and a ValueState with `(token, log rows, log bytes, calls deferred)` (the last field
+    was the bytes at the last compaction until session 12, 0 until session 14: `_Held.due`).
     - A call starts with one state read, the token. When it is the token this process wrote last
       (the store is exactly as this process left it), the held `EngineState` is used as it is.
       Otherwise (another process ran the shard, Spark re-ran a batch after a failure, the rules
@@ -232,10 +232,12 @@ class NativeShardStore:
         # holds no copy of asks `exists` first; one it holds was written, so `get` alone (one
         # round trip, as before, in the steady state).
         row = self._meta.get() if held is not None or self._meta.exists() else None
-        # (token, log rows, log bytes, 0): the fourth field, the bytes at the last compaction,
-        # decided nothing since session 12; it is written as 0 so the tuple keeps its shape.
-        token, rows, size = ((b"", 0, 0) if row is None
-                             else pickle.loads(row[0])[:3])  # noqa: S301
+        # (token, log rows, log bytes, calls the log has waited for its compaction): the
+        # fourth field was the bytes at the last compaction until session 12 (a large count
+        # then: such a log, when due, is compacted at once) and 0 until session 14. It is in
+        # the store so that a shard another process ran next still gets its turn.
+        token, rows, size, due = ((b"", 0, 0, 0) if row is None
+                                  else pickle.loads(row[0])[:4])  # noqa: S301
         self._shard, self._engine = shard, engine
         if held is not None and held.token == token and held.engine is engine:
             self._cur = held
@@ -256,7 +258,7 @@ class NativeShardStore:
         self.dropped += dropped
         # Records of dropped groups leave the store at the next write (a compaction).
         self._cur = _Held(token, engine, state, rows, size, records, dropped > 0,
-                          UNKNOWN, 0)
+                          UNKNOWN, due)
 
     @property
     def timer(self) -> Any:
@@ -309,7 +311,7 @@ class NativeShardStore:
                 cur.records += sum(map(blob_records, blobs))
             self.writes += 1
             cur.token = os.urandom(8)
-            self._meta.update((pickle.dumps((cur.token, cur.rows, cur.size, 0),
+            self._meta.update((pickle.dumps((cur.token, cur.rows, cur.size, cur.due),
                                             protocol=5),))
             self.encode_us += int(1e6 * (t1 - t0))
             self.write_us += int(1e6 * (time.perf_counter() - t1))
@@ -365,6 +367,7 @@ class _Held:
     compact: bool  # compact at the next flush
     timer: Any  # the registered timer (None: none), or UNKNOWN
     due: int  # flushes since the log was first due for a compaction that another shard had
+    # (kept in the store's ValueState too: a reload by another process keeps the count)
 
 
 UNKNOWN = object()  # NativeShardStore.timer when this process does not know it

@@ -458,3 +458,31 @@ def test_a_deferred_compaction_waits_at_most_compact_defer_calls() -> None:
     assert compacted[first] == [0] and compacted[first + 1] == []
     assert compacted[first + 2] == [1, 2, 3, 4, 5, 6, 7]  # 1: its turn; the others waited 2
     assert all(h.due <= 2 for h in held.values())
+
+
+def test_a_deferred_compaction_is_bounded_when_tasks_alternate_between_processes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark may give a batch's task to another worker process: each call then reloads its
+    shard. The calls a shard waited for its compaction are counted in the store, not only in the
+    process, so every log is still compacted within `COMPACT_DEFER` calls of being due."""
+    from cep.runtime import state_store
+
+    engine = build_embedded_engine(RULES)
+    h = TaskHandles(8)
+    processes = [({}, state_store._Turns()), ({}, state_store._Turns())]
+    compacted, longest = [0] * 8, 0
+    for t in range(40):
+        held, turns = processes[t % 2]
+        monkeypatch.setattr(state_store, "_TURNS", turns)
+        store = NativeShardStore(h.log, h.meta, held)
+        store.COMPACT_SLACK, store.COMPACT_DEFER = 100, 4  # type: ignore[misc]
+        for s in range(8):
+            h.at = s
+            before = store.compactions
+            store.begin((f"s{s}",), engine)
+            engine.ingest_batch(store, _batch(_keys_stream(40, 50, t * 40), t * 40), NEG_INF)
+            store.flush()
+            compacted[s] += store.compactions - before
+            longest = max(longest, len(h.logs[s].rows))
+        assert store.reloads == 8
+    assert min(compacted) >= 3 and longest <= 12
