@@ -469,7 +469,7 @@ def test_a_deferred_compaction_is_bounded_when_tasks_alternate_between_processes
 
     engine = build_embedded_engine(RULES)
     h = TaskHandles(8)
-    processes = [({}, state_store._Turns()), ({}, state_store._Turns())]
+    processes: list[tuple[dict[Any, Any], Any]] = [({}, state_store._Turns()) for _ in range(2)]
     compacted, longest = [0] * 8, 0
     for t in range(40):
         held, turns = processes[t % 2]
