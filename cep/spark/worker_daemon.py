@@ -20,10 +20,12 @@ Each forked worker also freezes its objects once its first task is done (`gc.fre
 collection): PySpark's daemon runs a full collection (`gc.collect()`) after every task of a
 reused worker, each walking every object the worker holds: PySpark, pandas, pyarrow, the rules
 (~92k objects), on the cores the next stage needs. Measured in the live job
-(session 14, `bench.latency` at 5,000 events/s, a gc callback timing each collection with the
-thread's CPU clock, load 7-14): one full collection per task in both the map-pass worker and
-the operator worker, 32-35 ms of CPU each (~23 per worker in a 10 s window), 2.7-3.5 ms once
-frozen; a frozen object is never collected, and the few made by the first task stay.
+(session 14, `bench.latency` at 1,000 and 5,000 events/s, a gc callback timing each collection
+with the thread's CPU clock, load 11-17): one full collection per task in both the map-pass
+worker and the operator worker, medians of 32-41 ms of CPU each, 0.0-0.1 ms once frozen
+(bench/results/latency_live.md, session 14). The cycle collector skips a frozen object (its
+reference count still frees it): a reference cycle of the first task's objects that becomes
+garbage later stays, once per worker.
 
 Used on local masters only (`jobs.session.get_spark`), where the driver's venv is the workers'
 venv. On a cluster the executors' interpreter may not have this package installed when the
