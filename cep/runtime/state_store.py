@@ -327,6 +327,7 @@ class NativeShardStore:
         or the shard has waited `COMPACT_DEFER` calls (a log stays within its bounds plus that
         many calls' records); or its records of dropped rule groups must go."""
         if not self._compact_now(cur):
+            cur.due = 0  # (new keys can bring a log back within its bounds): not waiting
             return False
         if cur.compact or cur.due >= self.COMPACT_DEFER or (
                 self.task - _TURNS.compacted >= self.COMPACT_GAP

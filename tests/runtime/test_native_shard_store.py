@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import pickle
 from typing import Any
 
 import pyarrow as pa
@@ -486,3 +487,22 @@ def test_a_deferred_compaction_is_bounded_when_tasks_alternate_between_processes
             longest = max(longest, len(h.logs[s].rows))
         assert store.reloads == 8
     assert min(compacted) >= 3 and longest <= 12
+
+
+def test_a_log_back_within_its_bounds_no_longer_waits() -> None:
+    """A shard counted as waiting for its turn whose log is not due (new keys can bring a log
+    back within its bounds) waits no more, in the process and in the store: it keeps no other
+    shard waiting."""
+    engine = build_embedded_engine(RULES)
+    held: dict[Any, Any] = {}
+    log, meta = DictListState(), DictValueState()
+    store = NativeShardStore(log, meta, held)
+    store.begin(("s",), engine)
+    engine.ingest_batch(store, _batch(_keys_stream(40, 50, 0), 0), NEG_INF)
+    store.flush()
+    held[("s",)].due = 5  # as if it had waited five calls
+    store.begin(("s",), engine)
+    engine.ingest_batch(store, _batch(_keys_stream(40, 50, 40), 40), NEG_INF)
+    store.flush()
+    assert store.compactions == 0 and held[("s",)].due == 0
+    assert pickle.loads(meta.get()[0])[3] == 0  # noqa: S301
