@@ -581,8 +581,8 @@ def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
 
 # The operator's per-call stats (summed over a batch's calls, from the job's counters).
 _OP_COUNTERS = ("events", "python_us", "rows_in_us", "prepare_us", "engine_us", "store_us",
-                "state_writes", "state_reads", "state_reloads", "state_compactions",
-                "keys_touched")
+                "timer_us", "encode_us", "write_us", "state_writes", "state_reads",
+                "state_reloads", "state_compactions", "keys_touched")
 
 
 def _batch_detail(batches: dict[int, dict[str, Any]],
@@ -663,7 +663,10 @@ def logged_batches(log_text: str) -> list[dict[str, Any]]:
         total = dur.get("triggerExecution")
         out[q["batch"]] = {"batch": q["batch"], "start": start,
                            "end": None if total is None else start + total / 1000,
-                           "input_rows": q.get("input_rows"), "durations_ms": dur}
+                           "input_rows": q.get("input_rows"), "durations_ms": dur,
+                           "counters": q.get("counters"), "state_ms": q.get("state_ms"),
+                           "state_custom": q.get("state_custom"),
+                           "delivery": q.get("last_delivery")}
     return [out[b] for b in sorted(out)]
 
 
@@ -713,6 +716,46 @@ def alert_breakdown(producer: Producer, reader: RedisReader, batches: list[dict[
                        gap_s=None if prev_end is None else round(b["start"] - prev_end, 3))
         rows.append(row)
     return rows
+
+
+_ROCKSDB_KEYS = ("rocksdbCommitFlushLatency", "rocksdbCommitCheckpointLatency",
+                 "rocksdbTotalBytesWritten", "rocksdbPutLatency", "rocksdbWriterStallLatencyMs",
+                 "rocksdbTotalCompactionLatencyMs", "SnapshotLastUploaded.partition_0_default")
+
+
+def emitting_batches(batches: list[dict[str, Any]],
+                     rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every batch from the first to the last one that emitted an alert of `rows` (a phase's
+    sample, `alert_breakdown`), each with its phases (Spark's durationMs, the collect and the
+    sinks of our delivery, the state store's update and commit times and RocksDB's flush) and
+    the operator's time in it (the change of the job's counters, logged with each progress
+    report, since the previous batch): where a long batch's time went. `long`: the batches over
+    twice the span's median duration."""
+    ids = [r["batch"] for r in rows if "batch" in r]
+    if not ids:
+        return {"batches": [], "median_ms": None, "long": []}
+    by_id = {b["batch"]: b for b in batches}
+    out = []
+    for i in range(min(ids), max(ids) + 1):
+        b = by_id.get(i)
+        if b is None:
+            continue
+        dur = b.get("durations_ms") or {}
+        prev = (by_id.get(i - 1) or {}).get("counters")
+        now = b.get("counters")
+        op = ({k: int(now.get(k, 0)) - int(prev.get(k, 0)) for k in _OP_COUNTERS}
+              if now and prev else None)
+        custom = b.get("state_custom") or {}
+        delivery = b.get("delivery") or {}
+        out.append({"batch": i, "start": b["start"], "ms": dur.get("triggerExecution"),
+                    "input_rows": b.get("input_rows"), "durations_ms": dur,
+                    "collect_ms": delivery.get("collect_ms"), "sinks_ms": delivery.get("sinks_ms"),
+                    "operator": op, "state_ms": b.get("state_ms"),
+                    "rocksdb": {k: custom[k] for k in _ROCKSDB_KEYS if k in custom}})
+    durations = [b["ms"] for b in out if isinstance(b["ms"], int | float)]
+    med = _med(durations)
+    return {"batches": out, "median_ms": med,
+            "long": [b["batch"] for b in out if med and (b["ms"] or 0) > 2 * med]}
 
 
 def breakdown_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -866,6 +909,7 @@ def run_variant(services: Services, work: Path, variant: Variant,
                                ph.measure_from, ph.end)
         st["breakdown"] = breakdown_summary(rows)
         st["alerts_detail"] = rows
+        st["emitting_batches"] = emitting_batches(logged, rows)
         st["batch_times"] = [{k: b[k] for k in ("batch", "start", "end", "input_rows")}
                              for b in logged if ph.measure_from - 5 <= b["start"] < ph.end + 5]
     expected_keys = set(producer.completing)
@@ -879,6 +923,10 @@ def run_variant(services: Services, work: Path, variant: Variant,
             f"job CPU {s['job_cpu_cores']} cores = {s['job_cpu_us_per_row']} us/row")
         log(f"[latency] {variant.name} @ {s['rate_target']}/s: where latency - LATENESS went "
             f"(medians, s): {json.dumps(s['breakdown'])}")
+        span = s["emitting_batches"]
+        log(f"[latency] {variant.name} @ {s['rate_target']}/s: the batches that emitted its "
+            f"alerts: {len(span['batches'])}, median {span['median_ms']} ms, over twice that: "
+            f"{[(b['batch'], b['ms']) for b in span['batches'] if b['batch'] in span['long']]}")
     return {
         "name": variant.name, "lateness": variant.lateness or f"{BENCH_LATENESS} (bench rules)",
         "trigger": variant.trigger, "command": job.command, "startup_s": round(startup, 1),

@@ -227,11 +227,11 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
     proc = op.CepProcessor(RulesEngineFactory.from_path(RULES), output_rows, DELAY_MS,
                            shards=shards)
     handle = Handle(shard)
-    proc.init(handle)  # type: ignore[arg-type]
     wm, out = 0, []
     n = int(rate * batch_s)
     for b in range(batches):
         frames = batch_frames(b, n, rate, shards)
+        proc.init(handle)  # type: ignore[arg-type]  # as Spark: once per task (micro-batch)
         cpu = time.process_time()
         cpu_in.update({k: 0.0 for k in cpu_in})
         written = sum(x.written for x in handle.lists)

@@ -41,7 +41,8 @@ def main() -> int:
     shard = ShardState()
     proc = op.CepProcessor(RulesEngineFactory.from_path(RULES), output_rows, DELAY_MS,
                            shards=SHARDS)
-    proc.init(Handle(shard))  # type: ignore[arg-type]
+    handle = Handle(shard)
+    proc.init(handle)  # type: ignore[arg-type]
     export = {"cpu": 0.0, "records": 0}
     engine: Any = proc.engine
     core = engine.core
@@ -61,6 +62,8 @@ def main() -> int:
     wm, steady = 0, [0.0, 0.0, 0]
     for b, by_shard in enumerate(todo):
         export.update(cpu=0.0, records=0)
+        if b:
+            proc.init(handle)  # type: ignore[arg-type]  # as Spark: once per task (micro-batch)
         cpu = time.process_time()
         for s, frame in sorted(by_shard.items()):
             shard.at = (s,)

@@ -188,7 +188,11 @@ class Metrics:
                 state_custom=ops[0].get("customMetrics"),
                 sources=[{"end": s.get("endOffset")} for s in progress.get("sources", [])],
             )
-        log.info("progress %s", json.dumps(self.queries[name], default=str))
+            # The log's copy also carries the counters (the operator's stats summed over the
+            # job so far, this batch's included: its delivery ran first), so that a batch's
+            # operator figures can be read from the log (bench.latency's per-batch detail).
+            logged = {**self.queries[name], "counters": dict(self.counters)}
+        log.info("progress %s", json.dumps(logged, default=str))
         self.write()
 
     def snapshot(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ Timeline (seconds, LATENESS 5 s; the completing event produced at t=100.0 with e
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -23,6 +24,7 @@ from bench.latency import (
     LatencyBenchError,
     alert_breakdown,
     breakdown_summary,
+    emitting_batches,
     lateness_ms,
     logged_batches,
     rules_lateness,
@@ -85,6 +87,31 @@ def test_batches_come_from_the_jobs_progress_lines() -> None:
     (b,) = logged_batches(log)
     assert b["batch"] == 3 and b["input_rows"] == 10
     assert b["end"] - b["start"] == pytest.approx(0.4)
+
+
+def test_the_batches_that_emitted_a_phases_alerts_with_the_operators_time_in_each() -> None:
+    """From the job's progress lines (jobs/metrics.py logs the job's counters with each): every
+    batch from the first to the last that emitted an alert, the operator's figures as the
+    change of the counters since the batch before, and the batches over twice the median."""
+    def line(batch: int, ms: int, compactions: int, store_us: int) -> str:
+        return "x INFO cep.metrics progress " + json.dumps({
+            "batch": batch, "started": f"2026-11-26T02:39:5{batch}.000Z",
+            "durations_ms": {"triggerExecution": ms}, "input_rows": 10,
+            "counters": {"state_compactions": compactions, "store_us": store_us,
+                         "events": 100 * batch},
+            "last_delivery": {"collect_ms": 7}})
+    log = "\n".join([line(2, 400, 0, 1000), line(3, 400, 0, 1500), line(4, 1300, 8, 90_000),
+                     line(5, 500, 8, 91_000), line(6, 400, 8, 91_200)])
+    rows = [{"batch": 5}, {"batch": 3}, {}, {"batch": 4}]  # an alert with no batch is left out
+    span = emitting_batches(logged_batches(log), rows)
+    assert [b["batch"] for b in span["batches"]] == [3, 4, 5]
+    assert span["median_ms"] == 500 and span["long"] == [4]
+    by = {b["batch"]: b for b in span["batches"]}
+    assert by[4]["operator"]["state_compactions"] == 8 and by[4]["operator"]["store_us"] == 88_500
+    assert by[5]["operator"]["state_compactions"] == 0 and by[3]["operator"]["events"] == 100
+    assert by[3]["collect_ms"] == 7
+    assert emitting_batches(logged_batches(log), [{}]) == {"batches": [], "median_ms": None,
+                                                           "long": []}
 
 
 def test_lateness_in_ms() -> None:

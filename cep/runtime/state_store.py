@@ -143,8 +143,8 @@ class NativeShardStore:
 
     Layout: a ListState of blobs the core writes (`Engine.export_blobs`: records of group, key,
     wake time and versioned `CEPNK` bytes, or none for a key whose state is gone), applied in
-    order, and a ValueState with `(token, log rows, log bytes, 0)` (the last field was the
-    bytes at the last compaction until session 12).
+    order, and a ValueState with `(token, log rows, log bytes, calls deferred)` (the last field
+    was the bytes at the last compaction until session 12, 0 until session 14: `_Held.due`).
     - A call starts with one state read, the token. When it is the token this process wrote last
       (the store is exactly as this process left it), the held `EngineState` is used as it is.
       Otherwise (another process ran the shard, Spark re-ran a batch after a failure, the rules
@@ -176,6 +176,16 @@ class NativeShardStore:
     MAX_ROWS = 1024  # past this, compact whatever the records
     COMPACT_SLACK = 16_384  # records
     COMPACT_SLACK_BYTES = 16 << 20
+    # Compactions are spread over micro-batches: a worker process compacts one shard in a task
+    # at most (the operator makes one store per Spark task: one task per micro-batch in the live
+    # job), and none in the `COMPACT_GAP` - 1 tasks after it (an alert's latency spans two
+    # batches, the one running when the alert is released and the one that emits it: two long
+    # batches in a row are the tail). A shard whose log is due waits for a later task, at most
+    # `COMPACT_DEFER` of its calls. A job's shards grow alike (keys are hashed over them), so
+    # they passed the bounds in the same call: all 8 shards were rewritten in one micro-batch
+    # (docs/spark-runtime.md, "Long micro-batches").
+    COMPACT_GAP = 2  # tasks
+    COMPACT_DEFER = 64
     # A shard's keys stay decoded between calls while their bytes total at most this
     # (`EngineState.keep_decoded`): a call then neither decodes the keys it reaches nor
     # re-encodes keys it did not change; the rest are held as bytes. A decoded fraud key
@@ -204,6 +214,7 @@ class NativeShardStore:
         self.reads = 0  # log rows read on reloads
         self.reloads = 0  # calls that had to read the whole shard (the held copy was stale)
         self.compactions = 0
+        self.task = _TURNS.new_task()
         self.dropped = 0  # keys of rule groups that no longer exist, dropped on a reload
         # Where `flush` spends its time, in µs since the operator last reset them: the core
         # encoding the changed keys (`encode_us`), the state server's writes (`write_us`).
@@ -221,10 +232,12 @@ class NativeShardStore:
         # holds no copy of asks `exists` first; one it holds was written, so `get` alone (one
         # round trip, as before, in the steady state).
         row = self._meta.get() if held is not None or self._meta.exists() else None
-        # (token, log rows, log bytes, 0): the fourth field, the bytes at the last compaction,
-        # decided nothing since session 12; it is written as 0 so the tuple keeps its shape.
-        token, rows, size = ((b"", 0, 0) if row is None
-                             else pickle.loads(row[0])[:3])  # noqa: S301
+        # (token, log rows, log bytes, calls the log has waited for its compaction): the
+        # fourth field was the bytes at the last compaction until session 12 (a large count
+        # then: such a log, when due, is compacted at once) and 0 until session 14. It is in
+        # the store so that a shard another process ran next still gets its turn.
+        token, rows, size, due = ((b"", 0, 0, 0) if row is None
+                                  else pickle.loads(row[0])[:4])  # noqa: S301
         self._shard, self._engine = shard, engine
         if held is not None and held.token == token and held.engine is engine:
             self._cur = held
@@ -245,7 +258,7 @@ class NativeShardStore:
         self.dropped += dropped
         # Records of dropped groups leave the store at the next write (a compaction).
         self._cur = _Held(token, engine, state, rows, size, records, dropped > 0,
-                          UNKNOWN)
+                          UNKNOWN, due)
 
     @property
     def timer(self) -> Any:
@@ -271,7 +284,7 @@ class NativeShardStore:
         try:
             core = self._engine.core
             t0 = time.perf_counter()
-            if self._compact_now(cur):
+            if self._compact_turn(cur):
                 blobs = core.export_blobs(cur.state, True)
                 t1 = time.perf_counter()
                 if blobs:
@@ -279,6 +292,8 @@ class NativeShardStore:
                 else:
                     self._log.clear()
                 self.compactions += 1
+                _TURNS.compacted = self.task
+                cur.due = 0
                 cur.rows = len(blobs)
                 cur.size = sum(len(b) for b in blobs)
                 cur.records = sum(map(blob_records, blobs))
@@ -296,7 +311,7 @@ class NativeShardStore:
                 cur.records += sum(map(blob_records, blobs))
             self.writes += 1
             cur.token = os.urandom(8)
-            self._meta.update((pickle.dumps((cur.token, cur.rows, cur.size, 0),
+            self._meta.update((pickle.dumps((cur.token, cur.rows, cur.size, cur.due),
                                             protocol=5),))
             self.encode_us += int(1e6 * (t1 - t0))
             self.write_us += int(1e6 * (time.perf_counter() - t1))
@@ -304,6 +319,22 @@ class NativeShardStore:
         except BaseException:
             self._held.pop(self._shard, None)
             raise
+
+    def _compact_turn(self, cur: _Held) -> bool:
+        """Whether this flush compacts: the log is due (`_compact_now`), this process has not
+        compacted in this task or the `COMPACT_GAP` - 1 before it, and no shard it holds has
+        waited longer for its turn (so a shard due again soon cannot keep the others waiting);
+        or the shard has waited `COMPACT_DEFER` calls (a log stays within its bounds plus that
+        many calls' records); or its records of dropped rule groups must go."""
+        if not self._compact_now(cur):
+            cur.due = 0  # (new keys can bring a log back within its bounds): not waiting
+            return False
+        if cur.compact or cur.due >= self.COMPACT_DEFER or (
+                self.task - _TURNS.compacted >= self.COMPACT_GAP
+                and not any(h.due > cur.due for h in self._held.values() if h is not cur)):
+            return True
+        cur.due += 1
+        return False
 
     def _compact_now(self, cur: _Held) -> bool:
         """Whether this flush rewrites the log as the current keys (the class docstring)."""
@@ -336,9 +367,27 @@ class _Held:
     records: int  # key records in the log (a key's latest supersedes its earlier ones)
     compact: bool  # compact at the next flush
     timer: Any  # the registered timer (None: none), or UNKNOWN
+    due: int  # flushes since the log was first due for a compaction that another shard had
+    # (kept in the store's ValueState too: a reload by another process keeps the count)
 
 
 UNKNOWN = object()  # NativeShardStore.timer when this process does not know it
+
+
+class _Turns:
+    """A worker process's tasks (one `NativeShardStore` each), numbered, and the last one that
+    compacted a shard (`NativeShardStore.COMPACT_GAP`)."""
+
+    def __init__(self) -> None:
+        self.tasks = 0
+        self.compacted = -(2**62)
+
+    def new_task(self) -> int:
+        self.tasks += 1
+        return self.tasks
+
+
+_TURNS = _Turns()
 
 
 def blob_records(blob: bytes) -> int:

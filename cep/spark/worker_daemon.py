@@ -16,6 +16,17 @@ plain Python that starts no thread. Nothing else is preloaded: pandas and pyarro
 native threads, and a process must not fork with threads running (the stock daemon imports
 them after the fork for that reason).
 
+Each forked worker also freezes its objects once its first task is done (`gc.freeze`, after a
+collection): PySpark's daemon runs a full collection (`gc.collect()`) after every task of a
+reused worker, each walking every object the worker holds: PySpark, pandas, pyarrow, the rules
+(~92k objects), on the cores the next stage needs. Measured in the live job
+(session 14, `bench.latency` at 1,000 and 5,000 events/s, a gc callback timing each collection
+with the thread's CPU clock, load 11-17): one full collection per task in both the map-pass
+worker and the operator worker, medians of 32-41 ms of CPU each, 0.0-0.1 ms once frozen
+(bench/results/latency_live.md, session 14). The cycle collector skips a frozen object (its
+reference count still frees it): a reference cycle of the first task's objects that becomes
+garbage later stays, once per worker.
+
 Used on local masters only (`jobs.session.get_spark`), where the driver's venv is the workers'
 venv. On a cluster the executors' interpreter may not have this package installed when the
 daemon starts (pyFiles arrive with the first task), so the stock daemon is kept there.
@@ -23,7 +34,10 @@ daemon starts (pyFiles arrive with the first task), so the stock daemon is kept 
 
 from __future__ import annotations
 
+import gc
 import sys
+from collections.abc import Callable
+from typing import Any
 
 
 def _drop_spark_zips(path: list[str]) -> list[str]:
@@ -32,6 +46,24 @@ def _drop_spark_zips(path: list[str]) -> list[str]:
     return [p for p in path
             if not (p.endswith("pyspark.zip") or (p.rsplit("/", 1)[-1].startswith("py4j-")
                                                   and p.endswith("-src.zip")))]
+
+
+def freeze_after_first_task(worker: Callable[..., int]) -> Callable[..., int]:
+    """`pyspark.daemon.worker` (one task of a forked worker) that, after the worker's first
+    task, collects once and freezes what is left (the module docstring). The flag is copied
+    into each forked worker, so each freezes once."""
+    frozen = False
+
+    def run(*args: Any) -> int:
+        nonlocal frozen
+        code = worker(*args)
+        if not frozen:
+            frozen = True
+            gc.collect()
+            gc.freeze()
+        return code
+
+    return run
 
 
 def main() -> None:
@@ -50,6 +82,7 @@ def main() -> None:
 
     import cep.engines  # noqa: F401
 
+    daemon.worker = freeze_after_first_task(daemon.worker)  # the name manager() calls
     daemon.manager()
 
 

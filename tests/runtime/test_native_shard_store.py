@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import pickle
 from typing import Any
 
 import pyarrow as pa
@@ -374,3 +375,134 @@ def test_the_row_bound_compacts_early_only_what_has_superseded_records(
         assert len(log.rows) <= 10
     assert at and at[0] == first_at and all(r >= 4 for r in at)
     assert stored_keys(engine, log) == len(held[("s",)].state)
+
+
+class TaskHandles:
+    """One task's ListState and ValueState handles over several shards, as Spark gives them to
+    the operator: each call reads and writes the state of the shard it is for (`at`)."""
+
+    def __init__(self, shards: int) -> None:
+        self.logs = [DictListState() for _ in range(shards)]
+        self.metas = [DictValueState() for _ in range(shards)]
+        self.at = 0
+        handles = self
+
+        class Handle:
+            def __init__(self, states: list[Any]) -> None:
+                self.states = states
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.states[handles.at], name)
+
+        self.log, self.meta = Handle(self.logs), Handle(self.metas)
+
+
+def _tasks(engine: Any, shards: int, tasks: int, held: dict[Any, Any],
+           **policy: int) -> tuple[TaskHandles, list[list[int]]]:
+    """`tasks` micro-batches of one task each calling every shard in turn (the live job: one
+    stateful task, one store per task), the same 50 keys per shard rewritten every call.
+    Returns the handles and, per task, the shards it compacted."""
+    h = TaskHandles(shards)
+    compacted = []
+    for t in range(tasks):
+        store = NativeShardStore(h.log, h.meta, held)
+        for name, value in policy.items():
+            setattr(store, name, value)
+        got = []
+        for s in range(shards):
+            h.at = s
+            before = store.compactions
+            store.begin((f"s{s}",), engine)
+            engine.ingest_batch(store, _batch(_keys_stream(40, 50, t * 40), t * 40), NEG_INF)
+            store.flush()
+            if store.compactions > before:
+                got.append(s)
+        compacted.append(got)
+    return h, compacted
+
+
+def test_a_task_compacts_one_shard_and_the_others_follow_in_later_tasks() -> None:
+    """Shards that grow alike pass the compaction bound in the same call; a task compacts one
+    of them, every second task (`COMPACT_GAP`), the others in turn (the live job's 8 shards were
+    all rewritten in one micro-batch). Each shard's log still replays to its held keys, and a
+    process that reloads the shards gives the same alerts as the one holding them."""
+    engine = build_embedded_engine(RULES)
+    held: dict[Any, Any] = {}
+    h, compacted = _tasks(engine, 8, 40, held, COMPACT_SLACK=100)
+    assert all(len(c) <= 1 for c in compacted)
+    assert not any(a and b for a, b in zip(compacted, compacted[1:]))  # never two in a row
+    firsts = [next(t for t, c in enumerate(compacted) if s in c) for s in range(8)]
+    assert firsts == list(range(firsts[0], firsts[0] + 16, 2))  # in turn
+    _, every_task = _tasks(engine, 8, 24, {}, COMPACT_SLACK=100, COMPACT_GAP=1)
+    assert [c for c in every_task if c][:8] == [[s] for s in range(8)]
+    next_batch = _batch(_keys_stream(40, 50, 40 * 40), 40 * 40)
+    for s in range(8):
+        assert stored_keys(engine, h.logs[s]) == len(held[(f"s{s}",)].state)
+        outs = []
+        for handles, process in (((copy.deepcopy(h.logs[s]), copy.deepcopy(h.metas[s])), {}),
+                                 ((h.logs[s], h.metas[s]), held)):
+            store = NativeShardStore(*handles, process)
+            store.begin((f"s{s}",), engine)
+            outs.append(_records(engine, engine.ingest_batch(store, next_batch, 4_000)))
+            assert store.reloads == (process is not held)
+        assert outs[0] == outs[1] and outs[0]
+
+
+def test_a_deferred_compaction_waits_at_most_compact_defer_calls() -> None:
+    """With 8 shards due at once and `COMPACT_DEFER` 2, the shards that waited two calls are
+    compacted whatever the process did just before: a log is never more than that many calls
+    past its bound."""
+    engine = build_embedded_engine(RULES)
+    held: dict[Any, Any] = {}
+    _, compacted = _tasks(engine, 8, 12, held, COMPACT_SLACK=100, COMPACT_DEFER=2)
+    first = next(t for t, c in enumerate(compacted) if c)
+    assert compacted[first] == [0] and compacted[first + 1] == []
+    assert compacted[first + 2] == [1, 2, 3, 4, 5, 6, 7]  # 1: its turn; the others waited 2
+    assert all(h.due <= 2 for h in held.values())
+
+
+def test_a_deferred_compaction_is_bounded_when_tasks_alternate_between_processes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark may give a batch's task to another worker process: each call then reloads its
+    shard. The calls a shard waited for its compaction are counted in the store, not only in the
+    process, so every log is still compacted within `COMPACT_DEFER` calls of being due."""
+    from cep.runtime import state_store
+
+    engine = build_embedded_engine(RULES)
+    h = TaskHandles(8)
+    processes: list[tuple[dict[Any, Any], Any]] = [({}, state_store._Turns()) for _ in range(2)]
+    compacted, longest = [0] * 8, 0
+    for t in range(40):
+        held, turns = processes[t % 2]
+        monkeypatch.setattr(state_store, "_TURNS", turns)
+        store = NativeShardStore(h.log, h.meta, held)
+        store.COMPACT_SLACK, store.COMPACT_DEFER = 100, 4  # type: ignore[misc]
+        for s in range(8):
+            h.at = s
+            before = store.compactions
+            store.begin((f"s{s}",), engine)
+            engine.ingest_batch(store, _batch(_keys_stream(40, 50, t * 40), t * 40), NEG_INF)
+            store.flush()
+            compacted[s] += store.compactions - before
+            longest = max(longest, len(h.logs[s].rows))
+        assert store.reloads == 8
+    assert min(compacted) >= 3 and longest <= 12
+
+
+def test_a_log_back_within_its_bounds_no_longer_waits() -> None:
+    """A shard counted as waiting for its turn whose log is not due (new keys can bring a log
+    back within its bounds) waits no more, in the process and in the store: it keeps no other
+    shard waiting."""
+    engine = build_embedded_engine(RULES)
+    held: dict[Any, Any] = {}
+    log, meta = DictListState(), DictValueState()
+    store = NativeShardStore(log, meta, held)
+    store.begin(("s",), engine)
+    engine.ingest_batch(store, _batch(_keys_stream(40, 50, 0), 0), NEG_INF)
+    store.flush()
+    held[("s",)].due = 5  # as if it had waited five calls
+    store.begin(("s",), engine)
+    engine.ingest_batch(store, _batch(_keys_stream(40, 50, 40), 40), NEG_INF)
+    store.flush()
+    assert store.compactions == 0 and held[("s",)].due == 0
+    assert pickle.loads(meta.get()[0])[3] == 0  # noqa: S301
