@@ -23,7 +23,7 @@ use crate::json::{parse_row, ColsCache};
 use crate::expr::{Cols, Ev, Row};
 use crate::value::Value;
 use crate::family::{self, FOut, FState, Family};
-use crate::matcher::{Core, MState, Out, NO_CID};
+use crate::matcher::{shrink, Core, MState, Out, NO_CID};
 use crate::keycodec::{self, KeyEnc, Known, Src};
 use crate::keys::{prefetch, Id, Keys, TooManyKeys};
 use crate::{build_core, panic_message, CoreError};
@@ -97,6 +97,22 @@ struct KeyState {
     /// The states of the engine's rule families (`family.rs`) by family index; written to
     /// bytes as their members' parts.
     fams: Vec<(u32, FState)>,
+}
+
+/// From this many decoded keys on, a key's state is compacted (`KeyState::compact`) each time
+/// it is put back: with few keys the spare room is cheap (in cache, reused at the key's next
+/// event); with many, each key is a cache miss and its spare room fresh pages to zero.
+const COMPACT_FROM: usize = 1 << 16;
+
+impl KeyState {
+    /// Give back the spare room of the state's vectors (`MState::compact`).
+    fn compact(&mut self) {
+        shrink(&mut self.buffer);
+        shrink(&mut self.parts);
+        for p in &mut self.parts {
+            p.state.compact();
+        }
+    }
 }
 
 /// A key's slot in `EngineState::keys`: its decoded state (None while the key is held as bytes
@@ -689,7 +705,11 @@ fn advance_key(
         counts.released += 1;
         return Ok(());
     }
-    st.put_state(id, Some(KeyState { buffer, parts: kept, fams: kept_fams }));
+    let mut ks = KeyState { buffer, parts: kept, fams: kept_fams };
+    if st.decoded >= COMPACT_FROM {
+        ks.compact();
+    }
+    st.put_state(id, Some(ks));
     let when = match due {
         None => AT_END,
         Some(d) => d.saturating_add(g.lateness).saturating_add(1),
