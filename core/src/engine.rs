@@ -99,9 +99,10 @@ struct KeyState {
     fams: Vec<(u32, FState)>,
 }
 
-/// From this many decoded keys on, a key's state is compacted (`KeyState::compact`) each time
-/// it is put back: with few keys the spare room is cheap (in cache, reused at the key's next
-/// event); with many, each key is a cache miss and its spare room fresh pages to zero.
+/// From this many decoded keys on (by default), a key's state is compacted
+/// (`KeyState::compact`) each time it is put back: with few keys the spare room is cheap (in
+/// cache, reused at the key's next event); with many, each key is a cache miss and its spare
+/// room fresh pages to zero.
 const COMPACT_FROM: usize = 1 << 16;
 
 impl KeyState {
@@ -150,6 +151,9 @@ pub struct EngineState {
     /// Decoded keys stay decoded after an export while their bytes total at most this much
     /// (the others are held as bytes).
     keep_decoded: usize,
+    /// From this many decoded keys on, a key's state is compacted when it is put back
+    /// (`KeyState::compact`; `COMPACT_FROM` unless given).
+    compact_from: usize,
     /// The keys whose slot holds a decoded state (`take_state`, `put_state`): with the keys
     /// in `raw` (never both at once) the keys with state, `len()`, without a lookup per key.
     decoded: usize,
@@ -283,11 +287,12 @@ impl EngineState {
     /// export, keys stay decoded (the next call that reaches them does not decode them again,
     /// the next export does not encode them again unless they changed) while their encoded
     /// bytes total at most this many; the others are held as bytes. A decoded fraud key takes
-    /// ~16x its bytes in memory.
+    /// ~16x its bytes in memory. `compact_from`: from this many decoded keys on, a key's
+    /// state gives back its vectors' spare room each time it is put back (0: always; tests).
     #[new]
-    #[pyo3(signature = (track_dirty=false, keep_decoded=0))]
-    fn new(track_dirty: bool, keep_decoded: usize) -> Self {
-        Self { track_dirty, keep_decoded, ..Self::default() }
+    #[pyo3(signature = (track_dirty=false, keep_decoded=0, compact_from=COMPACT_FROM))]
+    fn new(track_dirty: bool, keep_decoded: usize, compact_from: usize) -> Self {
+        Self { track_dirty, keep_decoded, compact_from, ..Self::default() }
     }
 
     /// The number of keys with state.
@@ -706,7 +711,7 @@ fn advance_key(
         return Ok(());
     }
     let mut ks = KeyState { buffer, parts: kept, fams: kept_fams };
-    if st.decoded >= COMPACT_FROM {
+    if st.decoded >= st.compact_from {
         ks.compact();
     }
     st.put_state(id, Some(ks));

@@ -289,6 +289,40 @@ def test_keys_held_as_bytes_between_calls_match_the_python_engine(batch: int,
     assert len(state) == 0 and state.wake_len() == 0
 
 
+@pytest.mark.parametrize("batch", [1, 37])
+def test_compacted_key_states_match_the_python_engine(batch: int) -> None:
+    """Every key's state compacted each time it is put back (`compact_from=0`; by default only
+    from 65,536 decoded keys on, docs/native-core.md "Compact key state (session 14)"): runs,
+    entries and captures given back their spare room and grown again by the next events give
+    the Python engine's results, late reports, keys with state, wake keys and next wake, call
+    by call, and the same at the end of input."""
+    from cep import _core
+
+    events = _waves(600, seed=100 + batch)
+    ruleset = native_bundled()
+    python = build_engine(ruleset, use_native=False)
+    native = build_embedded_engine(ruleset)
+    core = native.core
+    state = _core.EngineState(compact_from=0)
+    py_store, max_ts, n_results = MemoryKeyStore(), NEG_INF, 0
+    for i in range(0, len(events), batch):
+        chunk = events[i:i + batch]
+        want = python.ingest(py_store, chunk, max_ts)
+        got, late, *_ = core.ingest_arrow(state, _batch(chunk, False), max_ts)
+        assert _records(native, got) == _records(python, want.matches)
+        assert [(tuple(ids), key, chunk[j].seq) for ids, key, j, _ in late] == \
+            [(tuple(x.rule_ids), x.key, x.event.seq) for x in want.late]
+        n_results += len(got)
+        assert len(state) == len(py_store.states)
+        assert state.wake_len() == len(py_store.wake)
+        assert core.next_wake(state) == python.next_wake(py_store)
+        max_ts = max(max_ts, max(e.ts for e in chunk))
+    end = python.advance(py_store, max_ts, end_of_input=max_ts).matches
+    got, *_ = core.ingest_arrow(state, _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
+    assert _records(native, got) == _records(python, end)
+    assert n_results + len(got) > 0 and len(state) == 0
+
+
 class _Raising(Mapping[str, Any]):
     """An event's data whose `amount` cannot be read: the rules' condition raises (a
     condition's own errors give NULL, docs/semantics.md; a failing read of the event does not)."""
