@@ -840,6 +840,19 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
             prefetch(ks.parts.as_ptr());
         }
     }
+    // A key's partial matches, a level per stage: runs, their entries, the first entry's
+    // captures, their vector, its first event (what `advance` reads for the deadline, and what
+    // a key due by time alone, with no new event, reaches first).
+    if let Some(&id) = due.get(k + 5) {
+        for p in parts_of(st, id) {
+            prefetch(p.state.runs.as_ptr());
+        }
+    }
+    if let Some(&id) = due.get(k + 4) {
+        for r in runs_of(st, id) {
+            prefetch(r.entries.as_ptr());
+        }
+    }
     if let Some(&id) = due.get(k + 3) {
         let s = st.keys.slot(id);
         for it in s.val.new.iter().take(AHEAD_EVENTS) {
@@ -852,10 +865,8 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
                 (None, None) => {}
             }
         }
-        if let Some(ks) = &s.val.state {
-            for p in &ks.parts {
-                prefetch(p.state.runs.as_ptr());
-            }
+        for e in runs_of(st, id).filter_map(|r| r.entries.first()) {
+            prefetch_arc(&e.caps);
         }
     }
     let evs_of = |id: Id| {
@@ -865,11 +876,30 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
         for r in evs_of(id).filter_map(|ev| ev.row.as_ref()) {
             prefetch(Arc::as_ptr(r));
         }
+        for e in runs_of(st, id).filter_map(|r| r.entries.first()) {
+            prefetch(e.caps.v.as_ptr());
+        }
     }
     if let Some(&id) = due.get(k + 1) {
         evs_of(id).for_each(prefetch_row);
+        for c in runs_of(st, id).filter_map(|r| r.entries.first()).filter_map(|e| e.caps.first()) {
+            prefetch_arc(&c.ev);
+        }
     }
 }
+
+/// The parts of the key's decoded state (none while it is held as bytes).
+fn parts_of(st: &EngineState, id: Id) -> &[Part] {
+    st.keys.slot(id).val.state.as_ref().map_or(&[], |ks| &ks.parts)
+}
+
+/// The runs of the key's parts (`prefetch_ahead`: a few per key).
+fn runs_of(st: &EngineState, id: Id) -> impl Iterator<Item = &crate::matcher::Run> {
+    parts_of(st, id).iter().flat_map(|p| &p.state.runs).take(AHEAD_RUNS)
+}
+
+/// The runs per key whose entries and first captures `prefetch_ahead` brings in ahead.
+const AHEAD_RUNS: usize = 8;
 
 /// The events per key that `prefetch_ahead` brings in ahead.
 const AHEAD_EVENTS: usize = 16;
