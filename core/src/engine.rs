@@ -1796,4 +1796,42 @@ mod tests {
             assert!(size <= max, "{name} grew to {size} B (was {max} B): if meant, say so here and in the docs");
         }
     }
+
+    /// `KeyState::compact` gives back the spare room of the buffer, parts, runs, entries and of
+    /// the captures one entry holds alone; captures two entries share keep theirs (the same
+    /// `Arc`, not copied), and every position, capture and deadline is kept.
+    #[test]
+    fn compact_gives_back_spare_room_and_leaves_shared_captures() {
+        let row = Arc::new(Row { cols: Arc::new(Cols { names: Vec::new(), py_names: Vec::new() }), vals: Vec::new() });
+        let ev = Arc::new(Ev::from_row_lazy(row, 1, 10));
+        let caps = |n: u32| {
+            let mut v = Vec::with_capacity(8);
+            v.extend((0..n).map(|var| Cap { var, row: 0, ev: ev.clone() }));
+            Arc::new(CapVec::from(v))
+        };
+        let shared = caps(2);
+        let mut entries = Vec::with_capacity(8);
+        entries.push(Entry { pos: 1, caps: caps(1) });
+        entries.push(Entry { pos: 2, caps: shared.clone() });
+        entries.push(Entry { pos: 3, caps: shared.clone() });
+        let mut runs = Vec::with_capacity(4);
+        runs.push(Run { start: 10, entries, tpart: Some(caps(3)), matched: false });
+        let mut parts = Vec::with_capacity(4);
+        parts.push(Part { fp: 7, state: MState { row: 0, runs, deadline: Some(20) } });
+        let mut ks = KeyState { buffer: Vec::with_capacity(4), parts, fams: Vec::new() };
+        ks.compact();
+        assert_eq!((ks.buffer.capacity(), ks.parts.capacity()), (0, 1));
+        let m = &ks.parts[0].state;
+        assert_eq!((ks.parts[0].fp, m.deadline, m.runs.capacity()), (7, Some(20), 1));
+        let r = &m.runs[0];
+        assert_eq!((r.start, r.entries.capacity()), (10, 3));
+        assert_eq!(r.entries.iter().map(|e| e.pos).collect::<Vec<_>>(), [1, 2, 3]);
+        let alone = &r.entries[0].caps;
+        assert_eq!((alone.v.len(), alone.v.capacity(), alone[0].var), (1, 1, 0));
+        assert!(Arc::ptr_eq(&alone[0].ev, &ev));
+        let t = r.tpart.as_ref().expect("tpart kept");
+        assert_eq!((t.v.len(), t.v.capacity()), (3, 3));
+        assert!(Arc::ptr_eq(&r.entries[1].caps, &shared) && Arc::ptr_eq(&r.entries[2].caps, &shared));
+        assert_eq!((shared.v.len(), shared.v.capacity()), (2, 8), "shared captures left as they are");
+    }
 }
