@@ -149,11 +149,16 @@ impl<V: Default> Keys<V> {
     /// The id of `key` in `group`, made (with a default value) if the key has none; an error
     /// past 2^32 keys with state at once.
     pub fn intern(&mut self, group: u32, key: &Arc<str>) -> Result<Id, TooManyKeys> {
+        let h = self.hash(key);
+        self.intern_hashed(group, key, h)
+    }
+
+    /// `intern` given the key's text hash `h` (a test gives keys the same hash).
+    fn intern_hashed(&mut self, group: u32, key: &Arc<str>, h: u32) -> Result<Id, TooManyKeys> {
         let g = group as usize;
         if self.by_text.len() <= g {
             self.by_text.resize_with(g + 1, HashTable::new);
         }
-        let h = self.hash(key);
         if let Some(id) = self.lookup(g, key, h) {
             return Ok(id);
         }
@@ -522,6 +527,34 @@ mod tests {
             assert_eq!(k.find(g, &format!("k{i}")), Some(id));
         }
         assert_eq!(k.by_text.iter().map(HashTable::len).sum::<usize>(), model.len());
+    }
+
+    /// Keys whose 32-bit hashes are all equal (in two groups) are told apart by their text:
+    /// each is found under its own id, a release removes only its own entry, and a released
+    /// key's reused id finds the new key, not the old.
+    #[test]
+    fn colliding_hashes_are_told_apart_by_text() {
+        let mut k: Keys<u64> = Keys::default();
+        let ids: Vec<(u32, u64, Id)> = (0..2000)
+            .map(|i| (u32::from(i % 3 == 0), i, k.intern_hashed(u32::from(i % 3 == 0), &key(i), 7).unwrap()))
+            .collect();
+        for &(g, i, id) in &ids {
+            assert_eq!(k.intern_hashed(g, &key(i), 7).unwrap(), id, "interned again: the same id");
+            assert_eq!(k.lookup(g as usize, &format!("k{i}"), 7), Some(id));
+            assert_eq!(k.lookup(1 - g as usize, &format!("k{i}"), 7), None, "not in the other group");
+        }
+        for &(_, _, id) in ids.iter().filter(|(_, i, _)| i % 2 == 1) {
+            k.release(id);
+        }
+        for &(g, i, id) in &ids {
+            let want = (i % 2 == 0).then_some(id);
+            assert_eq!(k.lookup(g as usize, &format!("k{i}"), 7), want, "k{i}");
+        }
+        let new = k.intern_hashed(0, &key(5000), 7).unwrap();
+        assert_eq!(new, ids[1].2, "the lowest released id is reused");
+        assert_eq!(k.lookup(0, "k5000", 7), Some(new));
+        assert_eq!(k.lookup(0, "k1", 7), None);
+        assert_eq!(k.by_text.iter().map(HashTable::len).sum::<usize>(), 1001);
     }
 
     /// Random wake operations over many keys against a plain map: the same keys are due, the
