@@ -23,7 +23,7 @@ use crate::json::{parse_row, ColsCache};
 use crate::expr::{Cols, Ev, Row};
 use crate::value::Value;
 use crate::family::{self, FOut, FState, Family};
-use crate::matcher::{shrink, Core, MState, Out, NO_CID};
+use crate::matcher::{Core, MState, Out, NO_CID};
 use crate::keycodec::{self, KeyEnc, Known, Src};
 use crate::keys::{prefetch, Id, Keys, TooManyKeys};
 use crate::{build_core, panic_message, CoreError};
@@ -108,8 +108,8 @@ const COMPACT_FROM: usize = 1 << 16;
 impl KeyState {
     /// Give back the spare room of the state's vectors (`MState::compact`).
     fn compact(&mut self) {
-        shrink(&mut self.buffer);
-        shrink(&mut self.parts);
+        self.buffer.shrink_to_fit();
+        self.parts.shrink_to_fit();
         for p in &mut self.parts {
             p.state.compact();
         }

@@ -42,9 +42,9 @@ impl MState {
     /// "Compact key state (session 14)"). Vectors from the pool or grown by doubling keep up to
     /// 4-8x their length otherwise.
     pub fn compact(&mut self) {
-        shrink(&mut self.runs);
+        self.runs.shrink_to_fit();
         for r in &mut self.runs {
-            shrink(&mut r.entries);
+            r.entries.shrink_to_fit();
             for e in &mut r.entries {
                 compact_caps(&mut e.caps);
             }
@@ -52,13 +52,6 @@ impl MState {
                 compact_caps(t);
             }
         }
-    }
-}
-
-/// `v` without spare room (nothing done when it has none).
-pub(crate) fn shrink<T>(v: &mut Vec<T>) {
-    if v.capacity() > v.len() {
-        v.shrink_to_fit();
     }
 }
 
@@ -70,8 +63,8 @@ fn compact_caps(c: &mut Caps) {
     }
     if Arc::strong_count(c) == 1 {
         if let Some(v) = Arc::get_mut(c) {
-            shrink(&mut v.v);
-            shrink(&mut v.acc);
+            v.v.shrink_to_fit();
+            v.acc.shrink_to_fit();
         }
     }
 }
