@@ -99,6 +99,23 @@ struct KeyState {
     fams: Vec<(u32, FState)>,
 }
 
+/// From this many decoded keys on (by default), a key's state is compacted
+/// (`KeyState::compact`) each time it is put back: with few keys the spare room is cheap (in
+/// cache, reused at the key's next event); with many, each key is a cache miss and its spare
+/// room fresh pages to zero.
+const COMPACT_FROM: usize = 1 << 16;
+
+impl KeyState {
+    /// Give back the spare room of the state's vectors (`MState::compact`).
+    fn compact(&mut self) {
+        self.buffer.shrink_to_fit();
+        self.parts.shrink_to_fit();
+        for p in &mut self.parts {
+            p.state.compact();
+        }
+    }
+}
+
 /// A key's slot in `EngineState::keys`: its decoded state (None while the key is held as bytes
 /// in `raw`, or has no state yet) and the events the current call brought it.
 #[derive(Default)]
@@ -134,6 +151,9 @@ pub struct EngineState {
     /// Decoded keys stay decoded after an export while their bytes total at most this much
     /// (the others are held as bytes).
     keep_decoded: usize,
+    /// From this many decoded keys on, a key's state is compacted when it is put back
+    /// (`KeyState::compact`; `COMPACT_FROM` unless given).
+    compact_from: usize,
     /// The keys whose slot holds a decoded state (`take_state`, `put_state`): with the keys
     /// in `raw` (never both at once) the keys with state, `len()`, without a lookup per key.
     decoded: usize,
@@ -267,11 +287,12 @@ impl EngineState {
     /// export, keys stay decoded (the next call that reaches them does not decode them again,
     /// the next export does not encode them again unless they changed) while their encoded
     /// bytes total at most this many; the others are held as bytes. A decoded fraud key takes
-    /// ~16x its bytes in memory.
+    /// ~16x its bytes in memory. `compact_from`: from this many decoded keys on, a key's
+    /// state gives back its vectors' spare room each time it is put back (0: always; tests).
     #[new]
-    #[pyo3(signature = (track_dirty=false, keep_decoded=0))]
-    fn new(track_dirty: bool, keep_decoded: usize) -> Self {
-        Self { track_dirty, keep_decoded, ..Self::default() }
+    #[pyo3(signature = (track_dirty=false, keep_decoded=0, compact_from=COMPACT_FROM))]
+    fn new(track_dirty: bool, keep_decoded: usize, compact_from: usize) -> Self {
+        Self { track_dirty, keep_decoded, compact_from, ..Self::default() }
     }
 
     /// The number of keys with state.
@@ -702,7 +723,11 @@ fn advance_key(
         counts.released += 1;
         return Ok(());
     }
-    st.put_state(id, Some(KeyState { buffer, parts: kept, fams: kept_fams }));
+    let mut ks = KeyState { buffer, parts: kept, fams: kept_fams };
+    if st.decoded >= st.compact_from {
+        ks.compact();
+    }
+    st.put_state(id, Some(ks));
     let when = match due {
         None => AT_END,
         Some(d) => d.saturating_add(g.lateness).saturating_add(1),
@@ -833,6 +858,19 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
             prefetch(ks.parts.as_ptr());
         }
     }
+    // A key's partial matches, a level per stage: runs, their entries, the first entry's
+    // captures, their vector, its first event (what `advance` reads for the deadline, and what
+    // a key due by time alone, with no new event, reaches first).
+    if let Some(&id) = due.get(k + 5) {
+        for p in parts_of(st, id) {
+            prefetch(p.state.runs.as_ptr());
+        }
+    }
+    if let Some(&id) = due.get(k + 4) {
+        for r in runs_of(st, id) {
+            prefetch(r.entries.as_ptr());
+        }
+    }
     if let Some(&id) = due.get(k + 3) {
         let s = st.keys.slot(id);
         for it in s.val.new.iter().take(AHEAD_EVENTS) {
@@ -845,10 +883,8 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
                 (None, None) => {}
             }
         }
-        if let Some(ks) = &s.val.state {
-            for p in &ks.parts {
-                prefetch(p.state.runs.as_ptr());
-            }
+        for e in runs_of(st, id).filter_map(|r| r.entries.first()) {
+            prefetch_arc(&e.caps);
         }
     }
     let evs_of = |id: Id| {
@@ -858,11 +894,30 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
         for r in evs_of(id).filter_map(|ev| ev.row.as_ref()) {
             prefetch(Arc::as_ptr(r));
         }
+        for e in runs_of(st, id).filter_map(|r| r.entries.first()) {
+            prefetch(e.caps.v.as_ptr());
+        }
     }
     if let Some(&id) = due.get(k + 1) {
         evs_of(id).for_each(prefetch_row);
+        for c in runs_of(st, id).filter_map(|r| r.entries.first()).filter_map(|e| e.caps.first()) {
+            prefetch_arc(&c.ev);
+        }
     }
 }
+
+/// The parts of the key's decoded state (none while it is held as bytes).
+fn parts_of(st: &EngineState, id: Id) -> &[Part] {
+    st.keys.slot(id).val.state.as_ref().map_or(&[], |ks| &ks.parts)
+}
+
+/// The runs of the key's parts (`prefetch_ahead`: a few per key).
+fn runs_of(st: &EngineState, id: Id) -> impl Iterator<Item = &crate::matcher::Run> {
+    parts_of(st, id).iter().flat_map(|p| &p.state.runs).take(AHEAD_RUNS)
+}
+
+/// The runs per key whose entries and first captures `prefetch_ahead` brings in ahead.
+const AHEAD_RUNS: usize = 8;
 
 /// The events per key that `prefetch_ahead` brings in ahead.
 const AHEAD_EVENTS: usize = 16;
@@ -1796,5 +1851,43 @@ mod tests {
         for (name, size, max) in sizes {
             assert!(size <= max, "{name} grew to {size} B (was {max} B): if meant, say so here and in the docs");
         }
+    }
+
+    /// `KeyState::compact` gives back the spare room of the buffer, parts, runs, entries and of
+    /// the captures one entry holds alone; captures two entries share keep theirs (the same
+    /// `Arc`, not copied), and every position, capture and deadline is kept.
+    #[test]
+    fn compact_gives_back_spare_room_and_leaves_shared_captures() {
+        let row = Arc::new(Row { cols: Arc::new(Cols { names: Vec::new(), py_names: Vec::new() }), vals: Vec::new() });
+        let ev = Arc::new(Ev::from_row_lazy(row, 1, 10));
+        let caps = |n: u32| {
+            let mut v = Vec::with_capacity(8);
+            v.extend((0..n).map(|var| Cap { var, row: 0, ev: ev.clone() }));
+            Arc::new(CapVec::from(v))
+        };
+        let shared = caps(2);
+        let mut entries = Vec::with_capacity(8);
+        entries.push(Entry { pos: 1, caps: caps(1) });
+        entries.push(Entry { pos: 2, caps: shared.clone() });
+        entries.push(Entry { pos: 3, caps: shared.clone() });
+        let mut runs = Vec::with_capacity(4);
+        runs.push(Run { start: 10, entries, tpart: Some(caps(3)), matched: false });
+        let mut parts = Vec::with_capacity(4);
+        parts.push(Part { fp: 7, state: MState { row: 0, runs, deadline: Some(20) } });
+        let mut ks = KeyState { buffer: Vec::with_capacity(4), parts, fams: Vec::new() };
+        ks.compact();
+        assert_eq!((ks.buffer.capacity(), ks.parts.capacity()), (0, 1));
+        let m = &ks.parts[0].state;
+        assert_eq!((ks.parts[0].fp, m.deadline, m.runs.capacity()), (7, Some(20), 1));
+        let r = &m.runs[0];
+        assert_eq!((r.start, r.entries.capacity()), (10, 3));
+        assert_eq!(r.entries.iter().map(|e| e.pos).collect::<Vec<_>>(), [1, 2, 3]);
+        let alone = &r.entries[0].caps;
+        assert_eq!((alone.v.len(), alone.v.capacity(), alone[0].var), (1, 1, 0));
+        assert!(Arc::ptr_eq(&alone[0].ev, &ev));
+        let t = r.tpart.as_ref().expect("tpart kept");
+        assert_eq!((t.v.len(), t.v.capacity()), (3, 3));
+        assert!(Arc::ptr_eq(&r.entries[1].caps, &shared) && Arc::ptr_eq(&r.entries[2].caps, &shared));
+        assert_eq!((shared.v.len(), shared.v.capacity()), (2, 8), "shared captures left as they are");
     }
 }

@@ -8,11 +8,12 @@
 //! in no particular order (the engine orders its output by key itself).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use crate::engine::AT_END;
+use hashbrown::HashTable;
 
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+use crate::engine::AT_END;
 
 pub type Id = u32;
 
@@ -79,9 +80,25 @@ impl Bucket {
     }
 }
 
+/// An entry of a group's key table: the key's id and 32 bits of its text's hash (the text is
+/// compared in the key's slot; a table grows by these bits, without reading the slots).
+#[derive(Clone, Copy)]
+struct Named {
+    id: Id,
+    h: u32,
+}
+
+/// The table hash of a 32-bit text hash: its bits both high (hashbrown's tag) and low (the
+/// bucket).
+fn spread(h: u32) -> u64 {
+    (u64::from(h) << 32) | u64::from(h)
+}
+
 pub struct Slot<V> {
     pub key: Arc<str>,
     pub group: u32,
+    /// The key's text hash (`Named::h`): what finds its entry when the key is released.
+    h: u32,
     /// When the key is due (meaningful while `queued != NOT_QUEUED`).
     wake: i64,
     /// The bucket holding the key's live entry in the wake index (`NOT_QUEUED`: none). Other
@@ -95,8 +112,9 @@ pub struct Keys<V> {
     /// Free ids below `slots.len()` (the lowest is handed out first; free slots at the tail are
     /// cut off, so the slab shrinks as keys go).
     free: BTreeSet<Id>,
-    /// Per group, the ids of its keys by text.
-    by_text: Vec<HashMap<Arc<str>, Id>>,
+    /// Per group, the ids of its keys by text (8 bytes a bucket; the texts are in the slots).
+    by_text: Vec<HashTable<Named>>,
+    hasher: foldhash::fast::RandomState,
     /// The wake index: bucket → ids filed there (some stale).
     buckets: BTreeMap<i64, Bucket>,
     /// Ids waiting for the end of input (some stale: live while their slot says `PARKED`).
@@ -116,6 +134,7 @@ impl<V: Default> Default for Keys<V> {
             slots: Vec::new(),
             free: BTreeSet::new(),
             by_text: Vec::new(),
+            hasher: Default::default(),
             buckets: BTreeMap::new(),
             parked: Bucket::empty(),
             nparked: 0,
@@ -130,14 +149,20 @@ impl<V: Default> Keys<V> {
     /// The id of `key` in `group`, made (with a default value) if the key has none; an error
     /// past 2^32 keys with state at once.
     pub fn intern(&mut self, group: u32, key: &Arc<str>) -> Result<Id, TooManyKeys> {
+        let h = self.hash(key);
+        self.intern_hashed(group, key, h)
+    }
+
+    /// `intern` given the key's text hash `h` (a test gives keys the same hash).
+    fn intern_hashed(&mut self, group: u32, key: &Arc<str>, h: u32) -> Result<Id, TooManyKeys> {
         let g = group as usize;
         if self.by_text.len() <= g {
-            self.by_text.resize_with(g + 1, HashMap::default);
+            self.by_text.resize_with(g + 1, HashTable::new);
         }
-        if let Some(&id) = self.by_text[g].get(&**key) {
+        if let Some(id) = self.lookup(g, key, h) {
             return Ok(id);
         }
-        let slot = Slot { key: key.clone(), group, wake: 0, queued: NOT_QUEUED, val: V::default() };
+        let slot = Slot { key: key.clone(), group, h, wake: 0, queued: NOT_QUEUED, val: V::default() };
         let id = match self.free.pop_first() {
             Some(id) => {
                 self.slots[id as usize] = slot;
@@ -149,12 +174,24 @@ impl<V: Default> Keys<V> {
                 id
             }
         };
-        self.by_text[g].insert(key.clone(), id);
+        self.by_text[g].insert_unique(spread(h), Named { id, h }, |e| spread(e.h));
         Ok(id)
     }
 
+    fn hash(&self, key: &str) -> u32 {
+        let h = self.hasher.hash_one(key);
+        (h ^ (h >> 32)) as u32
+    }
+
+    /// The id of `key` (hash `h`) in group `g`, if it has one.
+    fn lookup(&self, g: usize, key: &str, h: u32) -> Option<Id> {
+        let slots = &self.slots;
+        let t = self.by_text.get(g)?;
+        t.find(spread(h), |e| e.h == h && *slots[e.id as usize].key == *key).map(|e| e.id)
+    }
+
     pub fn find(&self, group: u32, key: &str) -> Option<Id> {
-        self.by_text.get(group as usize).and_then(|m| m.get(key)).copied()
+        self.lookup(group as usize, key, self.hash(key))
     }
 
     /// Forget the key: its id and slot are free for another key.
@@ -165,8 +202,10 @@ impl<V: Default> Keys<V> {
         if s.group == FREE {
             return;
         }
-        if let Some(m) = self.by_text.get_mut(s.group as usize) {
-            m.remove(&*s.key);
+        if let Some(t) = self.by_text.get_mut(s.group as usize) {
+            if let Ok(e) = t.find_entry(spread(s.h), |e| e.id == id) {
+                e.remove();
+            }
         }
         s.key = empty;
         s.group = FREE;
@@ -445,6 +484,77 @@ mod tests {
         k.release(c);
         assert_eq!(k.len(), 1, "releasing twice frees once");
         assert_eq!(k.ids().collect::<Vec<_>>(), vec![b]);
+    }
+
+    /// Random interns, finds and releases over two groups against a plain map: every key is
+    /// found under its own id while it has one (ids reused, tables grown and emptied).
+    #[test]
+    fn key_table_agrees_with_a_map() {
+        let mut rng = Lcg(7);
+        let mut k: Keys<u64> = Keys::default();
+        let mut model: std::collections::HashMap<(u32, u64), Id> = Default::default();
+        for step in 0..300_000 {
+            let (g, i) = (rng.next(2) as u32, rng.next(40_000));
+            match rng.next(4) {
+                0 | 1 => {
+                    let id = k.intern(g, &key(i)).unwrap();
+                    if let Some(&was) = model.get(&(g, i)) {
+                        assert_eq!(id, was, "step {step}");
+                    } else {
+                        *k.val_mut(id) = i;
+                        model.insert((g, i), id);
+                    }
+                }
+                2 => {
+                    if let Some(id) = model.remove(&(g, i)) {
+                        k.release(id);
+                    }
+                }
+                _ => {
+                    let got = k.find(g, &format!("k{i}"));
+                    assert_eq!(got, model.get(&(g, i)).copied(), "step {step}");
+                    if let Some(id) = got {
+                        assert_eq!(k.slot(id).val, i, "step {step}: another key's slot");
+                        assert_eq!(k.slot(id).group, g);
+                    }
+                }
+            }
+            if step % 50_000 == 0 {
+                assert_eq!(k.len(), model.len());
+            }
+        }
+        for (&(g, i), &id) in &model {
+            assert_eq!(k.find(g, &format!("k{i}")), Some(id));
+        }
+        assert_eq!(k.by_text.iter().map(HashTable::len).sum::<usize>(), model.len());
+    }
+
+    /// Keys whose 32-bit hashes are all equal (in two groups) are told apart by their text:
+    /// each is found under its own id, a release removes only its own entry, and a released
+    /// key's reused id finds the new key, not the old.
+    #[test]
+    fn colliding_hashes_are_told_apart_by_text() {
+        let mut k: Keys<u64> = Keys::default();
+        let ids: Vec<(u32, u64, Id)> = (0..2000)
+            .map(|i| (u32::from(i % 3 == 0), i, k.intern_hashed(u32::from(i % 3 == 0), &key(i), 7).unwrap()))
+            .collect();
+        for &(g, i, id) in &ids {
+            assert_eq!(k.intern_hashed(g, &key(i), 7).unwrap(), id, "interned again: the same id");
+            assert_eq!(k.lookup(g as usize, &format!("k{i}"), 7), Some(id));
+            assert_eq!(k.lookup(1 - g as usize, &format!("k{i}"), 7), None, "not in the other group");
+        }
+        for &(_, _, id) in ids.iter().filter(|(_, i, _)| i % 2 == 1) {
+            k.release(id);
+        }
+        for &(g, i, id) in &ids {
+            let want = (i % 2 == 0).then_some(id);
+            assert_eq!(k.lookup(g as usize, &format!("k{i}"), 7), want, "k{i}");
+        }
+        let new = k.intern_hashed(0, &key(5000), 7).unwrap();
+        assert_eq!(new, ids[1].2, "the lowest released id is reused");
+        assert_eq!(k.lookup(0, "k5000", 7), Some(new));
+        assert_eq!(k.lookup(0, "k1", 7), None);
+        assert_eq!(k.by_text.iter().map(HashTable::len).sum::<usize>(), 1001);
     }
 
     /// Random wake operations over many keys against a plain map: the same keys are due, the

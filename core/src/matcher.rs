@@ -36,6 +36,39 @@ pub struct MState {
     pub deadline: Option<i64>,
 }
 
+impl MState {
+    /// Give back the spare room of the state's vectors (runs, entries, captures held by no other
+    /// entry): a key at rest between calls then holds only what it uses (docs/native-core.md,
+    /// "Compact key state (session 14)"). Vectors from the pool or grown by doubling keep up to
+    /// 4-8x their length otherwise.
+    pub fn compact(&mut self) {
+        self.runs.shrink_to_fit();
+        for r in &mut self.runs {
+            r.entries.shrink_to_fit();
+            for e in &mut r.entries {
+                compact_caps(&mut e.caps);
+            }
+            if let Some(t) = &mut r.tpart {
+                compact_caps(t);
+            }
+        }
+    }
+}
+
+/// `c`'s vectors without spare room, when nothing else holds them (shared captures are left
+/// as they are: copying them would cost more than their room).
+fn compact_caps(c: &mut Caps) {
+    if c.v.capacity() == c.v.len() && c.acc.capacity() == c.acc.len() {
+        return;
+    }
+    if Arc::strong_count(c) == 1 {
+        if let Some(v) = Arc::get_mut(c) {
+            v.v.shrink_to_fit();
+            v.acc.shrink_to_fit();
+        }
+    }
+}
+
 #[derive(Default, Clone, Copy)]
 pub struct Stats {
     pub events: u64,

@@ -14,7 +14,7 @@ Timeline of one card (W = wave length, 2 h; cards of wave w start at w * W):
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -252,6 +252,35 @@ def test_a_state_belongs_to_the_rules_of_the_engine_that_filled_it() -> None:
     assert ends[0] == ends[1] and ends[0][0], "the same results after the refused calls"
 
 
+def _call_by_call(native: Any, state: Any, events: list[Event], batch: int,
+                  after_call: Callable[[], None] = lambda: None) -> tuple[int, int]:
+    """The bundled rules on `native` (an embedded native engine) with `state` and on the
+    Python engine, `batch` events a call: results, late reports, keys with state, wake keys
+    and the next wake equal call by call (`after_call` runs after each native call), and at
+    the end of input, after which no key is left. Returns (late reports, results)."""
+    python = build_engine(native_bundled(), use_native=False)
+    core = native.core
+    py_store, max_ts, n_late, n_results = MemoryKeyStore(), NEG_INF, 0, 0
+    for i in range(0, len(events), batch):
+        chunk = events[i:i + batch]
+        want = python.ingest(py_store, chunk, max_ts)
+        got, late, *_ = core.ingest_arrow(state, _batch(chunk, False), max_ts)
+        assert _records(native, got) == _records(python, want.matches)
+        assert [(tuple(ids), key, chunk[j].seq) for ids, key, j, _ in late] == \
+            [(tuple(x.rule_ids), x.key, x.event.seq) for x in want.late]
+        n_late, n_results = n_late + len(late), n_results + len(got)
+        after_call()
+        assert len(state) == len(core.keys(state)) == len(py_store.states)
+        assert state.wake_len() == len(py_store.wake)
+        assert core.next_wake(state) == python.next_wake(py_store)
+        max_ts = max(max_ts, max(e.ts for e in chunk))
+    end = python.advance(py_store, max_ts, end_of_input=max_ts).matches
+    got, *_ = core.ingest_arrow(state, _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
+    assert _records(native, got) == _records(python, end)
+    assert len(state) == 0 and state.wake_len() == 0
+    return n_late, n_results + len(got)
+
+
 @pytest.mark.parametrize(("batch", "track_dirty"), [(37, False), (500, True)])
 def test_keys_held_as_bytes_between_calls_match_the_python_engine(batch: int,
                                                                   track_dirty: bool) -> None:
@@ -261,32 +290,32 @@ def test_keys_held_as_bytes_between_calls_match_the_python_engine(batch: int,
     next wake equal the Python engine's, call by call."""
     from cep import _core
 
-    events = _waves(600, seed=batch)
-    ruleset = native_bundled()
-    python = build_engine(ruleset, use_native=False)
-    native = build_embedded_engine(ruleset)
+    native = build_embedded_engine(native_bundled())
     core = native.core
     state = _core.EngineState(track_dirty=track_dirty, keep_decoded=0)
-    py_store, max_ts, held, n_late = MemoryKeyStore(), NEG_INF, 0, 0
-    for i in range(0, len(events), batch):
-        chunk = events[i:i + batch]
-        want = python.ingest(py_store, chunk, max_ts)
-        got, late, *_ = core.ingest_arrow(state, _batch(chunk, False), max_ts)
-        assert _records(native, got) == _records(python, want.matches)
-        assert [(tuple(ids), key, chunk[j].seq) for ids, key, j, _ in late] == \
-            [(tuple(x.rule_ids), x.key, x.event.seq) for x in want.late]
-        n_late += len(late)
+    held = [0]
+
+    def export() -> None:
         core.export_blobs(state)
-        held = max(held, core.raw_bytes(state))
-        assert len(state) == len(core.keys(state)) == len(py_store.states)
-        assert state.wake_len() == len(py_store.wake)
-        assert core.next_wake(state) == python.next_wake(py_store)
-        max_ts = max(max_ts, max(e.ts for e in chunk))
-    assert held > 0 and n_late > 0, "keys were held as bytes, some events came late"
-    end = python.advance(py_store, max_ts, end_of_input=max_ts).matches
-    got, *_ = core.ingest_arrow(state, _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
-    assert _records(native, got) == _records(python, end)
-    assert len(state) == 0 and state.wake_len() == 0
+        held[0] = max(held[0], core.raw_bytes(state))
+
+    n_late, _ = _call_by_call(native, state, _waves(600, seed=batch), batch, export)
+    assert held[0] > 0 and n_late > 0, "keys were held as bytes, some events came late"
+
+
+@pytest.mark.parametrize("batch", [1, 37])
+def test_compacted_key_states_match_the_python_engine(batch: int) -> None:
+    """Every key's state compacted each time it is put back (`compact_from=0`; by default only
+    from 65,536 decoded keys on, docs/native-core.md "Compact key state (session 14)"): runs,
+    entries and captures given back their spare room and grown again by the next events give
+    the Python engine's results, late reports, keys with state, wake keys and next wake, call
+    by call, and the same at the end of input."""
+    from cep import _core
+
+    native = build_embedded_engine(native_bundled())
+    n_late, n_results = _call_by_call(native, _core.EngineState(compact_from=0),
+                                      _waves(600, seed=100 + batch), batch)
+    assert n_results > 0 and n_late > 0
 
 
 class _Raising(Mapping[str, Any]):
