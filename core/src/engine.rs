@@ -164,6 +164,9 @@ pub struct EngineState {
     /// Column tables named by fingerprint in the blobs read (`import_blob`): a key read from
     /// the store may name a table of an earlier declaration of its stream.
     imported: Known,
+    /// `advance_key`'s per-key vectors (the key's events, their shared conditions), emptied
+    /// and kept for the next key: not allocated for every key of every call.
+    scratch: (Vec<Arc<Ev>>, Vec<u8>),
 }
 
 impl From<TooManyKeys> for PyErr {
@@ -252,6 +255,11 @@ impl EngineState {
         // len() counts a key once: never both decoded and held as bytes (checked in release too:
         // one slot read beside the map insert).
         assert!(self.keys.slot(id).val.state.is_none(), "EngineState: a key is never both decoded and held as bytes");
+        // Nor keeps the spare room of its event vector (`advance_key` hands it back).
+        let slot = self.keys.val_mut(id);
+        if slot.new.is_empty() {
+            slot.new = Vec::new();
+        }
         self.raw.insert(id, bytes);
     }
 
@@ -573,11 +581,12 @@ fn advance_key(
         }
     }
     let n = buffer.partition_point(|x| x.ts <= safe);
-    let released: Vec<Item> = if n == buffer.len() { std::mem::take(&mut buffer) } else { buffer.drain(..n).collect() };
+    let mut released: Vec<Item> = if n == buffer.len() { std::mem::take(&mut buffer) } else { buffer.drain(..n).collect() };
     let out = Out::lazy(matches.clone(), key.clone());
     // One `Ev` per released event, shared by every rule of the group (one field table).
-    let mut evs: Vec<Arc<Ev>> = Vec::with_capacity(released.len());
-    for it in released {
+    let (mut evs, mut shared) = std::mem::take(&mut st.scratch);
+    evs.reserve(released.len());
+    for it in released.drain(..) {
         if let Some(ev) = it.ev {
             evs.push(ev);
             continue;
@@ -595,11 +604,16 @@ fn advance_key(
             },
         }));
     }
+    // The emptied vector is the key's `new` for the next call (it grew from empty every call);
+    // with many keys it is dropped, as their states are compacted (`COMPACT_FROM`).
+    if st.decoded < st.compact_from {
+        st.keys.val_mut(id).new = released;
+    }
     prefetch_key(&evs, &parts);
     // Per event, the group's distinct local conditions known so far (0 unknown, 1 false,
     // 2 true): a condition that several rules share is evaluated once per event.
     let ncids = g.ncids;
-    let mut shared = vec![0u8; ncids * evs.len()];
+    shared.resize(ncids * evs.len(), 0);
     let mut kept = Vec::with_capacity(parts.len());
     // `parts` are kept in the group's rule order, so each rule's part is found at a cursor
     // (a search only after a rule change).
@@ -715,6 +729,9 @@ fn advance_key(
             kept.push(Part { fp: rule.fp, state: m });
         }
     }
+    evs.clear();
+    shared.clear();
+    st.scratch = (evs, shared);
     counts.reset += parts.iter().filter(|p| p.is_some()).count();
     counts.touched += 1;
     if buffer.is_empty() && kept.is_empty() && kept_fams.is_empty() {
