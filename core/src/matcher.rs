@@ -138,17 +138,12 @@ pub struct Pool {
 const POOL: usize = 32;
 
 impl Pool {
-    /// Keep `c` if nothing else holds it (else it is just dropped). The count is read first:
-    /// `Arc::get_mut` is an atomic compare-exchange, paid for nothing by a shared vector.
-    fn put_caps(&mut self, mut c: Caps) {
-        if self.caps.len() < POOL && Arc::strong_count(&c) == 1 {
-            if let Some(v) = Arc::get_mut(&mut c) {
-                if v.v.capacity() <= 8 {
-                    v.v.clear();
-                    v.acc.clear();
-                    self.caps.push(c);
-                }
-            }
+    /// Keep `c` if nothing else holds it (else it is just dropped): by its count alone, a
+    /// plain load (no `Weak` of captures is ever made). It is emptied when reused (`caps_of`,
+    /// whose `Arc::get_mut` is the one atomic compare-exchange it costs).
+    fn put_caps(&mut self, c: Caps) {
+        if self.caps.len() < POOL && Arc::strong_count(&c) == 1 && c.v.capacity() <= 8 {
+            self.caps.push(c);
         }
     }
 
@@ -177,6 +172,8 @@ impl Pool {
     fn caps_of(&mut self, cap: Cap, fold: impl FnOnce(&mut CapVec)) -> Caps {
         if let Some(mut c) = self.caps.pop() {
             if let Some(v) = Arc::get_mut(&mut c) {
+                v.v.clear();
+                v.acc.clear();
                 v.v.push(cap);
                 fold(v);
                 return c;
