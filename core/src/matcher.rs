@@ -127,8 +127,8 @@ pub struct Core {
 }
 
 /// Vectors of ended runs kept for new ones (fraud starts a run at most events and ends one as
-/// often): entry vectors, and capture vectors held by no one else, emptied (the `Arc` and its
-/// vector reused: no allocation for a run's start). At most `POOL` of each, small ones only.
+/// often): entry vectors, and capture vectors held by no one else, emptied when reused (the `Arc`
+/// and its vector reused: no allocation for a run's start). At most `POOL` of each, small ones only.
 #[derive(Default)]
 pub struct Pool {
     entries: Vec<Vec<Entry>>,
@@ -148,7 +148,7 @@ impl Pool {
     }
 
     /// Keep the captures of `entries[from..]`, which are removed (just dropped when the pool
-    /// is full: no `Arc::get_mut` per entry then).
+    /// is full: no count read per entry then).
     fn put_tail(&mut self, entries: &mut Vec<Entry>, from: usize) {
         if self.caps.len() >= POOL {
             entries.truncate(from);
