@@ -267,7 +267,10 @@ class Console:
             top = client.xrevrange(stream, count=1)
             last[stream] = top[0][0] if top else "0-0"
         stop = time.monotonic() + seconds
-        yield "retry: 1000\n\n"
+        # `ready` once the starting points are taken: the page says "following" on it, not when
+        # the response opens (the headers go out before this generator first runs, so an alert
+        # written in between was in the starting points and never sent, yet the page followed).
+        yield "retry: 1000\nevent: ready\ndata: {}\n\n"
         while time.monotonic() < stop:
             for stream in client.scan_iter(match=ALERT_STREAMS, count=500):
                 last.setdefault(stream, "0-0")

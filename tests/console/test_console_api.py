@@ -5,8 +5,10 @@ the validator's reason."""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from cep.testing.runner import run_case
@@ -229,3 +231,25 @@ def test_cep_console_inputs_flag_adds_a_replay_folder_to_the_playground(tmp_path
         "/api/playground/inputs").json()}
     assert "examples/transactions.jsonl" in listed
     assert listed["history/transactions/day-1.jsonl"]["stream"] == "transactions"
+
+
+@pytest.mark.services
+def test_following_sends_ready_once_its_start_is_taken_and_then_every_new_alert(
+        tmp_path: Path, redis_url: str) -> None:
+    # The page says "following" on `ready`: an alert written after it must come through, even
+    # one written before the generator reads on (the race a browser test hit under load).
+    from cep.delivery.record import OutRecord
+    from cep.delivery.redis_sink import RedisSink
+
+    key = f"card-{uuid.uuid4().hex[:8]}"  # the Redis server is shared with other tests
+    sink = RedisSink(redis_url)
+    alert = {"alert_id": f"follow-{key}", "kind": "match", "alert": "a", "rule_id": "follow_r",
+             "key": key, "first_ts": 1, "last_ts": 2, "detected_at": 2}
+    sink.deliver([OutRecord(f"old-{key}", dict(alert, alert_id=f"old-{key}"), key=key,
+                            redis_stream="cep:alerts:follow_r")])
+    events = Console(tmp_path, redis_url=redis_url).follow(key=key, seconds=60)
+    first = next(events)
+    assert "event: ready" in first
+    sink.deliver([OutRecord(f"follow-{key}", alert, key=key, redis_stream="cep:alerts:follow_r")])
+    data = next(e for e in events if e.startswith("data: "))
+    assert json.loads(data[len("data: "):])["alert_id"] == f"follow-{key}"  # not the old one

@@ -125,7 +125,7 @@ async function alertsView() {
       for (const a of (await getJSON(`/api/alerts/recent?${q}&limit=50`)).reverse()) table.firstChild.after(alertRow(a, box));
     } catch (e) { status.textContent = `recent alerts: ${e.message}`; }
     source = new EventSource(`/api/alerts/stream?${q}`);
-    source.onopen = () => { status.textContent = "following"; };
+    source.addEventListener("ready", () => { status.textContent = "following"; });
     source.onmessage = m => { table.firstChild.after(alertRow(JSON.parse(m.data), box)); };
     source.onerror = () => { status.textContent = "reconnecting…"; };
   };
