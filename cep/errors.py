@@ -24,6 +24,14 @@ class Span:
         return f"{self.path}:{self.line}:{self.col}"
 
     @classmethod
+    def parse(cls, where: str) -> Span | None:
+        """The span written as ``path:line:col`` (a compiled rule's `source`), or None."""
+        parts = where.rsplit(":", 2)
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            return cls(parts[0], int(parts[1]), int(parts[2]))
+        return None
+
+    @classmethod
     def from_offset(cls, text: str, offset: int, path: str = "<string>") -> Span:
         """The span of character `offset` in `text` (clamped to the text)."""
         offset = max(0, min(offset, len(text)))

@@ -13,7 +13,7 @@ not in `cep.compile`, because the runtime binds rules with it and does not impor
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from cep.errors import RuleSemanticError, Span
 from cep.nfa import CompiledRule
@@ -44,29 +44,26 @@ def rule_fingerprint(rule: CompiledRule) -> int:
     return fingerprint(rule.id, rule_hash(rule))
 
 
-def fingerprint_clash(rules: Iterable[CompiledRule],
-                      taken: Mapping[int, CompiledRule] | None = None,
-                      source: str | None = None) -> RuleSemanticError | None:
-    """An error naming two rules (of `taken`, or earlier in `rules`, and one of `rules`) whose
-    key-state fingerprints are equal (their state would mix); None without a clash."""
-    return claim_fingerprints(rules, dict(taken or {}), source)
+def fingerprint_clash(rules: Iterable[CompiledRule]) -> RuleSemanticError | None:
+    """An error naming two of `rules` whose key-state fingerprints are equal (their state
+    would mix); None without a clash."""
+    return claim_fingerprints(rules, {})
 
 
 def claim_fingerprints(rules: Iterable[CompiledRule], taken: dict[int, CompiledRule],
                        source: str | None = None) -> RuleSemanticError | None:
-    """`fingerprint_clash`, and without a clash the rules' fingerprints join `taken` (each
-    fingerprint computed once)."""
+    """An error naming two rules (of `taken`, or earlier in `rules`, and one of `rules`) whose
+    key-state fingerprints are equal; without a clash the rules' fingerprints join `taken`
+    (each fingerprint computed once)."""
     seen = dict(taken)
     for rule in rules:
         fp = rule_fingerprint(rule)
         other = seen.setdefault(fp, rule)
         if other is not rule and other.id != rule.id:  # one id twice has its own error
-            where = rule.source.rsplit(":", 2)  # path:line:col of its RULE keyword
-            span = (Span(where[0], int(where[1]), int(where[2]))
-                    if len(where) == 3 and where[1].isdigit() and where[2].isdigit() else None)
             return RuleSemanticError(
                 f"rules {other.id!r} ({other.source}) and {rule.id!r} ({rule.source}) have the "
-                f"same key-state fingerprint ({fp:08x}): their state would mix", span,
+                f"same key-state fingerprint ({fp:08x}): their state would mix",
+                Span.parse(rule.source),  # path:line:col of its RULE keyword
                 source=source, hint="rename one of them")
     taken.update(seen)
     return None

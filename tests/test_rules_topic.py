@@ -205,14 +205,39 @@ class _RacingWatermark:
         return getattr(self.consumer, name)
 
 
+class _CommitsOnEarlyEnd(_RacingWatermark):
+    """A `_RacingWatermark` whose `consume` runs `then` (once) after the first batch holding an
+    end-of-partition event: the commit the reader's settle time waits for, landing meanwhile."""
+
+    def __init__(self, consumer, ahead: int, then) -> None:
+        super().__init__(consumer, ahead)
+        self.then = then
+        self.polls_after = -1  # consume calls after the first end event (-1: none yet)
+
+    def consume(self, *args, **kwargs):
+        from confluent_kafka import KafkaError
+
+        msgs = self.consumer.consume(*args, **kwargs)
+        if self.polls_after >= 0:
+            self.polls_after += 1
+        elif any(m.error() is not None and m.error().code() == KafkaError._PARTITION_EOF
+                 for m in msgs):
+            self.polls_after = 0
+            self.then()
+        return msgs
+
+
 def test_the_reader_settles_when_the_end_comes_short_of_the_high_watermark(
         kafka_bootstrap, topic):
     """`TopicReader.read_new` when the partition's end (librdkafka's end event, at the last
     stable offset) comes short of the high watermark it read: it waits its settle time
     (shortened here; no clock is asserted), returns what is committed and remembers that end;
-    the next call reads on from there. A transaction left open is not returned, and does not
-    move the read_committed watermark; once committed, the next call returns its record; an
-    aborted one's record is never returned."""
+    the next call reads on from there. It reads on after an early end: a transaction committed
+    right after the first early end is returned by the same call (a reader that stopped at the
+    first end event would miss it), which then ends at the true end, not at its settle time.
+    A transaction left open is not returned, and does not move the read_committed watermark;
+    once committed, the next call returns its record; an aborted one's record is never
+    returned."""
     from cep.rules_topic import RulesTopic, TopicReader
 
     RulesTopic(kafka_bootstrap, topic).ensure()
@@ -246,21 +271,34 @@ def test_the_reader_settles_when_the_end_comes_short_of_the_high_watermark(
     try:
         write("current/a", {"v": 1}, "commit")
         markers_in(2)
+        # The watermark runs 2 ahead of the end (2); the commit after the first early end
+        # brings the true end there (a0 a's marker, a1 a0's marker, then a1 and its marker). The
+        # settle time is long for this call: it ends at that end, not at its settle time.
+        reader.SETTLE_S = 30
+        racing = _CommitsOnEarlyEnd(real, 2, lambda: write("current/a1", {"v": 0}, "commit"))
+        reader.consumer = racing
+        assert reader.read_new(timeout=30) == [("current/a", {"v": 1}),
+                                               ("current/a1", {"v": 0})]
+        assert racing.polls_after >= 1, "read on after the early end"
+        assert reader._end == 4, "the true end: the watermark read at the start"
+        reader.SETTLE_S = 0.5
         reader.consumer = _RacingWatermark(real, ahead=2)
-        assert reader.read_new(timeout=30) == [("current/a", {"v": 1})]
-        assert reader._end == 2, "the end seen (record + marker), short of the watermark (4)"
+        write("current/a2", {"v": 1}, "commit")
+        markers_in(6)
+        assert reader.read_new(timeout=30) == [("current/a2", {"v": 1})]
+        assert reader._end == 6, "the end seen (record + marker), short of the watermark (8)"
         reader.consumer = real
         write("current/b", {"v": 2}, None)  # left open
-        assert real.get_watermark_offsets(reader.tp, timeout=10)[1] == 2
+        assert real.get_watermark_offsets(reader.tp, timeout=10)[1] == 6
         assert reader.read_new(timeout=30) == [], "open: not returned"
         producer.commit_transaction(30)
-        markers_in(4)
+        markers_in(8)
         reader.consumer = _RacingWatermark(real, ahead=1)
         assert reader.read_new(timeout=30) == [("current/b", {"v": 2})]
         reader.consumer = real
         write("current/c", {"v": 3}, "abort")
         write("current/d", {"v": 4}, "commit")
-        markers_in(8)  # c, its abort marker, d, its commit marker
+        markers_in(12)  # c, its abort marker, d, its commit marker
         assert reader.read_new(timeout=30) == [("current/d", {"v": 4})]
         end = reader._end
         assert reader.read_new(timeout=30) == [] and reader._end == end, "at the end: at once"

@@ -16,7 +16,7 @@ from cep.compile.diagnostics import CompileErrors, Diagnostics
 from cep.compile.parse import parse_text
 from cep.compile.rules import compile_rule, compile_streams, compile_tables
 from cep.errors import RuleSemanticError, SourceError, Span
-from cep.fingerprint import claim_fingerprints
+from cep.fingerprint import claim_fingerprints, rule_fingerprint
 from cep.nfa import CompiledRule, RuleSet, StreamSpec, TableSpec
 
 RULE_SUFFIXES = (".cep",)
@@ -123,7 +123,8 @@ def check_paths(paths: Iterable[str | Path]) -> tuple[dict[Path, RuleSet], list[
             continue
         for r in rules:
             if r.id in owner:
-                line = int(r.source.rsplit(":", 2)[-2]) if r.source.count(":") >= 2 else 1
+                where = Span.parse(r.source)
+                line = where.line if where is not None else 1
                 errors.append(
                     RuleSemanticError(
                         f"rule id {r.id!r} is also defined in {owner[r.id]}",
@@ -136,6 +137,9 @@ def check_paths(paths: Iterable[str | Path]) -> tuple[dict[Path, RuleSet], list[
         clash = claim_fingerprints(rules, taken, text)
         if clash is not None:
             errors.append(clash)
+            # Claimed all the same: a later file clashing with them is reported too.
+            for r in rules:
+                taken.setdefault(rule_fingerprint(r), r)
         sets[path] = rules
     return sets, errors
 

@@ -412,7 +412,12 @@ class Engine:
 
     def _wake_again(self, store: KeyStore, wake: Wake, sk: StateKey) -> None:
         """Set the wake of a key with state that a failed call did not advance (the time the
-        end of `_advance` would set)."""
+        end of `_advance` would set, or for a table key the one its versions set)."""
+        if sk[0].startswith(TABLE_PREFIX):
+            versions: Any = store.get(sk)
+            if versions:
+                self._wake_versions(wake, sk, versions)
+            return
         group = self.groups.get(sk[0])
         state = None if group is None else store.get(sk)
         if group is not None and state is not None:
@@ -453,6 +458,11 @@ class Engine:
             wake.discard(sk)
             return
         store.put(sk, versions)  # type: ignore[arg-type]  # a table key's state: its versions
+        self._wake_versions(wake, sk, versions)
+
+    def _wake_versions(self, wake: Wake, sk: StateKey, versions: list[Version]) -> None:
+        """Wake a table key when its oldest version (or its delete) can go."""
+        table = sk[0][len(TABLE_PREFIX):]
         lateness = max((self.groups[g].lateness_ms for g in self.table_groups.get(table, ())),
                        default=0)
         if len(versions) > 1:

@@ -183,7 +183,12 @@ class NativeShardStore:
     # batches in a row are the tail). A shard whose log is due waits for a later task, at most
     # `COMPACT_DEFER` of its calls. A job's shards grow alike (keys are hashed over them), so
     # they passed the bounds in the same call: all 8 shards were rewritten in one micro-batch
-    # (docs/spark-runtime.md, "Long micro-batches").
+    # (docs/spark-runtime.md, "Long micro-batches"). The gap holds within one worker process
+    # only (`_TURNS` counts that process's tasks): when Spark gives a batch's stateful tasks, or
+    # successive batches, to different Python workers of its pool, each compacts on its own
+    # count and compactions can land in back-to-back batches (or two in one batch). The live
+    # job's usual case is one stateful task per batch and one operator worker holding every
+    # shard (docs/spark-runtime.md, "Stateful partitions of the live job"), where it holds.
     COMPACT_GAP = 2  # tasks
     COMPACT_DEFER = 64
     # A shard's keys stay decoded between calls while their bytes total at most this
@@ -281,6 +286,7 @@ class NativeShardStore:
         cur, self._cur = self._cur, None
         if cur is None:
             return
+        cur.flushed = self.task
         try:
             core = self._engine.core
             t0 = time.perf_counter()
@@ -322,8 +328,10 @@ class NativeShardStore:
 
     def _compact_turn(self, cur: _Held) -> bool:
         """Whether this flush compacts: the log is due (`_compact_now`), this process has not
-        compacted in this task or the `COMPACT_GAP` - 1 before it, and no shard it holds has
-        waited longer for its turn (so a shard due again soon cannot keep the others waiting);
+        compacted in this task or the `COMPACT_GAP` - 1 before it, and no shard it flushed in
+        this task or the one before has waited longer for its turn (so a shard due again soon
+        cannot keep the others waiting; a held copy of a shard last flushed earlier, which
+        Spark may since have handed to another process, has a stale count and is ignored);
         or the shard has waited `COMPACT_DEFER` calls (a log stays within its bounds plus that
         many calls' records); or its records of dropped rule groups must go."""
         if not self._compact_now(cur):
@@ -331,7 +339,8 @@ class NativeShardStore:
             return False
         if cur.compact or cur.due >= self.COMPACT_DEFER or (
                 self.task - _TURNS.compacted >= self.COMPACT_GAP
-                and not any(h.due > cur.due for h in self._held.values() if h is not cur)):
+                and not any(h.due > cur.due for h in self._held.values()
+                            if h is not cur and h.flushed >= self.task - 1)):
             return True
         cur.due += 1
         return False
@@ -369,6 +378,7 @@ class _Held:
     timer: Any  # the registered timer (None: none), or UNKNOWN
     due: int  # flushes since the log was first due for a compaction that another shard had
     # (kept in the store's ValueState too: a reload by another process keeps the count)
+    flushed: int = 0  # the task (`_TURNS`) of this process that last flushed the shard
 
 
 UNKNOWN = object()  # NativeShardStore.timer when this process does not know it

@@ -35,6 +35,7 @@ daemon starts (pyFiles arrive with the first task), so the stock daemon is kept 
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -51,13 +52,15 @@ def _drop_spark_zips(path: list[str]) -> list[str]:
 def freeze_after_first_task(worker: Callable[..., int]) -> Callable[..., int]:
     """`pyspark.daemon.worker` (one task of a forked worker) that, after the worker's first
     task, collects once and freezes what is left (the module docstring). The flag is copied
-    into each forked worker, so each freezes once."""
+    into each forked worker, so each freezes once. Only when the task succeeded (code 0) and
+    workers are reused (`SPARK_REUSE_WORKER`, which `pyspark.daemon.manager` reads too): else
+    the worker exits after this task, and the collection would be spent for nothing."""
     frozen = False
 
     def run(*args: Any) -> int:
         nonlocal frozen
         code = worker(*args)
-        if not frozen:
+        if not frozen and code == 0 and os.environ.get("SPARK_REUSE_WORKER"):
             frozen = True
             gc.collect()
             gc.freeze()
