@@ -612,6 +612,11 @@ fn advance_key(
     Ok(())
 }
 
+/// The error a panic caught at a rule boundary becomes, naming the rule(s) `ids`.
+fn engine_failed(ids: &str, p: Box<dyn std::any::Any + Send>) -> PyErr {
+    CoreError::new_err(format!("rule {ids}: the native engine failed: {}", panic_message(p)))
+}
+
 /// What `run_rules` leaves of a key: the rules' parts and the families' states to keep, and the
 /// earliest deadline.
 type Ran = (Vec<Part>, Vec<(u32, FState)>, Option<i64>);
@@ -693,11 +698,7 @@ fn run_rules(
                     Ok(Ok(r)) => r,
                     Ok(Err(e)) => return Err(e),
                     Err(p) => {
-                        let e = CoreError::new_err(format!(
-                            "rule {}: the native engine failed: {}",
-                            rules[fam.members[0]].id,
-                            panic_message(p)
-                        ));
+                        let e = engine_failed(&rules[fam.members[0]].id, p);
                         // The family's state and its members' parts went with the closure.
                         return Err(e);
                     }
@@ -761,8 +762,7 @@ fn run_rules(
             Ok(Err(e)) => return Err(e),
             Err(p) => {
                 // The closure touched only this rule's part: the rest stays the key's.
-                let msg = format!("rule {}: the native engine failed: {}", rule.id, panic_message(p));
-                return Err(CoreError::new_err(msg));
+                return Err(engine_failed(&rule.id, p));
             }
         };
         if let Some(p) = partials.as_deref_mut() {
@@ -835,7 +835,7 @@ impl Engine {
             let r = catch_unwind(AssertUnwindSafe(|| self.finish_key(py, st, (id, gi, &key), max_ts, eof, &matches, &mut counts)))
                 .unwrap_or_else(|p| {
                     let ids = self.groups[gi as usize].rule_ids.join(", ");
-                    Err(CoreError::new_err(format!("rule {ids}: the native engine failed: {}", panic_message(p))))
+                    Err(engine_failed(&ids, p))
                 });
             if let Err(e) = r {
                 // The keys not advanced keep their state and come due again; their events of
