@@ -569,24 +569,34 @@ fn advance_key(
         st.enc.remove(&id);
     }
     let KeyState { mut buffer, parts, fams: mut fstates } = loaded.unwrap_or_default();
-    if let Some(new) = new {
+    // The handed-in vector of new events, once emptied into a non-empty buffer, holds the events
+    // released from it (its room is kept: it is handed back to the slot after the call).
+    let mut spare = Vec::new();
+    if let Some(mut new) = new {
         if buffer.is_empty() {
             buffer = new;
         } else {
-            buffer.extend(new);
+            buffer.extend(new.drain(..));
+            spare = new;
         }
         if buffer.len() > 1 {
             buffer.sort_by(|a, b| cmp_items(py, a, b));
         }
     }
     let n = buffer.partition_point(|x| x.ts <= safe);
-    let released: Vec<Item> = if n == buffer.len() { std::mem::take(&mut buffer) } else { buffer.drain(..n).collect() };
+    let released: Vec<Item> = if n == buffer.len() {
+        std::mem::take(&mut buffer)
+    } else {
+        spare.extend(buffer.drain(..n));
+        spare
+    };
+    let compact = st.decoded >= st.compact_from;
     // `parts` are kept in the group's rule order, so each rule's part is found at a cursor
     // (a search only after a rule change).
     let mut parts: Vec<Option<Part>> = parts.into_iter().map(Some).collect();
     let due = buffer.first().map(|x| x.ts);
     // The one error exit: whatever `run_rules` did not consume stays the key's.
-    let r = run_rules(py, rules, fams, partials, g, st, (id, key), released, (&mut parts, &mut fstates), due, safe, eof, matches);
+    let r = run_rules(py, rules, fams, partials, g, st, (id, key), (released, compact), (&mut parts, &mut fstates), due, safe, eof, matches);
     let (kept, kept_fams, due) = match r {
         Ok(r) => r,
         Err(e) => return Err(keep_unconsumed(st, id, buffer, parts, fstates, e)),
@@ -600,7 +610,7 @@ fn advance_key(
         return Ok(());
     }
     let mut ks = KeyState { buffer, parts: kept, fams: kept_fams };
-    if st.decoded >= st.compact_from {
+    if compact {
         ks.compact();
     }
     st.put_state(id, Some(ks));
@@ -633,7 +643,7 @@ fn run_rules(
     g: &mut Group,
     st: &mut EngineState,
     (id, key): (Id, &Arc<str>),
-    mut released: Vec<Item>,
+    (mut released, compact): (Vec<Item>, bool),
     (parts, fstates): (&mut Vec<Option<Part>>, &mut Vec<(u32, FState)>),
     mut due: Option<i64>,
     safe: i64,
@@ -664,7 +674,7 @@ fn run_rules(
     }
     // The emptied vector is the key's `new` for the next call (it grew from empty every call);
     // with many keys it is dropped, as their states are compacted (`COMPACT_FROM`).
-    if st.decoded < st.compact_from {
+    if !compact {
         st.keys.val_mut(id).new = released;
     }
     prefetch_key(&evs, parts);
