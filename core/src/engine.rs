@@ -576,7 +576,7 @@ fn advance_key(
         if buffer.is_empty() {
             buffer = new;
         } else {
-            buffer.extend(new.drain(..));
+            buffer.append(&mut new);
             spare = new;
         }
         if buffer.len() > 1 {
