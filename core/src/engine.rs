@@ -516,16 +516,16 @@ pub(crate) fn canon(obj: &Bound<'_, PyAny>, names: &[String], out: &mut String, 
 /// them key by key, so each first read missed the cache, one miss at a time as the tests
 /// reached them (perf: the operand load of the first condition was the hottest line); asked
 /// for together, the misses overlap.
-fn prefetch_key(evs: &[Arc<Ev>], parts: &[Part]) {
+fn prefetch_key(evs: &[Arc<Ev>], parts: &[Option<Part>]) {
     for ev in evs {
         prefetch_row(ev);
     }
-    prefetch_parts(parts);
+    prefetch_parts(parts.iter().flatten());
 }
 
 /// `prefetch_key` for the last capture of each partial match of `parts`.
-fn prefetch_parts(parts: &[Part]) {
-    let last_caps = parts.iter().flat_map(|p| &p.state.runs).filter_map(|r| r.entries.first()).filter_map(|e| e.caps.last());
+fn prefetch_parts<'a>(parts: impl IntoIterator<Item = &'a Part>) {
+    let last_caps = parts.into_iter().flat_map(|p| &p.state.runs).filter_map(|r| r.entries.first()).filter_map(|e| e.caps.last());
     for c in last_caps.take(16) {
         prefetch_row(&c.ev);
     }
@@ -568,20 +568,88 @@ fn advance_key(
     } else if !st.enc.is_empty() {
         st.enc.remove(&id);
     }
-    let mut partials = partials;
     let KeyState { mut buffer, parts, fams: mut fstates } = loaded.unwrap_or_default();
-    if let Some(new) = new {
+    // The handed-in vector of new events, once emptied into a non-empty buffer, holds the events
+    // released from it (its room is kept: it is handed back to the slot after the call).
+    let mut spare = Vec::new();
+    if let Some(mut new) = new {
         if buffer.is_empty() {
             buffer = new;
         } else {
-            buffer.extend(new);
+            buffer.append(&mut new);
+            spare = new;
         }
         if buffer.len() > 1 {
             buffer.sort_by(|a, b| cmp_items(py, a, b));
         }
     }
     let n = buffer.partition_point(|x| x.ts <= safe);
-    let mut released: Vec<Item> = if n == buffer.len() { std::mem::take(&mut buffer) } else { buffer.drain(..n).collect() };
+    let released: Vec<Item> = if n == buffer.len() {
+        std::mem::take(&mut buffer)
+    } else {
+        spare.extend(buffer.drain(..n));
+        spare
+    };
+    let compact = st.decoded >= st.compact_from;
+    // `parts` are kept in the group's rule order, so each rule's part is found at a cursor
+    // (a search only after a rule change).
+    let mut parts: Vec<Option<Part>> = parts.into_iter().map(Some).collect();
+    let due = buffer.first().map(|x| x.ts);
+    // The one error exit: whatever `run_rules` did not consume stays the key's.
+    let r = run_rules(py, rules, fams, partials, g, st, (id, key), (released, compact), (&mut parts, &mut fstates), due, safe, eof, matches);
+    let (kept, kept_fams, due) = match r {
+        Ok(r) => r,
+        Err(e) => return Err(keep_unconsumed(st, id, buffer, parts, fstates, e)),
+    };
+    counts.reset += parts.iter().filter(|p| p.is_some()).count();
+    counts.touched += 1;
+    if buffer.is_empty() && kept.is_empty() && kept_fams.is_empty() {
+        st.keys.discard_wake(id);
+        st.release_if_empty(id);
+        counts.released += 1;
+        return Ok(());
+    }
+    let mut ks = KeyState { buffer, parts: kept, fams: kept_fams };
+    if compact {
+        ks.compact();
+    }
+    st.put_state(id, Some(ks));
+    let when = match due {
+        None => AT_END,
+        Some(d) => d.saturating_add(g.lateness).saturating_add(1),
+    };
+    st.keys.set_wake(id, when);
+    Ok(())
+}
+
+/// The error a panic caught at a rule boundary becomes, naming the rule(s) `ids`.
+fn engine_failed(ids: &str, p: Box<dyn std::any::Any + Send>) -> PyErr {
+    CoreError::new_err(format!("rule {ids}: the native engine failed: {}", panic_message(p)))
+}
+
+/// What `run_rules` leaves of a key: the rules' parts and the families' states to keep, and the
+/// earliest deadline.
+type Ran = (Vec<Part>, Vec<(u32, FState)>, Option<i64>);
+
+/// `advance_key`'s events and rules: converts the released events and runs the group's rules
+/// on them. `parts` and `fstates` are the key's, taken by the rules as they run; on an error
+/// they hold what was not consumed (`keep_unconsumed`).
+#[allow(clippy::too_many_arguments)]
+fn run_rules(
+    py: Python<'_>,
+    rules: &mut [RuleE],
+    fams: (&[Family], &[u32]),
+    mut partials: Option<&mut [i64]>,
+    g: &mut Group,
+    st: &mut EngineState,
+    (id, key): (Id, &Arc<str>),
+    (mut released, compact): (Vec<Item>, bool),
+    (parts, fstates): (&mut Vec<Option<Part>>, &mut Vec<(u32, FState)>),
+    mut due: Option<i64>,
+    safe: i64,
+    eof: bool,
+    matches: &Bound<'_, PyList>,
+) -> PyResult<Ran> {
     let out = Out::lazy(matches.clone(), key.clone());
     // One `Ev` per released event, shared by every rule of the group (one field table).
     let (mut evs, mut shared) = std::mem::take(&mut st.scratch);
@@ -600,26 +668,22 @@ fn advance_key(
             _ => match it.data_obj(py).and_then(|d| Ok((d, it.seq_obj(py)?))) {
                 Ok((d, q)) => Ev::from_py(d, q, it.ts),
                 // As a rule's error: the key keeps its state (the released events are lost).
-                Err(e) => return Err(keep_unconsumed(st, id, buffer, parts.into_iter().map(Some).collect(), fstates, e)),
+                Err(e) => return Err(e),
             },
         }));
     }
     // The emptied vector is the key's `new` for the next call (it grew from empty every call);
     // with many keys it is dropped, as their states are compacted (`COMPACT_FROM`).
-    if st.decoded < st.compact_from {
+    if !compact {
         st.keys.val_mut(id).new = released;
     }
-    prefetch_key(&evs, &parts);
+    prefetch_key(&evs, parts);
     // Per event, the group's distinct local conditions known so far (0 unknown, 1 false,
     // 2 true): a condition that several rules share is evaluated once per event.
     let ncids = g.ncids;
     shared.resize(ncids * evs.len(), 0);
     let mut kept = Vec::with_capacity(parts.len());
-    // `parts` are kept in the group's rule order, so each rule's part is found at a cursor
-    // (a search only after a rule change).
-    let mut parts: Vec<Option<Part>> = parts.into_iter().map(Some).collect();
     let mut cursor = 0;
-    let mut due = buffer.first().map(|x| x.ts);
     let mut kept_fams = Vec::new();
     let mut fam_outs: Vec<Option<FOut>> = fams.0.iter().map(|_| None).collect();
     for &ri in &g.rules {
@@ -633,7 +697,7 @@ fn advance_key(
                 // Regrouping reads the key's bytes: inside the boundary too (a panic on corrupt
                 // state becomes an error naming the rule).
                 let r = catch_unwind(AssertUnwindSafe(|| {
-                    let fs = family_state(fam, rules, &mut fstates, &mut parts, fi);
+                    let fs = family_state(fam, rules, fstates, parts, fi);
                     let before: Vec<i64> = match track {
                         true => (0..fam.members.len()).map(|i| fam.partials(fs.as_ref(), i)).collect(),
                         false => Vec::new(),
@@ -642,15 +706,11 @@ fn advance_key(
                 }));
                 let (before, fs) = match r {
                     Ok(Ok(r)) => r,
-                    Ok(Err(e)) => return Err(keep_unconsumed(st, id, buffer, parts, fstates, e)),
+                    Ok(Err(e)) => return Err(e),
                     Err(p) => {
-                        let e = CoreError::new_err(format!(
-                            "rule {}: the native engine failed: {}",
-                            rules[fam.members[0]].id,
-                            panic_message(p)
-                        ));
+                        let e = engine_failed(&rules[fam.members[0]].id, p);
                         // The family's state and its members' parts went with the closure.
-                        return Err(keep_unconsumed(st, id, buffer, parts, fstates, e));
+                        return Err(e);
                     }
                 };
                 if let Some(p) = partials.as_deref_mut() {
@@ -667,9 +727,7 @@ fn advance_key(
                 fam_outs[fi] = Some(fout);
             }
             if let Some(fo) = &fam_outs[fi] {
-                if let Err(e) = fo.append_rule(ri, matches) {
-                    return Err(keep_unconsumed(st, id, buffer, parts, fstates, e));
-                }
+                fo.append_rule(ri, matches)?;
             }
             continue;
         }
@@ -711,12 +769,10 @@ fn advance_key(
         }));
         let s = match r {
             Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(keep_unconsumed(st, id, buffer, parts, fstates, e)),
+            Ok(Err(e)) => return Err(e),
             Err(p) => {
                 // The closure touched only this rule's part: the rest stays the key's.
-                let msg = format!("rule {}: the native engine failed: {}", rule.id, panic_message(p));
-                let e = CoreError::new_err(msg);
-                return Err(keep_unconsumed(st, id, buffer, parts, fstates, e));
+                return Err(engine_failed(&rule.id, p));
             }
         };
         if let Some(p) = partials.as_deref_mut() {
@@ -732,31 +788,13 @@ fn advance_key(
     evs.clear();
     shared.clear();
     st.scratch = (evs, shared);
-    counts.reset += parts.iter().filter(|p| p.is_some()).count();
-    counts.touched += 1;
-    if buffer.is_empty() && kept.is_empty() && kept_fams.is_empty() {
-        st.keys.discard_wake(id);
-        st.release_if_empty(id);
-        counts.released += 1;
-        return Ok(());
-    }
-    let mut ks = KeyState { buffer, parts: kept, fams: kept_fams };
-    if st.decoded >= st.compact_from {
-        ks.compact();
-    }
-    st.put_state(id, Some(ks));
-    let when = match due {
-        None => AT_END,
-        Some(d) => d.saturating_add(g.lateness).saturating_add(1),
-    };
-    st.keys.set_wake(id, when);
-    Ok(())
+    Ok((kept, kept_fams, due))
 }
 
 /// A rule raised (or panicked) while the key was advanced: the key keeps what the call did not
 /// consume (its events not released, the parts of the rules not run yet); the released events
 /// and the parts of the rules run so far are lost with the call. Every error and panic path of
-/// `advance_key` ends here, as the Python engine's `_advance` does (docs/native-core.md).
+/// `advance_key` (all in `run_rules`) ends here, at its one exit, as the Python engine's `_advance` does (docs/native-core.md).
 fn keep_unconsumed(
     st: &mut EngineState,
     id: Id,
@@ -807,7 +845,7 @@ impl Engine {
             let r = catch_unwind(AssertUnwindSafe(|| self.finish_key(py, st, (id, gi, &key), max_ts, eof, &matches, &mut counts)))
                 .unwrap_or_else(|p| {
                     let ids = self.groups[gi as usize].rule_ids.join(", ");
-                    Err(CoreError::new_err(format!("rule {ids}: the native engine failed: {}", panic_message(p))))
+                    Err(engine_failed(&ids, p))
                 });
             if let Err(e) = r {
                 // The keys not advanced keep their state and come due again; their events of

@@ -345,9 +345,10 @@ fn exact_frac_digits(f: f64) -> usize {
 fn float_repr(f: f64, out: &mut String) {
     use std::fmt::Write;
     // Rust's shortest digits break a tie between two shortest forms upward, Python's repr to
-    // even (764461555359037.25: Rust `.3`, Python `.2`): each form below that can be a tie is
-    // written again exactly at as many digits (Rust's fixed precision rounds ties to even) and
-    // that one is kept when it differs and still reads back as `f`.
+    // even (764461555359037.25: Rust `.3`, Python `.2`): the positional form is written again
+    // only when it can be a tie, the scientific form always, exactly at as many digits (Rust's
+    // fixed precision rounds ties to even); that one is kept when it differs and still reads
+    // back as `f`.
     if f == 0.0 || (1e-4..1e16).contains(&f.abs()) {
         // Positional range (the usual amount or price): `Debug` writes these digits with
         // Python's `.0` rule, with no allocation.
