@@ -531,6 +531,16 @@ fn prefetch_parts<'a>(parts: impl IntoIterator<Item = &'a Part>) {
     }
 }
 
+/// An item's first line: its `Ev` (an Arrow event's row is in it), else its `Row`.
+#[inline(always)]
+fn prefetch_item(it: &Item) {
+    match (&it.ev, &it.row) {
+        (Some(ev), _) => prefetch_arc(ev),
+        (None, Some(r)) => prefetch(Arc::as_ptr(r)),
+        (None, None) => {}
+    }
+}
+
 #[inline(always)]
 fn prefetch_row(ev: &Ev) {
     if let Some(row) = &ev.row {
@@ -932,11 +942,7 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
             // An Arrow event's row is in its `Ev` (built when the batch was read): the `Ev`
             // here, its `Row` and the row's values in the next stages (each stage reads what
             // the one before brought in).
-            match (&it.ev, &it.row) {
-                (Some(ev), _) => prefetch_arc(ev),
-                (None, Some(r)) => prefetch(Arc::as_ptr(r)),
-                (None, None) => {}
-            }
+            prefetch_item(it);
         }
         for e in runs_of(st, id).filter_map(|r| r.entries.first()) {
             prefetch_arc(&e.caps);
@@ -1780,11 +1786,7 @@ fn prefetch_encode(st: &EngineState, ids: &[Id], k: usize) {
             prefetch(p.state.runs.as_ptr());
         }
         for it in ks.buffer.iter().take(AHEAD_EVENTS) {
-            match (&it.ev, &it.row) {
-                (Some(ev), _) => prefetch_arc(ev),
-                (None, Some(r)) => prefetch(Arc::as_ptr(r)),
-                (None, None) => {}
-            }
+            prefetch_item(it);
         }
     }
     if let Some(ks) = state(1) {
