@@ -161,6 +161,23 @@ def fire_timers(proc: Any, shard: ShardState, wm: int) -> None:
                 pass
 
 
+def run_batch(proc: Any, handle: Any, shard: ShardState, frames: dict[int, Any],
+              wm: int) -> Iterator[Any]:
+    """One micro-batch of the operator as Spark runs it: `init` (once per task), each shard's
+    call over its frame at watermark `wm`, then the timers `wm` passed. Yields the calls'
+    output frames."""
+    proc.init(handle)
+    for s, frame in sorted(frames.items()):
+        shard.at = (s,)
+        yield from proc.handleInputRows((s,), iter([frame]), Watermark(wm))
+    fire_timers(proc, shard, wm)
+
+
+def batch_wm(b: int, n: int, rate: int) -> int:
+    """The watermark after the `b`-th batch of `n` events at `rate` events/s (`batch_frames`)."""
+    return T0 + int((b + 1) * n * 1000 / rate) - DELAY_MS
+
+
 def batch_frames(b: int, n: int, rate: int, shards: int) -> dict[int, Any]:
     """The `b`-th batch of `n` events of the input at `rate` events/s from `T0` (each card
     every 20 s: velocity's 5-in-1-minute never fits), as the operator's frame per shard."""
@@ -231,20 +248,16 @@ def run_loop(loop: str, rate: int, batch_s: float, batches: int, shards: int,
     n = int(rate * batch_s)
     for b in range(batches):
         frames = batch_frames(b, n, rate, shards)
-        proc.init(handle)  # type: ignore[arg-type]  # as Spark: once per task (micro-batch)
         cpu = time.process_time()
         cpu_in.update({k: 0.0 for k in cpu_in})
         written = sum(x.written for x in handle.lists)
         us = {"engine_us": 0, "store_us": 0}
-        for s, frame in sorted(frames.items()):
-            shard.at = (s,)
-            for res in proc.handleInputRows((s,), iter([frame]), Watermark(wm)):
-                stats = json.loads(res[res["kind"] == "stats"]["payload"].iloc[-1])
-                for k in us:
-                    us[k] += stats.get(k, 0)
-        fire_timers(proc, shard, wm)
+        for res in run_batch(proc, handle, shard, frames, wm):
+            stats = json.loads(res[res["kind"] == "stats"]["payload"].iloc[-1])
+            for k in us:
+                us[k] += stats.get(k, 0)
         cpu = time.process_time() - cpu
-        wm = T0 + int((b + 1) * n * 1000 / rate) - DELAY_MS
+        wm = batch_wm(b, n, rate)
         keys = (sum(len(h.state) for h in op._HELD.values()) if loop == "native" else None)
         # After a call every held key has its `CEPNK` bytes (held as bytes, or kept beside the
         # decoded key): the key states' own size.
