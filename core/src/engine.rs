@@ -916,6 +916,9 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
     }
     if let Some(&id) = due.get(k + 6) {
         let s = st.keys.slot(id);
+        // The key's table line: a key left empty is released (e.g. every key whose deadlines
+        // all pass in the call).
+        st.keys.prefetch_entry(id);
         prefetch(Arc::as_ptr(&s.key).cast::<u8>());
         prefetch(s.val.new.as_ptr());
         if let Some(ks) = &s.val.state {
@@ -1355,7 +1358,24 @@ impl Engine {
         // are released in `finish`), so an id found here stays the key's.
         let mut key_ids: Vec<Vec<Id>> = vec![Vec::new(); self.groups.len()];
         let empty: Arc<str> = Arc::from(""); // the key of a group without PARTITION BY
+        // With many keys, each row's key is a chain of misses when it is interned (its table
+        // line, its slot, its text): they are asked for a few rows ahead, a level per stage
+        // (`ahead`: the groups with a key column, at most 4; `hs`: the rows' key hashes).
+        let ahead: Vec<(u32, usize)> = match json_i.is_none() && st.decoded >= st.compact_from {
+            true => kf_col.iter().enumerate().filter_map(|(gi, c)| c.map(|c| (gi as u32, data_idx[c]))).take(4).collect(),
+            false => Vec::new(),
+        };
+        let mut hs = [[0u32; 4]; 16];
         for j in 0..b.len {
+            for (x, &(gi, c)) in ahead.iter().enumerate() {
+                if let Some(t) = (j + 12 < b.len).then(|| b.bytes_at(c, j + 12)).flatten() {
+                    let h = st.keys.hash_bytes(t);
+                    hs[(j + 12) % 16][x] = h;
+                    st.keys.prefetch_table(gi, h);
+                }
+                st.keys.prefetch_named(gi, hs[(j + 6) % 16][x], false);
+                st.keys.prefetch_named(gi, hs[(j + 3) % 16][x], true);
+            }
             let ts = tss[j];
             top = top.max(ts);
             let sname: &[u8] = match stream_i {

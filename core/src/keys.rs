@@ -11,8 +11,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use hashbrown::HashTable;
-
 use crate::engine::AT_END;
 
 pub type Id = u32;
@@ -88,10 +86,100 @@ struct Named {
     h: u32,
 }
 
-/// The table hash of a 32-bit text hash: its bits both high (hashbrown's tag) and low (the
-/// bucket).
-fn spread(h: u32) -> u64 {
-    (u64::from(h) << 32) | u64::from(h)
+/// `Named::id` of an empty place in a `Table` (never a key's id: `intern` stops below it).
+const VACANT: Id = Id::MAX;
+
+/// A group's key table: open addressing with linear probing over 8-byte entries, the key's
+/// place at its hash's low bits. A lookup reads one line of entries (hashbrown's table read a
+/// control group and then the entry, two misses a key with 1M keys), compares the full 32 bits
+/// of the hash there and the text in the slot; its line can be asked for ahead (`line`). A
+/// removal shifts the entries after it back (no tombstones). At most 5/8 full.
+struct Table {
+    e: Vec<Named>,
+    len: usize,
+}
+
+impl Table {
+    fn new() -> Self {
+        Table { e: Vec::new(), len: 0 }
+    }
+
+    fn mask(&self) -> usize {
+        self.e.len().wrapping_sub(1)
+    }
+
+    /// Where a key of hash `h` is looked for first (any address while the table is empty: only
+    /// a prefetch reads it).
+    fn line(&self, h: u32) -> *const Named {
+        self.e.as_ptr().wrapping_add(h as usize & self.mask())
+    }
+
+    /// The place of the entry of hash `h` for which `eq(id)` holds.
+    fn find(&self, h: u32, mut eq: impl FnMut(Id) -> bool) -> Option<usize> {
+        if self.len == 0 {
+            return None;
+        }
+        let m = self.mask();
+        let mut i = h as usize & m;
+        loop {
+            let e = self.e[i];
+            if e.id == VACANT {
+                return None;
+            }
+            if e.h == h && eq(e.id) {
+                return Some(i);
+            }
+            i = (i + 1) & m;
+        }
+    }
+
+    fn insert(&mut self, n: Named) {
+        if (self.len + 1) * 8 > self.e.len() * 5 {
+            self.resize((self.e.len() * 2).max(16));
+        }
+        self.put(n);
+        self.len += 1;
+    }
+
+    fn put(&mut self, n: Named) {
+        let m = self.mask();
+        let mut i = n.h as usize & m;
+        while self.e[i].id != VACANT {
+            i = (i + 1) & m;
+        }
+        self.e[i] = n;
+    }
+
+    /// Empty place `i`, moving back the entries of its run that may take it.
+    fn remove_at(&mut self, mut i: usize) {
+        let m = self.mask();
+        let mut j = i;
+        loop {
+            j = (j + 1) & m;
+            let e = self.e[j];
+            if e.id == VACANT {
+                break;
+            }
+            // `e` may move to `i` unless its home lies cyclically in (i, j].
+            let home = e.h as usize & m;
+            if (j.wrapping_sub(home) & m) >= (j.wrapping_sub(i) & m) {
+                self.e[i] = e;
+                i = j;
+            }
+        }
+        self.e[i] = Named { id: VACANT, h: 0 };
+        self.len -= 1;
+        if self.e.len() > 64 && self.len * 16 < self.e.len() {
+            self.resize((self.len * 4).next_power_of_two().max(16));
+        }
+    }
+
+    fn resize(&mut self, cap: usize) {
+        let old = std::mem::replace(&mut self.e, vec![Named { id: VACANT, h: 0 }; cap]);
+        for n in old.into_iter().filter(|n| n.id != VACANT) {
+            self.put(n);
+        }
+    }
 }
 
 pub struct Slot<V> {
@@ -113,7 +201,7 @@ pub struct Keys<V> {
     /// cut off, so the slab shrinks as keys go).
     free: BTreeSet<Id>,
     /// Per group, the ids of its keys by text (8 bytes a bucket; the texts are in the slots).
-    by_text: Vec<HashTable<Named>>,
+    by_text: Vec<Table>,
     hasher: foldhash::fast::RandomState,
     /// The wake index: bucket → ids filed there (some stale).
     buckets: BTreeMap<i64, Bucket>,
@@ -157,7 +245,7 @@ impl<V: Default> Keys<V> {
     fn intern_hashed(&mut self, group: u32, key: &Arc<str>, h: u32) -> Result<Id, TooManyKeys> {
         let g = group as usize;
         if self.by_text.len() <= g {
-            self.by_text.resize_with(g + 1, HashTable::new);
+            self.by_text.resize_with(g + 1, Table::new);
         }
         if let Some(id) = self.lookup(g, key, h) {
             return Ok(id);
@@ -169,25 +257,24 @@ impl<V: Default> Keys<V> {
                 id
             }
             None => {
-                let id = Id::try_from(self.slots.len()).map_err(|_| TooManyKeys)?;
+                let id = Id::try_from(self.slots.len()).ok().filter(|&id| id != VACANT).ok_or(TooManyKeys)?;
                 self.slots.push(slot);
                 id
             }
         };
-        self.by_text[g].insert_unique(spread(h), Named { id, h }, |e| spread(e.h));
+        self.by_text[g].insert(Named { id, h });
         Ok(id)
     }
 
     fn hash(&self, key: &str) -> u32 {
-        let h = self.hasher.hash_one(key);
-        (h ^ (h >> 32)) as u32
+        self.hash_bytes(key.as_bytes())
     }
 
     /// The id of `key` (hash `h`) in group `g`, if it has one.
     fn lookup(&self, g: usize, key: &str, h: u32) -> Option<Id> {
         let slots = &self.slots;
         let t = self.by_text.get(g)?;
-        t.find(spread(h), |e| e.h == h && *slots[e.id as usize].key == *key).map(|e| e.id)
+        t.find(h, |id| *slots[id as usize].key == *key).map(|i| t.e[i].id)
     }
 
     pub fn find(&self, group: u32, key: &str) -> Option<Id> {
@@ -203,8 +290,8 @@ impl<V: Default> Keys<V> {
             return;
         }
         if let Some(t) = self.by_text.get_mut(s.group as usize) {
-            if let Ok(e) = t.find_entry(spread(s.h), |e| e.id == id) {
-                e.remove();
+            if let Some(i) = t.find(s.h, |e| e == id) {
+                t.remove_at(i);
             }
         }
         s.key = empty;
@@ -217,6 +304,44 @@ impl<V: Default> Keys<V> {
         }
         if self.slots.capacity() > 1024 && self.slots.len() < self.slots.capacity() / 4 {
             self.slots.shrink_to(self.slots.len() * 2);
+        }
+    }
+
+    /// The text hash of a key: `intern` and `find` hash the same bytes (`prefetch_table`).
+    pub fn hash_bytes(&self, key: &[u8]) -> u32 {
+        let h = self.hasher.hash_one(key);
+        (h ^ (h >> 32)) as u32
+    }
+
+    /// Ask for the table line where a key of hash `h` of `group` is looked up (a hint, like
+    /// the others: the caller interns the key a few events later).
+    pub fn prefetch_table(&self, group: u32, h: u32) {
+        if let Some(t) = self.by_text.get(group as usize) {
+            prefetch(t.line(h));
+        }
+    }
+
+    /// Ask for the slot of the key of hash `h` in `group` (its table line asked for earlier),
+    /// and with `text` the key's text, which the slot names (the slot asked for earlier).
+    pub fn prefetch_named(&self, group: u32, h: u32, text: bool) {
+        let Some(t) = self.by_text.get(group as usize) else { return };
+        let Some(i) = t.find(h, |_| true) else { return };
+        let Some(s) = self.slots.get(t.e[i].id as usize) else { return };
+        if text {
+            prefetch(Arc::as_ptr(&s.key).cast::<u8>());
+        } else {
+            let p = (s as *const Slot<V>).cast::<u8>();
+            prefetch(p);
+            prefetch(p.wrapping_add(64));
+            prefetch(p.wrapping_add(128));
+        }
+    }
+
+    /// Ask for the table line of the key `id` (what its release reads: its slot asked for
+    /// earlier).
+    pub fn prefetch_entry(&self, id: Id) {
+        if let Some(s) = self.slots.get(id as usize).filter(|s| s.group != FREE) {
+            self.prefetch_table(s.group, s.h);
         }
     }
 
@@ -526,7 +651,7 @@ mod tests {
         for (&(g, i), &id) in &model {
             assert_eq!(k.find(g, &format!("k{i}")), Some(id));
         }
-        assert_eq!(k.by_text.iter().map(HashTable::len).sum::<usize>(), model.len());
+        assert_eq!(k.by_text.iter().map(|t| t.len).sum::<usize>(), model.len());
     }
 
     /// Keys whose 32-bit hashes are all equal (in two groups) are told apart by their text:
@@ -554,7 +679,42 @@ mod tests {
         assert_eq!(new, ids[1].2, "the lowest released id is reused");
         assert_eq!(k.lookup(0, "k5000", 7), Some(new));
         assert_eq!(k.lookup(0, "k1", 7), None);
-        assert_eq!(k.by_text.iter().map(HashTable::len).sum::<usize>(), 1001);
+        assert_eq!(k.by_text.iter().map(|t| t.len).sum::<usize>(), 1001);
+    }
+
+    /// The table alone, with hashes of a few bits (long runs that wrap around the end): every
+    /// entry is found at its place through growth, removals that shift runs back, and
+    /// shrinking, against a map.
+    #[test]
+    fn table_agrees_with_a_map_through_runs_that_wrap() {
+        let mut rng = Lcg(3);
+        let mut t = Table::new();
+        let mut model: std::collections::HashMap<Id, u32> = Default::default();
+        for step in 0..200_000u32 {
+            // Grow to ~5,000 entries, then empty the table (shrinking it) and grow it again.
+            let filling = (step / 20_000) % 2 == 0;
+            let id = rng.next(6_000) as Id;
+            if rng.next(3) != 0 && filling {
+                if !model.contains_key(&id) {
+                    let h = if rng.next(2) == 0 { rng.next(16) as u32 } else { u32::MAX - rng.next(16) as u32 };
+                    t.insert(Named { id, h });
+                    model.insert(id, h);
+                }
+            } else if let Some(h) = model.remove(&id) {
+                let i = t.find(h, |e| e == id).expect("a live entry is found");
+                t.remove_at(i);
+            }
+            if step % 997 == 0 {
+                for (&id, &h) in &model {
+                    let i = t.find(h, |e| e == id).expect("found");
+                    assert_eq!((t.e[i].id, t.e[i].h), (id, h), "step {step}");
+                }
+                assert_eq!(t.len, model.len());
+                assert_eq!(t.e.iter().filter(|n| n.id != VACANT).count(), model.len());
+                assert!(t.e.is_empty() || t.len * 8 <= t.e.len() * 5);
+            }
+        }
+        assert!(t.e.len() <= 64 || t.len * 16 >= t.e.len(), "an emptied table shrinks");
     }
 
     /// Random wake operations over many keys against a plain map: the same keys are due, the
