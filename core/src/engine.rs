@@ -911,10 +911,10 @@ impl Engine {
 /// places ahead in `due`, then what they point to (events, matcher states), in stages, so
 /// that the loads overlap instead of stalling the key being advanced.
 fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
-    if let Some(&id) = due.get(k + 12) {
+    if let Some(&id) = due.get(k + 14) {
         st.keys.prefetch(id);
     }
-    if let Some(&id) = due.get(k + 6) {
+    if let Some(&id) = due.get(k + 8) {
         let s = st.keys.slot(id);
         // The key's table line: a key left empty is released (e.g. every key whose deadlines
         // all pass in the call).
@@ -928,15 +928,27 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
     }
     // A key's partial matches, a level per stage: runs, their entries, the first entry's
     // captures, their vector, its first event (what `advance` reads for the deadline, and what
-    // a key due by time alone, with no new event, reaches first).
-    if let Some(&id) = due.get(k + 5) {
+    // a key due by time alone, with no new event, reaches first), that event's row and values
+    // (what dropping the match reads when its deadline passes).
+    if let Some(&id) = due.get(k + 7) {
         for p in parts_of(st, id) {
             prefetch(p.state.runs.as_ptr());
         }
     }
-    if let Some(&id) = due.get(k + 4) {
+    if let Some(&id) = due.get(k + 6) {
         for r in runs_of(st, id) {
             prefetch(r.entries.as_ptr());
+        }
+    }
+    let first_caps = |id: Id| runs_of(st, id).filter_map(|r| r.entries.first());
+    if let Some(&id) = due.get(k + 5) {
+        for e in first_caps(id) {
+            prefetch_arc(&e.caps);
+        }
+    }
+    if let Some(&id) = due.get(k + 4) {
+        for e in first_caps(id) {
+            prefetch(e.caps.v.as_ptr());
         }
     }
     if let Some(&id) = due.get(k + 3) {
@@ -947,8 +959,8 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
             // the one before brought in).
             prefetch_item(it);
         }
-        for e in runs_of(st, id).filter_map(|r| r.entries.first()) {
-            prefetch_arc(&e.caps);
+        for c in first_caps(id).filter_map(|e| e.caps.first()) {
+            prefetch_arc(&c.ev);
         }
     }
     let evs_of = |id: Id| {
@@ -958,14 +970,14 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
         for r in evs_of(id).filter_map(|ev| ev.row.as_ref()) {
             prefetch(Arc::as_ptr(r));
         }
-        for e in runs_of(st, id).filter_map(|r| r.entries.first()) {
-            prefetch(e.caps.v.as_ptr());
+        for r in first_caps(id).filter_map(|e| e.caps.first()).filter_map(|c| c.ev.row.as_ref()) {
+            prefetch(Arc::as_ptr(r));
         }
     }
     if let Some(&id) = due.get(k + 1) {
         evs_of(id).for_each(prefetch_row);
-        for c in runs_of(st, id).filter_map(|r| r.entries.first()).filter_map(|e| e.caps.first()) {
-            prefetch_arc(&c.ev);
+        for c in first_caps(id).filter_map(|e| e.caps.first()) {
+            prefetch_row(&c.ev);
         }
     }
 }
@@ -1477,6 +1489,17 @@ impl Engine {
                         id
                     }
                 };
+                // With many keys the row names its key by the key's own text (the slot's `Arc`),
+                // not the batch's copy: one string per key instead of one per event kept, and
+                // dropping the event reaches the text the key's slot brings in.
+                if let (false, Some(c)) = (ahead.is_empty(), kf_col[gi as usize]) {
+                    if let Some(Value::Str(s)) = row.as_mut().and_then(Arc::get_mut).map(|r| &mut r.vals[c]) {
+                        let k = &st.keys.slot(id).key;
+                        if !Arc::ptr_eq(s, k) {
+                            *s = k.clone();
+                        }
+                    }
+                }
                 // The last group takes the row itself (no reference count touched).
                 let Some(r) = (if k + 1 == gs.len() { row.take() } else { row.clone() }) else { break };
                 // The event's `Ev` is built here, while its row is in the cache, on the group's
