@@ -590,7 +590,12 @@ fn advance_key(
             spare = new;
         }
         if buffer.len() > 1 {
-            buffer.sort_by(|a, b| cmp_items(py, a, b));
+            // Outside the rules' guards: a panic in the sort (which leaves every event in the
+            // buffer) keeps the key's state, as an error of its rules would.
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| buffer.sort_by(|a, b| cmp_items(py, a, b)))) {
+                let e = engine_failed(&g.rule_ids.join(", "), p);
+                return Err(keep_unconsumed(st, id, buffer, parts.into_iter().map(Some).collect(), fstates, e));
+            }
         }
     }
     let n = buffer.partition_point(|x| x.ts <= safe);
@@ -606,7 +611,14 @@ fn advance_key(
     let mut parts: Vec<Option<Part>> = parts.into_iter().map(Some).collect();
     let due = buffer.first().map(|x| x.ts);
     // The one error exit: whatever `run_rules` did not consume stays the key's.
-    let r = run_rules(py, rules, fams, partials, g, st, (id, key), (released, compact), (&mut parts, &mut fstates), due, safe, eof, matches);
+    // `run_rules` outside the rules' own guards (the events' conversion, the prefetches, the
+    // rule loop) is guarded here, where the key's parts and families' states live: a panic
+    // there keeps them too.
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let ran = (&mut parts, &mut fstates);
+        run_rules(py, rules, fams, partials, g, st, (id, key), (released, compact), ran, due, safe, eof, matches)
+    }))
+    .unwrap_or_else(|p| Err(engine_failed(&g.rule_ids.join(", "), p)));
     let (kept, kept_fams, due) = match r {
         Ok(r) => r,
         Err(e) => return Err(keep_unconsumed(st, id, buffer, parts, fstates, e)),

@@ -695,10 +695,10 @@ mod tests {
             let filling = (step / 20_000) % 2 == 0;
             let id = rng.next(6_000) as Id;
             if rng.next(3) != 0 && filling {
-                if !model.contains_key(&id) {
+                if let std::collections::hash_map::Entry::Vacant(v) = model.entry(id) {
                     let h = if rng.next(2) == 0 { rng.next(16) as u32 } else { u32::MAX - rng.next(16) as u32 };
                     t.insert(Named { id, h });
-                    model.insert(id, h);
+                    v.insert(h);
                 }
             } else if let Some(h) = model.remove(&id) {
                 let i = t.find(h, |e| e == id).expect("a live entry is found");
