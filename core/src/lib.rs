@@ -16,6 +16,7 @@ mod expr;
 mod json;
 mod keycodec;
 mod keys;
+mod keytable;
 mod matcher;
 mod program;
 mod state;
