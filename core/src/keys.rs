@@ -466,13 +466,13 @@ pub fn prefetch<T>(p: *const T) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A tiny deterministic generator (no dependency for tests).
-    struct Lcg(u64);
+    pub(crate) struct Lcg(pub(crate) u64);
     impl Lcg {
-        fn next(&mut self, n: u64) -> u64 {
+        pub(crate) fn next(&mut self, n: u64) -> u64 {
             self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             (self.0 >> 33) % n
         }

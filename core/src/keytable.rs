@@ -111,15 +111,7 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A tiny deterministic generator (no dependency for tests).
-    struct Lcg(u64);
-    impl Lcg {
-        fn next(&mut self, n: u64) -> u64 {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (self.0 >> 33) % n
-        }
-    }
+    use crate::keys::tests::Lcg;
 
     /// The table alone, with hashes of a few bits (long runs that wrap around the end): every
     /// entry is found at its place through growth, removals that shift runs back, and
