@@ -121,6 +121,7 @@ mod tests {
         let mut rng = Lcg(3);
         let mut t = Table::new();
         let mut model: std::collections::HashMap<Id, u32> = Default::default();
+        let mut removed = Vec::new();
         for step in 0..200_000u32 {
             // Grow to ~5,000 entries, then empty the table (shrinking it) and grow it again.
             let filling = (step / 20_000) % 2 == 0;
@@ -134,11 +135,19 @@ mod tests {
             } else if let Some(h) = model.remove(&id) {
                 let i = t.find(h, |e| e == id).expect("a live entry is found");
                 t.remove_at(i);
+                // A removed entry is not found.
+                assert!(t.find(h, |e| e == id).is_none(), "step {step}");
+                removed.push((id, h));
             }
             if step % 997 == 0 {
                 for (&id, &h) in &model {
                     let i = t.find(h, |e| e == id).expect("found");
                     assert_eq!((t.e[i].id, t.e[i].h), (id, h), "step {step}");
+                }
+                // Entries removed since the last check (some inserted again since, maybe under
+                // another hash) are found exactly as the map has them.
+                for (id, h) in removed.drain(..) {
+                    assert_eq!(t.find(h, |e| e == id).is_some(), model.get(&id) == Some(&h), "step {step}");
                 }
                 assert_eq!(t.len, model.len());
                 assert_eq!(t.e.iter().filter(|n| n.id != VACANT).count(), model.len());
