@@ -591,8 +591,11 @@ fn advance_key(
         }
         if buffer.len() > 1 {
             // Outside the rules' guards: a panic in the sort (which leaves every event in the
-            // buffer) keeps the key's state, as an error of its rules would.
+            // buffer) keeps the key's state, as an error of its rules would. It panics only on
+            // `seq`s that are not totally ordered: the buffer is kept in time order at least
+            // (what releasing by `partition_point` below reads).
             if let Err(p) = catch_unwind(AssertUnwindSafe(|| buffer.sort_by(|a, b| cmp_items(py, a, b)))) {
+                buffer.sort_by_key(|x| x.ts);
                 let e = engine_failed(&g.rule_ids.join(", "), p);
                 return Err(keep_unconsumed(st, id, buffer, parts.into_iter().map(Some).collect(), fstates, e));
             }

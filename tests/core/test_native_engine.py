@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import random
 from pathlib import Path
 from typing import Any
 
@@ -299,6 +300,34 @@ def test_a_panic_in_the_native_engine_is_an_exception_naming_the_rule() -> None:
     engine.load_key(broken, "s:k", "K", data)
     with pytest.raises(_core.CoreError, match="rule probe"):
         engine.ingest(broken, [Event("s", 2, 2, {"k": "K", "v": 5, "ts": 2})], 1)
+
+
+class _NoOrder:
+    """An event's `seq` whose `<` answers at random: no total order."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def __lt__(self, other: object) -> bool:
+        return self.rng.random() < 0.5
+
+
+def test_a_panic_in_sorting_a_keys_events_keeps_them_in_time_order() -> None:
+    """Events of equal time whose `seq`s have no order make the sort of the key's buffer panic,
+    outside the rules' guards (docs/native-core.md, "A panic outside the rules' guards"): the
+    call raises naming the rule, and the key keeps its events in time order, so an advance by
+    time releases those at or before the watermark, and the end of input the rest."""
+    ruleset = compile_rules("STREAM s TIME BY ts;\nRULE probe FROM s PARTITION BY k PATTERN (a) "
+                            "DEFINE a AS v = 1 EMIT 'm';", "p.cep")
+    engine, store, rng = build_embedded_engine(ruleset), MemoryKeyStore(), random.Random(1)
+    tss = [20 if i % 2 == 0 else 10 for i in range(200)]
+    events = [Event("s", ts, _NoOrder(rng), {"k": "K", "v": 1, "ts": ts}) for ts in tss]
+    with pytest.raises(_core.CoreError, match="rule probe.*total order"):
+        engine.ingest(store, events, NEG_INF)
+    assert engine.live_keys(store) == 1
+    assert [m.first_ts for m in engine.advance(store, 15).matches] == [10] * 100
+    assert [m.first_ts for m in engine.advance(store, 30, end_of_input=30).matches] == [20] * 100
+    assert engine.live_keys(store) == 0
 
 
 def test_cep_test_cases_pass_on_the_native_engine(monkeypatch: pytest.MonkeyPatch) -> None:
