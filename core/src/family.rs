@@ -74,8 +74,9 @@ pub struct FState {
     pub deadline: Option<i64>,
 }
 
-/// A family's results for one key, each tagged with its member's rule index, in the order each
-/// member emitted them (`Engine` appends a rule's results at that rule's turn).
+/// The families' results for one key (one list for all the families of the key's group), each
+/// tagged with its member's rule index, in the order each member emitted them (`Engine` appends
+/// a rule's results at that rule's turn).
 pub struct FOut<'py> {
     pub out: Out<'py>,
     pub tags: Vec<usize>,
@@ -498,8 +499,20 @@ impl Family {
         let ts = ev.ts;
         let mut state = state;
         if state.as_ref().is_some_and(|s| s.deadline.is_some_and(|d| d < ts)) {
-            let s = state.take().unwrap_or_default();
-            state = self.advance(rules, py, s, ts - 1, sc, out)?;
+            let mut s = state.take().unwrap_or_default();
+            // `advance(ts - 1)`. Its settling can only emit when an entry is complete; without
+            // one, all it would do (drop what has no member left, the deadline) the settling
+            // after this event does, as masks only lost bits (nothing new to prune, no cap
+            // passed). A state left without members is ended, as settling ends it.
+            if self.expire(rules, &mut s.runs, ts - 1) {
+                state = self.settle(rules, py, s.row, s.runs, sc, out, None)?;
+            } else if s.runs.iter().any(|r| !r.entries.is_empty()) {
+                state = Some(s);
+            } else {
+                for r in s.runs {
+                    sc.put_run(r);
+                }
+            }
         }
         let (row, runs) = {
             let rules: &[RuleE] = rules;
@@ -541,7 +554,16 @@ impl Family {
     #[allow(clippy::too_many_arguments)]
     fn advance(&self, rules: &mut [RuleE], py: Python<'_>, state: FState, now: i64, sc: &mut Scratch, out: &mut FOut<'_>) -> PyResult<Option<FState>> {
         let mut state = state;
-        for r in state.runs.iter_mut() {
+        self.expire(rules, &mut state.runs, now);
+        self.settle(rules, py, state.row, state.runs, sc, out, None)
+    }
+
+    /// `advance` before settling: the entries whose member deadline passed at `now` lose those
+    /// members (an absence completes for them); entries without members are dropped. True when
+    /// an entry is complete.
+    fn expire(&self, rules: &[RuleE], runs: &mut [FRun], now: i64) -> bool {
+        let mut done = false;
+        for r in runs.iter_mut() {
             // Without STEP WITHIN the members expired are the same for every entry of the run
             // (`times`): a run where none expired is left as it is without visiting its entries.
             let whole = match self.stepped {
@@ -577,7 +599,10 @@ impl Family {
             }
             r.entries.retain(|e| e.mask != 0);
         }
-        self.settle(rules, py, state.row, state.runs, sc, out, None)
+        for r in runs.iter() {
+            done |= r.entries.iter().any(|e| e.pos == DONE);
+        }
+        done
     }
 
     /// `Core::on_end`: what needs no more time is emitted, the rest dropped.
