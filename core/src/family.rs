@@ -518,9 +518,17 @@ impl Family {
             let rules: &[RuleE] = rules;
             let rep = self.rep(rules);
             let mut own = [None; 8];
-            let memo: [RowMemo; 8] = Default::default();
+            // The memo of condition aggregates (`Core::feed`): none made for a family without.
+            let memo: [RowMemo; 8];
+            let rows: &[RowMemo] = match rep.p.nmemo {
+                0 => &[],
+                n => {
+                    memo = Default::default();
+                    &memo[..n]
+                }
+            };
             let mut t = Tests {
-                loc: Loc { own: &mut own[..rep.p.vars.len()], shared, rows: &memo[..rep.p.nmemo] },
+                loc: Loc { own: &mut own[..rep.p.vars.len()], shared, rows },
                 masks: [0; 8],
                 known: 0,
             };

@@ -526,11 +526,15 @@ impl Core {
             }
         };
         // The row values of the condition aggregates for this event, shared by the partial
-        // matches that fold or read them: on the stack for up to 8 aggregates.
+        // matches that fold or read them: on the stack for up to 8 aggregates (none made, nor
+        // dropped, for a rule without any: most rules, every event).
         let nslots = self.p.nmemo;
-        let memo_stack: [RowMemo; 8] = Default::default();
+        let memo_stack: [RowMemo; 8];
         let memo_heap: Vec<RowMemo>;
-        let rows: &[RowMemo] = if nslots <= memo_stack.len() {
+        let rows: &[RowMemo] = if nslots == 0 {
+            &[]
+        } else if nslots <= 8 {
+            memo_stack = Default::default();
             &memo_stack[..nslots]
         } else {
             memo_heap = (0..nslots).map(|_| RowMemo::new()).collect();
