@@ -150,6 +150,20 @@ impl Scratch {
         self.pool.put_caps(e.caps);
     }
 
+    /// The entries of `v` without members removed (their captures to the pool), order kept.
+    fn drop_empty(&mut self, v: &mut Vec<FEntry>) {
+        let mut w = 0;
+        for k in 0..v.len() {
+            if v[k].mask != 0 {
+                v.swap(w, k);
+                w += 1;
+            }
+        }
+        for e in v.drain(w..) {
+            self.put(e);
+        }
+    }
+
     /// An ended run's (emptied) entry vector.
     fn put_run(&mut self, r: FRun) {
         let mut v = r.entries;
@@ -196,16 +210,7 @@ fn tidy(runs: &mut Vec<FRun>, sc: &mut Scratch) {
     for i in 0..runs.len() {
         let r = &mut runs[i];
         if r.entries.iter().any(|e| e.mask == 0) {
-            let mut k = 0;
-            for j in 0..r.entries.len() {
-                if r.entries[j].mask != 0 {
-                    r.entries.swap(k, j);
-                    k += 1;
-                }
-            }
-            for e in r.entries.drain(k..) {
-                sc.put(e);
-            }
+            sc.drop_empty(&mut r.entries);
         }
         if !runs[i].entries.is_empty() {
             runs.swap(w, i);
@@ -504,7 +509,7 @@ impl Family {
             // one, all it would do (drop what has no member left, the deadline) the settling
             // after this event does, as masks only lost bits (nothing new to prune, no cap
             // passed). A state left without members is ended, as settling ends it.
-            if self.expire(rules, &mut s.runs, ts - 1) {
+            if self.expire(rules, &mut s.runs, ts - 1, sc) {
                 state = self.settle(rules, py, s.row, s.runs, sc, out, None)?;
             } else if s.runs.iter().any(|r| !r.entries.is_empty()) {
                 state = Some(s);
@@ -562,14 +567,14 @@ impl Family {
     #[allow(clippy::too_many_arguments)]
     fn advance(&self, rules: &mut [RuleE], py: Python<'_>, state: FState, now: i64, sc: &mut Scratch, out: &mut FOut<'_>) -> PyResult<Option<FState>> {
         let mut state = state;
-        self.expire(rules, &mut state.runs, now);
+        self.expire(rules, &mut state.runs, now, sc);
         self.settle(rules, py, state.row, state.runs, sc, out, None)
     }
 
     /// `advance` before settling: the entries whose member deadline passed at `now` lose those
-    /// members (an absence completes for them); entries without members are dropped. True when
-    /// an entry is complete.
-    fn expire(&self, rules: &[RuleE], runs: &mut [FRun], now: i64) -> bool {
+    /// members (an absence completes for them); entries without members are dropped (their
+    /// captures to the pool). True when an entry is complete.
+    fn expire(&self, rules: &[RuleE], runs: &mut [FRun], now: i64, sc: &mut Scratch) -> bool {
         let mut done = false;
         for r in runs.iter_mut() {
             // Without STEP WITHIN the members expired are the same for every entry of the run
@@ -605,7 +610,7 @@ impl Family {
                 }
                 i += 1;
             }
-            r.entries.retain(|e| e.mask != 0);
+            sc.drop_empty(&mut r.entries);
         }
         for r in runs.iter() {
             done |= r.entries.iter().any(|e| e.pos == DONE);
