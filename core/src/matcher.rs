@@ -7,9 +7,7 @@
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use pyo3::sync::GILOnceCell;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
-use pyo3::{ffi, IntoPyObjectExt};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::expr::{Cap, CapVec, Caps, Cx, Ev, RowMemo, NO_CAPS};
 use crate::program::{Conn, Program, SkipK, DONE};
@@ -86,76 +84,6 @@ pub struct Classes {
     pub match_: Py<PyAny>,
     pub timeout: Py<PyAny>,
     pub dropped: Py<PyAny>,
-}
-
-/// Instances of a frozen slotted dataclass (`Match`, `MatchedEvent`) made without running its
-/// Python `__init__`: allocated as `object.__new__(cls)` does and each field set as
-/// `object.__setattr__(self, name, value)`, which is all the generated `__init__` does. About
-/// 10x cheaper than calling the class (1.3-2 us per object, a third of the 96-rule run's time in
-/// `emit` went there, docs/rule-families.md). Only for a class that checks out (`fits`);
-/// otherwise the class is called.
-pub(crate) struct Maker {
-    cls: Py<PyType>,
-    names: Vec<Py<PyString>>,
-}
-
-/// The makers of `cep.runtime.matcher`'s `Match` and `MatchedEvent` (None: call the classes).
-static MAKERS: GILOnceCell<Option<(Maker, Maker)>> = GILOnceCell::new();
-
-impl Maker {
-    /// `cls`'s maker when it is a plain class (metaclass `type`, `object.__new__`) and a
-    /// dataclass whose `__init__` takes exactly `names`, each a field stored in a slot of that
-    /// name, with no `__post_init__`.
-    fn of(cls: &Bound<'_, PyAny>, names: &[&str]) -> PyResult<Option<Maker>> {
-        let py = cls.py();
-        let cls = cls.downcast::<PyType>()?;
-        let builtins = py.import("builtins")?;
-        let object = builtins.getattr("object")?;
-        let params = py.import("inspect")?.call_method1("signature", (cls,))?.getattr("parameters")?;
-        let params: Vec<String> = params.call_method0("keys")?.try_iter()?.map(|k| k?.extract()).collect::<PyResult<_>>()?;
-        let fields = py.import("dataclasses")?.call_method1("fields", (cls,))?;
-        let mut fnames = Vec::new();
-        for f in fields.try_iter()? {
-            let f = f?;
-            if !f.getattr("init")?.extract::<bool>()? {
-                return Ok(None);
-            }
-            fnames.push(f.getattr("name")?.extract::<String>()?);
-        }
-        let slots: Vec<String> = cls.getattr("__slots__")?.extract()?;
-        let member = py.import("types")?.getattr("MemberDescriptorType")?;
-        let dict = cls.getattr("__dict__")?;
-        let mut slotted = true;
-        for n in names {
-            slotted &= dict.get_item(*n).is_ok_and(|d| d.get_type().is(&member));
-        }
-        let ok = cls.get_type().is(&builtins.getattr("type")?)
-            && cls.getattr("__new__")?.is(&object.getattr("__new__")?)
-            && !cls.hasattr("__post_init__")?
-            && params == names
-            && fnames == names
-            && slots == names
-            && slotted;
-        Ok(ok.then(|| Maker {
-            cls: cls.clone().unbind(),
-            names: names.iter().map(|n| PyString::intern(py, n).unbind()).collect(),
-        }))
-    }
-
-    /// An instance holding `vals`, one per name.
-    fn make<'py>(&self, py: Python<'py>, vals: &[Bound<'py, PyAny>]) -> PyResult<Bound<'py, PyAny>> {
-        let empty = PyTuple::empty(py);
-        // SAFETY: `cls` is a type; `PyType_GenericNew` allocates it as `object.__new__` does
-        // (its arguments are ignored) and returns a new reference or NULL with an exception.
-        let obj = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyType_GenericNew(self.cls.as_ptr().cast(), empty.as_ptr(), std::ptr::null_mut()))? };
-        for (name, v) in self.names.iter().zip(vals) {
-            // SAFETY: three live objects; -1 with an exception set on failure.
-            if unsafe { ffi::PyObject_GenericSetAttr(obj.as_ptr(), name.as_ptr(), v.as_ptr()) } < 0 {
-                return Err(PyErr::fetch(py));
-            }
-        }
-        Ok(obj)
-    }
 }
 
 /// No shared condition (`Core::cids`).
@@ -887,33 +815,16 @@ impl Core {
         }
     }
 
-    /// The makers of `Match` and `MatchedEvent` when this rule's classes are theirs.
-    fn makers(&self, py: Python<'_>) -> Option<&'static (Maker, Maker)> {
-        let m = MAKERS.get_or_init(py, || {
-            let m = py.import("cep.runtime.matcher").ok()?;
-            let fields = ["rule_id", "version", "alert", "key", "events", "first_ts", "last_ts", "measures"];
-            let a = Maker::of(&m.getattr("Match").ok()?, &fields).ok()??;
-            let b = Maker::of(&m.getattr("MatchedEvent").ok()?, &["var", "ts", "seq", "event"]).ok()??;
-            Some((a, b))
-        });
-        m.as_ref().filter(|(a, b)| a.cls.is(&self.classes.match_) && b.cls.is(&self.classes.matched_event))
-    }
-
     pub(crate) fn events<'py>(&self, py: Python<'py>, caps: &[Cap]) -> PyResult<Bound<'py, PyTuple>> {
         let cls = self.classes.matched_event.bind(py);
-        let maker = self.makers(py).map(|m| &m.1);
         let mut items = Vec::with_capacity(caps.len());
         for c in caps {
-            let vals = [
-                self.var_names[c.var as usize].bind(py).clone(),
-                c.ev.ts.into_bound_py_any(py)?,
-                c.ev.seq_obj(py)?.bind(py).clone(),
-                c.ev.obj(py)?.bind(py).clone(),
-            ];
-            items.push(match maker {
-                Some(m) => m.make(py, &vals)?,
-                None => cls.call1(PyTuple::new(py, vals)?)?,
-            });
+            items.push(cls.call1((
+                self.var_names[c.var as usize].clone_ref(py),
+                c.ev.ts,
+                c.ev.seq_obj(py)?.clone_ref(py),
+                c.ev.obj(py)?.clone_ref(py),
+            ))?);
         }
         PyTuple::new(py, items)
     }
@@ -938,20 +849,16 @@ impl Core {
     /// same captures share them, `family.rs`).
     pub(crate) fn emit_match_with(&mut self, py: Python<'_>, caps: &CapVec, events: Bound<'_, PyTuple>, out: &Out) -> PyResult<()> {
         self.stats.matches += 1;
-        let vals = [
-            self.rule_id_py.bind(py).clone(),
-            self.version_py.bind(py).clone(),
-            self.emit_py.bind(py).clone(),
-            self.key(py, caps, out)?.into_bound(py),
-            events.into_any(),
-            caps[0].ev.ts.into_bound_py_any(py)?,
-            caps[caps.len() - 1].ev.ts.into_bound_py_any(py)?,
-            self.measures(py, caps)?.into_any(),
-        ];
-        let m = match self.makers(py) {
-            Some((m, _)) => m.make(py, &vals)?,
-            None => self.classes.match_.bind(py).call1(PyTuple::new(py, vals)?)?,
-        };
+        let m = self.classes.match_.bind(py).call1((
+            self.rule_id_py.clone_ref(py),
+            self.version_py.clone_ref(py),
+            self.emit_py.clone_ref(py),
+            self.key(py, caps, out)?,
+            events,
+            caps[0].ev.ts,
+            caps[caps.len() - 1].ev.ts,
+            self.measures(py, caps)?,
+        ))?;
         out.list.append(m)
     }
 

@@ -155,49 +155,6 @@ def _engine_results(engine, events, batch):  # type: ignore[no-untyped-def]
     return out, [(lt.rule_ids, lt.key, lt.event.seq, lt.watermark) for lt in late]
 
 
-def _probe_match(rule_text: str) -> Any:
-    rule = compile_rules(rule_text, "p.cep").get("probe")
-    m = native_matcher(rule)
-    assert m is not None
-    state, _ = m.on_event(None, {"v": 1, "ts": 0}, 0, 0)
-    _, out = m.on_event(state, {"v": 2, "ts": 1}, 1, 1)
-    (match,) = out
-    return match
-
-
-PROBE = ("STREAM s TIME BY ts;\nRULE probe FROM s PATTERN (a b) DEFINE a AS v = 1 WITHIN 5ms "
-         "EMIT 'm';")
-
-
-def test_results_made_without_init_equal_the_classes_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The core makes `Match` / `MatchedEvent` without running their dataclass `__init__`
-    (matcher::Maker): the same objects as calling the classes; another class (here a subclass
-    with its own `__init__`) is called."""
-    from cep.runtime import matcher as pm
-
-    match = _probe_match(PROBE)
-    assert type(match) is pm.Match and type(match.events[0]) is pm.MatchedEvent
-    fields = [getattr(match, f) for f in pm.Match.__slots__]
-    assert match == pm.Match(*fields)
-    assert match.events == tuple(pm.MatchedEvent(e.var, e.ts, e.seq, e.event) for e in match.events)
-    with pytest.raises(AttributeError):
-        match.key = "x"  # type: ignore[misc]
-    seen: list[str] = []
-    slots = pm.Match.__slots__
-
-    class Checked(pm.Match):
-        __slots__ = ()
-
-        def __init__(self, *args: Any) -> None:
-            seen.append(args[0])
-            super().__init__(*args)
-
-    monkeypatch.setattr(pm, "Match", Checked)
-    checked = _probe_match(PROBE)
-    assert type(checked) is Checked and seen == ["probe"]
-    assert [getattr(checked, f) for f in slots] == fields
-
-
 @pytest.mark.parametrize("domain", ["fraud", "machines", "trading"])
 def test_native_engine_equals_python_engine_on_bundled_rules(domain: str) -> None:
     ruleset = native_bundled()
