@@ -7,6 +7,7 @@
 //! holds them, and a cell is copied out (`Batch::get`) only when it is read.
 
 use std::ffi::{c_char, c_void, CStr};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
@@ -54,10 +55,13 @@ pub struct Batch<'py> {
     _keep: Bound<'py, PyAny>,
 }
 
-/// The distinct values of a string column: each value's index in `dict`.
+/// The distinct values of a string column (`dict`) and a table of their indexes, found by the
+/// value's bytes (hashed as `[u8]`; the pattern of keys.rs): 4 bytes per value in the table,
+/// the text held once, in `dict`.
 #[derive(Default)]
 struct Intern {
-    map: std::collections::HashMap<Text, u32, foldhash::fast::RandomState>,
+    table: hashbrown::HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
     dict: Vec<Arc<str>>,
 }
 
@@ -219,43 +223,22 @@ impl Col {
         if let Some(l) = it.dict.get(self.last.get() as usize).filter(|l| l.as_bytes() == b) {
             return Some(l.clone());
         }
-        if let Some(&i) = it.map.get(b) {
+        let Intern { table, hasher, dict } = it;
+        let h = hasher.hash_one(b);
+        if let Some(&i) = table.find(h, |&i| dict[i as usize].as_bytes() == b) {
             self.last.set(i);
-            return Some(it.dict[i as usize].clone());
+            return Some(dict[i as usize].clone());
         }
         let a: Arc<str> = Arc::from(std::str::from_utf8(b).ok()?);
-        let i = it.dict.len() as u32;
-        it.map.insert(Text(a.clone()), i);
-        it.dict.push(a.clone());
+        let i = dict.len() as u32;
+        dict.push(a.clone());
+        table.insert_unique(h, i, |&k| hasher.hash_one(dict[k as usize].as_bytes()));
         self.last.set(i);
-        if seen >= 8192 && it.map.len() * 4 > seen * 3 {
+        if seen >= 8192 && dict.len() * 4 > seen * 3 {
             *guard = None;
             self.last.set(u32::MAX);
         }
         Some(a)
-    }
-}
-
-/// An interned string as a map key looked up by its bytes (hashed and compared as `[u8]`).
-struct Text(Arc<str>);
-
-impl std::hash::Hash for Text {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        self.0.as_bytes().hash(h)
-    }
-}
-
-impl PartialEq for Text {
-    fn eq(&self, other: &Text) -> bool {
-        self.0.as_bytes() == other.0.as_bytes()
-    }
-}
-
-impl Eq for Text {}
-
-impl std::borrow::Borrow<[u8]> for Text {
-    fn borrow(&self) -> &[u8] {
-        self.0.as_bytes()
     }
 }
 

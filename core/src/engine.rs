@@ -710,14 +710,19 @@ fn run_rules(
     let mut kept = Vec::with_capacity(parts.len());
     let mut cursor = 0;
     let mut kept_fams = Vec::new();
-    let mut fam_outs: Vec<Option<FOut>> = fams.0.iter().map(|_| None).collect();
+    // The families' results for this key, in one list (each result tagged with its rule), made
+    // when the first family runs; which families ran.
+    let mut fout: Option<FOut> = None;
+    let mut ran: Vec<bool> = Vec::new();
     for &ri in &g.rules {
         let fi = fams.1[ri];
         if fi != NO_FAM {
             let fi = fi as usize;
-            if fam_outs[fi].is_none() {
+            if !ran.get(fi).is_some_and(|&r| r) {
+                ran.resize(fams.0.len(), false);
+                ran[fi] = true;
                 let fam = &fams.0[fi];
-                let mut fout = FOut::new(py, key.clone());
+                let fout = fout.get_or_insert_with(|| FOut::new(py, key.clone()));
                 let track = partials.is_some();
                 // Regrouping reads the key's bytes: inside the boundary too (a panic on corrupt
                 // state becomes an error naming the rule).
@@ -727,7 +732,7 @@ fn run_rules(
                         true => (0..fam.members.len()).map(|i| fam.partials(fs.as_ref(), i)).collect(),
                         false => Vec::new(),
                     };
-                    fam.run_key(rules, py, fs, &evs, &mut shared, ncids, safe, eof, &mut fout).map(|fs| (before, fs))
+                    fam.run_key(rules, py, fs, &evs, &mut shared, ncids, safe, eof, fout).map(|fs| (before, fs))
                 }));
                 let (before, fs) = match r {
                     Ok(Ok(r)) => r,
@@ -749,9 +754,8 @@ fn run_rules(
                     }
                     kept_fams.push((fi as u32, f));
                 }
-                fam_outs[fi] = Some(fout);
             }
-            if let Some(fo) = &fam_outs[fi] {
+            if let Some(fo) = &fout {
                 fo.append_rule(ri, matches)?;
             }
             continue;

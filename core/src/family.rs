@@ -4,7 +4,7 @@
 //! projection on bit `i`, and every step below keeps "projection of the family step = the
 //! per-rule step (`matcher.rs`) of the projection".
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -12,7 +12,7 @@ use pyo3::types::{PyList, PyTuple};
 use crate::engine::RuleE;
 use crate::expr::{Cap, CapVec, Caps, Ev, RowMemo, NO_CAPS};
 pub use crate::family_build::{build, shape, Thresh};
-use crate::matcher::{Core, Entry, Loc, MState, Out, Run, FOREVER};
+use crate::matcher::{Core, Entry, Loc, MState, Out, Pool, Run, FOREVER};
 use crate::program::{Conn, DONE};
 
 /// How a variable's condition differs between the members.
@@ -41,8 +41,14 @@ pub struct Family {
     pub step: Vec<Option<i64>>,
     /// Some member has a time limit (then all have: presence is part of the shape).
     pub timed: bool,
+    /// The members have STEP WITHIN (all or none: presence is part of the shape). Without it
+    /// every entry of a run has the run's deadlines (WITHIN from the run's first event).
+    pub stepped: bool,
     /// The smallest partial-match cap of the members.
     pub min_cap: usize,
+    /// Vectors kept from key to key (a family runs on one key at a time; the lock is taken once
+    /// per key and call, `run_key`).
+    pub scratch: Mutex<Scratch>,
 }
 
 #[derive(Clone)]
@@ -55,6 +61,9 @@ pub struct FEntry {
 #[derive(Clone)]
 pub struct FRun {
     pub start: i64,
+    /// The time of the run's first event (every entry's first capture): its deadlines without
+    /// STEP WITHIN, read without going through an entry's captures.
+    pub ts: i64,
     pub entries: Vec<FEntry>,
 }
 
@@ -65,8 +74,9 @@ pub struct FState {
     pub deadline: Option<i64>,
 }
 
-/// A family's results for one key, each tagged with its member's rule index, in the order each
-/// member emitted them (`Engine` appends a rule's results at that rule's turn).
+/// The families' results for one key (one list for all the families of the key's group), each
+/// tagged with its member's rule index, in the order each member emitted them (`Engine` appends
+/// a rule's results at that rule's turn).
 pub struct FOut<'py> {
     pub out: Out<'py>,
     pub tags: Vec<usize>,
@@ -120,11 +130,61 @@ struct FAct {
     after: u64,
 }
 
-/// Vectors kept from event to event of a key (`step` builds into `spare` and swaps).
+/// Vectors kept from event to event and key to key: `step` builds into `spare` and swaps;
+/// ended runs give back their entry vectors (`entries`) and their captures held by no one else
+/// (`pool`), which `spawn` reuses (as `Core::spawn` does with its `Pool`).
 #[derive(Default)]
-struct Scratch {
+pub struct Scratch {
     acts: Vec<FAct>,
     spare: Vec<FEntry>,
+    entries: Vec<Vec<FEntry>>,
+    pool: Pool,
+}
+
+/// At most this many entry vectors kept (`Scratch::entries`), of at most 8 entries.
+const KEPT: usize = 32;
+
+impl Scratch {
+    /// An entry that ends: its captures back to the pool when no one else holds them.
+    fn put(&mut self, e: FEntry) {
+        self.pool.put_caps(e.caps);
+    }
+
+    /// The entries of `v` without members removed (their captures to the pool), order kept.
+    fn drop_empty(&mut self, v: &mut Vec<FEntry>) {
+        let mut w = 0;
+        for k in 0..v.len() {
+            if v[k].mask != 0 {
+                v.swap(w, k);
+                w += 1;
+            }
+        }
+        for e in v.drain(w..) {
+            self.put(e);
+        }
+    }
+
+    /// An ended run's (emptied) entry vector.
+    fn put_run(&mut self, r: FRun) {
+        let mut v = r.entries;
+        for e in v.drain(..) {
+            self.put(e);
+        }
+        if self.entries.len() < KEPT && (1..=8).contains(&v.capacity()) {
+            self.entries.push(v);
+        }
+    }
+}
+
+/// One entry per next position `next` with mask `mask`, all sharing `caps` (moved into the
+/// last: one reference count less than cloning it for each, as `matcher::push_next`).
+fn push_next(out: &mut Vec<FEntry>, next: &[i32], mask: u64, caps: Caps) {
+    if let Some((&last, rest)) = next.split_last() {
+        for &pos in rest {
+            out.push(FEntry { pos, mask, caps: caps.clone() });
+        }
+        out.push(FEntry { pos: last, mask, caps });
+    }
 }
 
 impl FAct {
@@ -143,11 +203,23 @@ fn clear(run: &mut FRun, b: u64) {
     }
 }
 
-fn tidy(runs: &mut Vec<FRun>) {
-    for r in runs.iter_mut() {
-        r.entries.retain(|e| e.mask != 0);
+/// Entries with an empty mask and runs without entries removed (to the scratch's pools), order
+/// kept.
+fn tidy(runs: &mut Vec<FRun>, sc: &mut Scratch) {
+    let mut w = 0;
+    for i in 0..runs.len() {
+        let r = &mut runs[i];
+        if r.entries.iter().any(|e| e.mask == 0) {
+            sc.drop_empty(&mut r.entries);
+        }
+        if !runs[i].entries.is_empty() {
+            runs.swap(w, i);
+            w += 1;
+        }
     }
-    runs.retain(|r| !r.entries.is_empty());
+    for r in runs.drain(w..) {
+        sc.put_run(r);
+    }
 }
 
 /// `caps` with every row moved by `shift`.
@@ -176,38 +248,54 @@ impl Family {
         }
     }
 
-    /// Member `i`'s deadline for a partial match with these captures (`Core::deadline`).
-    fn deadline_of(&self, i: usize, caps: &[Cap]) -> Option<i64> {
-        let mut d = self.within[i].map(|w| caps[0].ev.ts.saturating_add(w));
+    /// Member `i`'s deadline for a partial match whose first and last events are at `ts`
+    /// (`Core::deadline`).
+    fn deadline_of(&self, i: usize, (first, last): (i64, i64)) -> Option<i64> {
+        let mut d = self.within[i].map(|w| first.saturating_add(w));
         if let Some(s) = self.step[i] {
-            let s = caps[caps.len() - 1].ev.ts.saturating_add(s);
+            let s = last.saturating_add(s);
             d = Some(d.map_or(s, |x| x.min(s)));
         }
         d
     }
 
-    fn min_deadline(&self, mask: u64, caps: &[Cap]) -> Option<i64> {
+    /// The (first, last) event times an entry of run `r` with captures `caps` has its
+    /// deadlines from: without STEP WITHIN only the run's first event counts (no captures read).
+    fn times(&self, r: &FRun, caps: &[Cap]) -> (i64, i64) {
+        match self.stepped {
+            true => (r.ts, caps[caps.len() - 1].ev.ts),
+            false => (r.ts, r.ts),
+        }
+    }
+
+    fn min_deadline(&self, mask: u64, ts: (i64, i64)) -> Option<i64> {
         if !self.timed || mask == 0 {
             return None;
         }
         if self.mono {
-            return self.deadline_of(mask.trailing_zeros() as usize, caps);
+            return self.deadline_of(mask.trailing_zeros() as usize, ts);
         }
-        bits(mask).filter_map(|i| self.deadline_of(i, caps)).min()
+        bits(mask).filter_map(|i| self.deadline_of(i, ts)).min()
     }
 
-    /// The earliest deadline of the runs' partial matches (the state's `deadline`).
+    /// The earliest deadline of the runs' partial matches (the state's `deadline`). Without
+    /// STEP WITHIN a run's entries share their deadlines: one per run, over the union of masks.
     fn earliest(&self, runs: &[FRun]) -> Option<i64> {
-        runs.iter().flat_map(|r| &r.entries).filter(|e| e.pos != DONE).filter_map(|e| self.min_deadline(e.mask, &e.caps)).min()
+        if !self.stepped {
+            let mask = |r: &FRun| r.entries.iter().filter(|e| e.pos != DONE).fold(0, |m, e| m | e.mask);
+            return runs.iter().filter_map(|r| self.min_deadline(mask(r), (r.ts, r.ts))).min();
+        }
+        let live = runs.iter().flat_map(|r| r.entries.iter().filter(|e| e.pos != DONE).map(move |e| (r, e)));
+        live.filter_map(|(r, e)| self.min_deadline(e.mask, self.times(r, &e.caps))).min()
     }
 
     /// The members of `mask` whose deadline has passed at `now` (all at `FOREVER`).
-    fn expired(&self, mask: u64, caps: &[Cap], now: i64) -> u64 {
+    fn expired(&self, mask: u64, ts: (i64, i64), now: i64) -> u64 {
         if !self.timed {
             return if now == FOREVER { mask } else { 0 };
         }
         if self.mono {
-            let passed = |i: usize| self.deadline_of(i, caps).is_some_and(|d| d <= now);
+            let passed = |i: usize| self.deadline_of(i, ts).is_some_and(|d| d <= now);
             let (mut lo, mut hi) = (0, self.members.len());
             while lo < hi {
                 let mid = (lo + hi) / 2;
@@ -220,7 +308,7 @@ impl Family {
             let prefix = if lo == 64 { u64::MAX } else { (1u64 << lo) - 1 };
             return mask & prefix;
         }
-        bits(mask).filter(|&i| self.deadline_of(i, caps).is_some_and(|d| d <= now)).fold(0, |m, i| m | 1 << i)
+        bits(mask).filter(|&i| self.deadline_of(i, ts).is_some_and(|d| d <= now)).fold(0, |m, i| m | 1 << i)
     }
 
     // ------------------------------------------------------------------ tests
@@ -289,18 +377,20 @@ impl Family {
 
     // ------------------------------------------------------------------ stepping
 
-    fn spawn(&self, rules: &[RuleE], py: Python<'_>, ev: &Arc<Ev>, row: i64, t: &mut Tests<'_>) -> PyResult<Vec<FEntry>> {
+    /// The entries an event starts (an entry vector and captures from the scratch's pools).
+    #[allow(clippy::too_many_arguments)]
+    fn spawn(&self, rules: &[RuleE], py: Python<'_>, ev: &Arc<Ev>, row: i64, t: &mut Tests<'_>, sc: &mut Scratch) -> PyResult<Vec<FEntry>> {
         let rep = self.rep(rules);
         let mut out = Vec::new();
         for (var, nxt) in &rep.p.starts {
             let m = self.tmask(rules, py, *var, ev, &NO_CAPS, self.full(), t)?;
             if m != 0 {
-                let mut caps = CapVec::from(vec![Cap { var: *var as u32, row, ev: ev.clone() }]);
-                caps.fold_last(&rep.cx(py, t.loc.rows));
-                let caps: Caps = Arc::new(caps);
-                for &p in nxt {
-                    out.push(FEntry { pos: p, mask: m, caps: caps.clone() });
+                if out.capacity() == 0 {
+                    out = sc.entries.pop().unwrap_or_default();
                 }
+                let cap = Cap { var: *var as u32, row, ev: ev.clone() };
+                let caps = sc.pool.caps_of(cap, |c| c.fold_last(&rep.cx(py, t.loc.rows)));
+                push_next(&mut out, nxt, m, caps);
             }
         }
         Ok(out)
@@ -348,17 +438,25 @@ impl Family {
     /// with an ending entry grow in place).
     #[allow(clippy::too_many_arguments)]
     fn step(&self, rules: &[RuleE], py: Python<'_>, entries: &mut Vec<FEntry>, sc: &mut Scratch, ev: &Arc<Ev>, row: i64, t: &mut Tests<'_>) -> PyResult<()> {
-        let acts = &mut sc.acts;
+        let mut acts = std::mem::take(&mut sc.acts);
         acts.clear();
         for e in entries.iter() {
             acts.push(self.decide(rules, py, e, ev, t)?);
         }
-        let mut i = 0;
-        entries.retain(|_| {
-            i += 1;
-            acts[i - 1].any()
-        });
-        acts.retain(FAct::any);
+        // The entries that end are dropped first (their captures to the pool), order kept, so
+        // that captures shared only with an ending entry grow in place below.
+        let mut w = 0;
+        for i in 0..entries.len() {
+            if acts[i].any() {
+                entries.swap(w, i);
+                acts[w] = acts[i];
+                w += 1;
+            }
+        }
+        for e in entries.drain(w..) {
+            sc.put(e);
+        }
+        acts.truncate(w);
         let rep = self.rep(rules);
         let mut out = std::mem::take(&mut sc.spare);
         out.clear();
@@ -372,30 +470,31 @@ impl Family {
                 continue;
             }
             let st = &rep.p.table[pos as usize];
-            if a.grow != 0 {
-                let cap = Cap { var: st.var as u32, row, ev: ev.clone() };
-                let grown: Caps = if a.after != 0 {
-                    Arc::new(rep.grown(py, &caps, cap, &t.loc))
-                } else {
-                    let mut c = caps.clone();
-                    match Arc::get_mut(&mut c) {
-                        Some(v) => {
-                            v.v.push(cap);
-                            v.fold_last(&rep.cx(py, t.loc.rows));
-                            c
-                        }
-                        None => Arc::new(rep.grown(py, &c, cap, &t.loc)),
-                    }
-                };
-                for &p in &st.next {
-                    out.push(FEntry { pos: p, mask: a.grow, caps: grown.clone() });
-                }
-            }
-            if a.after != 0 {
+            if a.grow == 0 {
                 out.push(FEntry { pos: st.after, mask: a.after, caps });
+                continue;
             }
+            let cap = Cap { var: st.var as u32, row, ev: ev.clone() };
+            if a.after != 0 {
+                push_next(&mut out, &st.next, a.grow, Arc::new(rep.grown(py, &caps, cap, &t.loc)));
+                out.push(FEntry { pos: st.after, mask: a.after, caps });
+                continue;
+            }
+            // The entry itself does not go on: its captures grow in place when no other entry
+            // shares them (copy on write), else are copied.
+            let mut c = caps;
+            let grown: Caps = match Arc::get_mut(&mut c) {
+                Some(v) => {
+                    v.v.push(cap);
+                    v.fold_last(&rep.cx(py, t.loc.rows));
+                    c
+                }
+                None => Arc::new(rep.grown(py, &c, cap, &t.loc)),
+            };
+            push_next(&mut out, &st.next, a.grow, grown);
         }
         sc.spare = std::mem::replace(entries, out);
+        sc.acts = acts;
         Ok(())
     }
 
@@ -405,49 +504,88 @@ impl Family {
         let ts = ev.ts;
         let mut state = state;
         if state.as_ref().is_some_and(|s| s.deadline.is_some_and(|d| d < ts)) {
-            let s = state.take().unwrap_or_default();
-            state = self.advance(rules, py, s, ts - 1, out)?;
+            let mut s = state.take().unwrap_or_default();
+            // `advance(ts - 1)`. Its settling can only emit when an entry is complete; without
+            // one, all it would do (drop what has no member left, the deadline) the settling
+            // after this event does, as masks only lost bits (nothing new to prune, no cap
+            // passed). A state left without members is ended, as settling ends it.
+            if self.expire(rules, &mut s.runs, ts - 1, sc) {
+                state = self.settle(rules, py, s.row, s.runs, sc, out, None)?;
+            } else if s.runs.iter().any(|r| !r.entries.is_empty()) {
+                state = Some(s);
+            } else {
+                for r in s.runs {
+                    sc.put_run(r);
+                }
+            }
         }
         let (row, runs) = {
             let rules: &[RuleE] = rules;
             let rep = self.rep(rules);
             let mut own = [None; 8];
-            let memo: [RowMemo; 8] = Default::default();
+            // The memo of condition aggregates (`Core::feed`): none made for a family without.
+            let memo: [RowMemo; 8];
+            let rows: &[RowMemo] = match rep.p.nmemo {
+                0 => &[],
+                n => {
+                    memo = Default::default();
+                    &memo[..n]
+                }
+            };
             let mut t = Tests {
-                loc: Loc { own: &mut own[..rep.p.vars.len()], shared, rows: &memo[..rep.p.nmemo] },
+                loc: Loc { own: &mut own[..rep.p.vars.len()], shared, rows },
                 masks: [0; 8],
                 known: 0,
             };
             match state {
                 None => {
-                    let spawned = self.spawn(rules, py, ev, 0, &mut t)?;
+                    let spawned = self.spawn(rules, py, ev, 0, &mut t, sc)?;
                     if spawned.is_empty() {
                         return Ok(None);
                     }
-                    (0, vec![FRun { start: 0, entries: spawned }])
+                    (0, vec![FRun { start: 0, ts, entries: spawned }])
                 }
                 Some(mut s) => {
                     for r in s.runs.iter_mut() {
                         self.step(rules, py, &mut r.entries, sc, ev, s.row, &mut t)?;
                     }
-                    let spawned = self.spawn(rules, py, ev, s.row, &mut t)?;
+                    let spawned = self.spawn(rules, py, ev, s.row, &mut t, sc)?;
                     if !spawned.is_empty() {
-                        s.runs.push(FRun { start: s.row, entries: spawned });
+                        s.runs.push(FRun { start: s.row, ts, entries: spawned });
                     }
                     (s.row, s.runs)
                 }
             }
         };
-        self.settle(rules, py, row + 1, runs, out, Some(ts))
+        self.settle(rules, py, row + 1, runs, sc, out, Some(ts))
     }
 
     // ------------------------------------------------------------------ time
 
     /// `Core::advance`: entries whose member deadline passed lose those members (an absence
     /// completes for them).
-    pub fn advance(&self, rules: &mut [RuleE], py: Python<'_>, state: FState, now: i64, out: &mut FOut<'_>) -> PyResult<Option<FState>> {
+    #[allow(clippy::too_many_arguments)]
+    fn advance(&self, rules: &mut [RuleE], py: Python<'_>, state: FState, now: i64, sc: &mut Scratch, out: &mut FOut<'_>) -> PyResult<Option<FState>> {
         let mut state = state;
-        for r in state.runs.iter_mut() {
+        self.expire(rules, &mut state.runs, now, sc);
+        self.settle(rules, py, state.row, state.runs, sc, out, None)
+    }
+
+    /// `advance` before settling: the entries whose member deadline passed at `now` lose those
+    /// members (an absence completes for them); entries without members are dropped (their
+    /// captures to the pool). True when an entry is complete.
+    fn expire(&self, rules: &[RuleE], runs: &mut [FRun], now: i64, sc: &mut Scratch) -> bool {
+        let mut done = false;
+        for r in runs.iter_mut() {
+            // Without STEP WITHIN the members expired are the same for every entry of the run
+            // (`times`): a run where none expired is left as it is without visiting its entries.
+            let whole = match self.stepped {
+                true => None,
+                false => match self.expired(self.full(), (r.ts, r.ts), now) {
+                    0 => continue,
+                    x => Some(x),
+                },
+            };
             let mut i = 0;
             while i < r.entries.len() {
                 let e = &r.entries[i];
@@ -455,7 +593,10 @@ impl Family {
                     i += 1;
                     continue;
                 }
-                let x = self.expired(e.mask, &e.caps, now);
+                let x = match whole {
+                    Some(x) => e.mask & x,
+                    None => self.expired(e.mask, self.times(r, &e.caps), now),
+                };
                 if x != 0 && self.rep(rules).p.table[e.pos as usize].absence {
                     let rest = FEntry { pos: e.pos, mask: e.mask & !x, caps: e.caps.clone() };
                     r.entries[i].pos = DONE;
@@ -469,13 +610,16 @@ impl Family {
                 }
                 i += 1;
             }
-            r.entries.retain(|e| e.mask != 0);
+            sc.drop_empty(&mut r.entries);
         }
-        self.settle(rules, py, state.row, state.runs, out, None)
+        for r in runs.iter() {
+            done |= r.entries.iter().any(|e| e.pos == DONE);
+        }
+        done
     }
 
     /// `Core::on_end`: what needs no more time is emitted, the rest dropped.
-    pub fn on_end(&self, rules: &mut [RuleE], py: Python<'_>, state: FState, out: &mut FOut<'_>) -> PyResult<()> {
+    fn on_end(&self, rules: &mut [RuleE], py: Python<'_>, state: FState, sc: &mut Scratch, out: &mut FOut<'_>) -> PyResult<()> {
         let mut runs = state.runs;
         for r in runs.iter_mut() {
             let table = &self.rep(rules).p.table;
@@ -484,23 +628,24 @@ impl Family {
                 e.pos = DONE;
             }
         }
-        self.settle(rules, py, state.row, runs, out, None)?;
+        self.settle(rules, py, state.row, runs, sc, out, None)?;
         Ok(())
     }
 
     // ------------------------------------------------------------------ deciding
 
-    fn settle(&self, rules: &mut [RuleE], py: Python<'_>, row: i64, runs: Vec<FRun>, out: &mut FOut<'_>, ts: Option<i64>) -> PyResult<Option<FState>> {
+    #[allow(clippy::too_many_arguments)]
+    fn settle(&self, rules: &mut [RuleE], py: Python<'_>, row: i64, runs: Vec<FRun>, sc: &mut Scratch, out: &mut FOut<'_>, ts: Option<i64>) -> PyResult<Option<FState>> {
         let mut runs = runs;
         for r in runs.iter_mut() {
             self.prune(rules, r);
         }
-        self.decide_runs(rules, py, &mut runs, out)?;
+        self.decide_runs(rules, py, &mut runs, sc, out)?;
         let total: usize = runs.iter().map(|r| r.entries.len()).sum();
         if total > self.min_cap && self.cap(rules, py, &mut runs, out, ts)? {
-            self.decide_runs(rules, py, &mut runs, out)?;
+            self.decide_runs(rules, py, &mut runs, sc, out)?;
         }
-        tidy(&mut runs);
+        tidy(&mut runs, sc);
         if runs.is_empty() {
             return Ok(None);
         }
@@ -558,7 +703,7 @@ impl Family {
     }
 
     /// `Core::decide` / `decide_all` per member, for the members with a complete entry.
-    fn decide_runs(&self, rules: &mut [RuleE], py: Python<'_>, runs: &mut Vec<FRun>, out: &mut FOut<'_>) -> PyResult<()> {
+    fn decide_runs(&self, rules: &mut [RuleE], py: Python<'_>, runs: &mut Vec<FRun>, sc: &mut Scratch, out: &mut FOut<'_>) -> PyResult<()> {
         let mut dmask = 0u64;
         for r in runs.iter() {
             for e in &r.entries {
@@ -606,7 +751,7 @@ impl Family {
                 }
             }
         }
-        tidy(runs);
+        tidy(runs, sc);
         Ok(())
     }
 
@@ -676,18 +821,20 @@ impl Family {
         out: &mut FOut<'_>,
     ) -> PyResult<Option<FState>> {
         let mut s = state;
-        let mut sc = Scratch::default();
+        // A panic while the lock was held leaves only vectors to reuse (emptied when reused).
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let sc = &mut *guard;
         for (k, ev) in evs.iter().enumerate() {
-            s = self.feed(rules, py, s, ev, &mut shared[k * ncids..(k + 1) * ncids], &mut sc, out)?;
+            s = self.feed(rules, py, s, ev, &mut shared[k * ncids..(k + 1) * ncids], sc, out)?;
         }
         if s.as_ref().and_then(|m| m.deadline).is_some_and(|d| d <= safe) {
             if let Some(m) = s.take() {
-                s = self.advance(rules, py, m, safe, out)?;
+                s = self.advance(rules, py, m, safe, sc, out)?;
             }
         }
         if eof {
             if let Some(m) = s.take() {
-                self.on_end(rules, py, m, out)?;
+                self.on_end(rules, py, m, sc, out)?;
             }
         }
         for &ri in &self.members {
@@ -705,7 +852,7 @@ impl Family {
             let mut entries = Vec::new();
             for e in r.entries.iter().filter(|e| e.mask & b != 0) {
                 if e.pos != DONE {
-                    if let Some(d) = self.deadline_of(i, &e.caps).filter(|_| self.timed) {
+                    if let Some(d) = self.deadline_of(i, self.times(r, &e.caps)).filter(|_| self.timed) {
                         deadline = Some(deadline.map_or(d, |x: i64| x.min(d)));
                     }
                 }
@@ -740,7 +887,7 @@ impl Family {
         let mut runs: Vec<FRun> = Vec::new();
         for (start, bit, entries) in all {
             if runs.last().is_none_or(|r| r.start != start) {
-                runs.push(FRun { start, entries: Vec::new() });
+                runs.push(FRun { start, ts: 0, entries: Vec::new() });
             }
             let Some(run) = runs.last_mut() else { continue };
             let b = 1u64 << bit;
@@ -761,6 +908,10 @@ impl Family {
                     }
                 }
             }
+        }
+        runs.retain(|r| !r.entries.is_empty());
+        for r in runs.iter_mut() {
+            r.ts = r.entries[0].caps[0].ev.ts;
         }
         let deadline = self.earliest(&runs);
         (!runs.is_empty()).then_some(FState { row, runs, deadline })

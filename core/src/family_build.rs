@@ -142,7 +142,9 @@ pub fn build(rules: &[RuleE], groups: &[&[usize]], shapes: &[Option<Shape>]) -> 
                     within: members.iter().map(|&ri| rules[ri].core.p.within).collect(),
                     step: steps,
                     timed: rep.p.within.is_some() || rep.p.step.is_some(),
+                    stepped: rep.p.step.is_some(),
                     min_cap: members.iter().map(|&ri| rules[ri].core.cap).min().unwrap_or(0),
+                    scratch: Default::default(),
                 });
             }
         }

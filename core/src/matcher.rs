@@ -141,7 +141,7 @@ impl Pool {
     /// Keep `c` if nothing else holds it (else it is just dropped): by its count alone, a
     /// plain load (no `Weak` of captures is ever made). It is emptied when reused (`caps_of`,
     /// whose `Arc::get_mut` is the one atomic compare-exchange it costs).
-    fn put_caps(&mut self, c: Caps) {
+    pub(crate) fn put_caps(&mut self, c: Caps) {
         if self.caps.len() < POOL && Arc::strong_count(&c) == 1 && c.v.capacity() <= 8 {
             self.caps.push(c);
         }
@@ -169,7 +169,7 @@ impl Pool {
 
     /// Captures holding `cap` alone (a kept vector, or a new one with room for four), `fold`
     /// applied to them before they are shared.
-    fn caps_of(&mut self, cap: Cap, fold: impl FnOnce(&mut CapVec)) -> Caps {
+    pub(crate) fn caps_of(&mut self, cap: Cap, fold: impl FnOnce(&mut CapVec)) -> Caps {
         if let Some(mut c) = self.caps.pop() {
             if let Some(v) = Arc::get_mut(&mut c) {
                 v.v.clear();
@@ -454,11 +454,15 @@ impl Core {
             }
         };
         // The row values of the condition aggregates for this event, shared by the partial
-        // matches that fold or read them: on the stack for up to 8 aggregates.
+        // matches that fold or read them: on the stack for up to 8 aggregates (none made, nor
+        // dropped, for a rule without any: most rules, every event).
         let nslots = self.p.nmemo;
-        let memo_stack: [RowMemo; 8] = Default::default();
+        let memo_stack: [RowMemo; 8];
         let memo_heap: Vec<RowMemo>;
-        let rows: &[RowMemo] = if nslots <= memo_stack.len() {
+        let rows: &[RowMemo] = if nslots == 0 {
+            &[]
+        } else if nslots <= 8 {
+            memo_stack = Default::default();
             &memo_stack[..nslots]
         } else {
             memo_heap = (0..nslots).map(|_| RowMemo::new()).collect();
