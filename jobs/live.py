@@ -198,6 +198,17 @@ def live_worker_env() -> dict[str, str]:
     return {"spark.executorEnv.MIMALLOC_ALLOW_THP": os.environ.get("MIMALLOC_ALLOW_THP", "0")}
 
 
+def read_split(settings: Settings) -> dict[str, int]:
+    """Kafka source options that split a big micro-batch's read: at most `live_read_task_rows`
+    records per read task (Spark's `maxRecordsPerPartition`; none when 0). A micro-batch's map
+    stage (the Kafka read and the one Python pass) then runs on every free core once the batch
+    is big, i.e. when the job has fallen behind or runs at a high rate, while a job that keeps
+    up at a low rate reads each small batch in one task (a task's fixed cost is CPU the
+    stateful stage would miss): docs/spark-runtime.md, "The live job's map stage"."""
+    rows = settings.live_read_task_rows
+    return {"maxRecordsPerPartition": rows} if rows > 0 else {}
+
+
 def rules_source(settings: Settings, rules: str) -> Any:
     """`--rules`: a directory (its path) or `kafka:TOPIC` (a rules topic)."""
     if rules.startswith("kafka:"):
@@ -414,6 +425,8 @@ class LiveJob:
                               max_offsets_per_trigger=self.opts.max_offsets_per_trigger,
                               min_partitions=(self.settings.live_read_tasks
                                               or self.spark.sparkContext.defaultParallelism))
+        for option, value in read_split(self.settings).items():
+            reader = reader.option(option, value)
         stream_col = F.lit(None).cast("string")
         for stream, topic in topic_of.items():
             stream_col = F.when(F.col("topic") == topic, F.lit(stream)).otherwise(stream_col)
