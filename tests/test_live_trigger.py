@@ -12,6 +12,7 @@ from cep.config import QUICK_JIT, Settings, load_settings
 from jobs.live import (
     CONTINUOUS,
     LiveOptions,
+    arrow_batch_conf,
     live_jvm,
     live_trigger,
     live_worker_env,
@@ -61,3 +62,9 @@ def test_a_big_batch_is_read_by_several_tasks_a_small_one_by_one() -> None:
     assert read_split(Settings(live_read_task_rows=0)) == {}
     env = {"CEP_LIVE_READ_TASK_ROWS": "50000"}
     assert read_split(load_settings(env=env)) == {"maxRecordsPerPartition": 50000}
+
+
+def test_a_read_task_hands_its_rows_to_python_as_one_arrow_batch() -> None:
+    assert arrow_batch_conf(Settings()) == {
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "25000"}
+    assert arrow_batch_conf(Settings(live_read_task_rows=0)) == {}  # Spark's own (10,000)
