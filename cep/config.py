@@ -58,8 +58,8 @@ class Settings:
     # ... and at most this many records per read task (Spark's `maxRecordsPerPartition`; 0: no
     # limit): a micro-batch bigger than this is read by more tasks, on every free core, while
     # the small batches of a job that keeps up stay one task each (a task has a fixed cost: two
-    # read tasks cost 3-5 µs/row more CPU at 20k-row batches, nothing measurable at 60k).
-    # docs/spark-runtime.md, "The live job's map stage".
+    # read tasks cost 3-5 µs/row more CPU at 20k-row batches; at 60k, two nothing measurable,
+    # three ~1 µs/row). docs/spark-runtime.md, "The live job's map stage".
     live_read_task_rows: int = 25000
     # Kafka topics the job uses besides per-rule alert topics.
     dead_letter_topic: str = "cep.dead-letter"
