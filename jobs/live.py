@@ -211,12 +211,10 @@ def read_split(settings: Settings) -> dict[str, int]:
 
 def arrow_batch_conf(settings: Settings) -> dict[str, str]:
     """Spark's Arrow batch size for the live job: a read task's rows (`live_read_task_rows`)
-    reach the one Python pass as one Arrow batch, not Spark's batches of 10,000. The pass
-    validates, fans out and packs per Arrow batch, one pack per shard each, and the operator
-    reads every pack of its shard: with three read tasks at 60k-row micro-batches the job's CPU
-    fell from 26.5/25.3 to 22.7/23.6 µs per row against 10k-row Arrow batches (loaded,
-    bench/results/latency_live.md, session 15). The operator's own input is packs (a few rows
-    per shard), not events."""
+    reach the one Python pass as one Arrow batch, not Spark's batches of 10,000, so fewer packs
+    per shard (docs/spark-runtime.md, "The live job's map stage"). A session setting: the job's
+    other Python UDF, the operator, reads packs (a few rows per shard), far below either size;
+    `cep run` owns its process's session."""
     rows = settings.live_read_task_rows
     return {"spark.sql.execution.arrow.maxRecordsPerBatch": str(rows)} if rows > 0 else {}
 
