@@ -4,7 +4,9 @@ workers, the driver's Python) and of each JVM thread (by name, from /proc) betwe
 batch MARK and of batch END: the steady micro-batches, per input row. Per-row CPU, unlike
 rows/s, holds up on a loaded machine. Optional: py-spy of the Python workers (SPY=seconds
 after start; raw stacks in each run's directory), a JFR recording of the JVM from batch MARK
-(JFR=1; `jfr print --stack-depth 80 --events jdk.ExecutionSample rec.jfr`).
+(JFR=1; `jfr print --stack-depth 80 --events jdk.ExecutionSample rec.jfr`), Spark's event log
+(STAGES=1: each micro-batch's map and stateful stages, `bench.live_stages`, medians after
+batch MARK under "stages").
 
     python -m bench.live_cpu 400000 20000 2 new=. base=/tmp/old "s4=.:ARGS=--shards 4"
 
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from bench.latency import BENCH_RULES, Services, progress_reports
 from bench.live_ceiling import _fresh, _steady, load_topic
+from bench.live_stages import batches, summary
 
 TCK = os.sysconf("SC_CLK_TCK")
 
@@ -82,6 +85,10 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
            "--checkpoint", str(d / "ck"), "--topic", f"transactions={topic}",
            "--starting-offsets", "earliest", "--once", "--max-offsets-per-trigger", str(batch)]
     cmd += args
+    if os.environ.get("STAGES"):  # Spark's event log, for the stages' times (bench.live_stages)
+        (d / "events").mkdir()
+        env["PYSPARK_SUBMIT_ARGS"] = ("--conf spark.eventLog.enabled=true --conf "
+                                      f"spark.eventLog.dir=file://{d / 'events'} pyspark-shell")
     t0 = time.monotonic()
     last = {}
     lastth = {}
@@ -172,6 +179,8 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
                    ("python_us", "engine_us", "store_us", "timer_us", "encode_us", "write_us",
                     "rows_in_us", "prepare_us")},
            "durations": [p["durationMs"] | {"collect": p["collect"]} for p in progress]}
+    if os.environ.get("STAGES"):
+        res["stages"] = summary(batches(d / "events")[MARK:])
     return res
 
 

@@ -55,6 +55,12 @@ class Settings:
     # partition): on this loaded 2-core machine a split did not pay (bench/results/
     # latency_live.md, session 11: more Python workers, a slower first batch).
     live_read_tasks: int = 1
+    # ... and at most this many records per read task (Spark's `maxRecordsPerPartition`; 0: no
+    # limit): a micro-batch bigger than this is read by more tasks, on every free core, while
+    # the small batches of a job that keeps up stay one task each (a task has a fixed cost: two
+    # read tasks cost 3-5 µs/row more CPU at 20k-row batches; at 60k, two nothing measurable,
+    # three ~1 µs/row). docs/spark-runtime.md, "The live job's map stage".
+    live_read_task_rows: int = 25000
     # Kafka topics the job uses besides per-rule alert topics.
     dead_letter_topic: str = "cep.dead-letter"
     late_topic: str = "cep.late-events"

@@ -198,6 +198,27 @@ def live_worker_env() -> dict[str, str]:
     return {"spark.executorEnv.MIMALLOC_ALLOW_THP": os.environ.get("MIMALLOC_ALLOW_THP", "0")}
 
 
+def read_split(settings: Settings) -> dict[str, int]:
+    """Kafka source options that split a big micro-batch's read: at most `live_read_task_rows`
+    records per read task (Spark's `maxRecordsPerPartition`; none when 0). A micro-batch's map
+    stage (the Kafka read and the one Python pass) then runs on every free core once the batch
+    is big, i.e. when the job has fallen behind or runs at a high rate, while a job that keeps
+    up at a low rate reads each small batch in one task (a task's fixed cost is CPU the
+    stateful stage would miss): docs/spark-runtime.md, "The live job's map stage"."""
+    rows = settings.live_read_task_rows
+    return {"maxRecordsPerPartition": rows} if rows > 0 else {}
+
+
+def arrow_batch_conf(settings: Settings) -> dict[str, str]:
+    """Spark's Arrow batch size for the live job: a read task's rows (`live_read_task_rows`)
+    reach the one Python pass as one Arrow batch, not Spark's batches of 10,000, so fewer packs
+    per shard (docs/spark-runtime.md, "The live job's map stage"). A session setting: the job's
+    other Python UDF, the operator, reads packs (a few rows per shard), far below either size;
+    `cep run` owns its process's session."""
+    rows = settings.live_read_task_rows
+    return {"spark.sql.execution.arrow.maxRecordsPerBatch": str(rows)} if rows > 0 else {}
+
+
 def rules_source(settings: Settings, rules: str) -> Any:
     """`--rules`: a directory (its path) or `kafka:TOPIC` (a rules topic)."""
     if rules.startswith("kafka:"):
@@ -283,7 +304,8 @@ class LiveJob:
         self._preflight(change.ruleset)
         self._adopt(change)
         self.spark = get_spark(live_jvm(self.settings), "cep-live", kafka=True,
-                               extra_conf={**LOCAL_CHECKPOINT_CONF, **live_worker_env()})
+                               extra_conf={**LOCAL_CHECKPOINT_CONF, **live_worker_env(),
+                                           **arrow_batch_conf(self.settings)})
         manager = "spark.sql.streaming.checkpointFileManagerClass"
         log.info("checkpoint file manager: %s", self.spark.conf.get(manager, "Spark's default"))
         # One stateful task per batch by default: see `Settings.live_partitions`.
@@ -414,6 +436,8 @@ class LiveJob:
                               max_offsets_per_trigger=self.opts.max_offsets_per_trigger,
                               min_partitions=(self.settings.live_read_tasks
                                               or self.spark.sparkContext.defaultParallelism))
+        for option, value in read_split(self.settings).items():
+            reader = reader.option(option, value)
         stream_col = F.lit(None).cast("string")
         for stream, topic in topic_of.items():
             stream_col = F.when(F.col("topic") == topic, F.lit(stream)).otherwise(stream_col)

@@ -155,7 +155,10 @@ def test_replay_gives_every_line_the_validators_verdict(spark, settings, tmp_pat
 
 @pytest.mark.services
 @pytest.mark.spark
-def test_poison_messages_do_not_stop_the_live_job(live, kafka_bootstrap):
+# A batch of 8 read by one task, and by three (`live_read_task_rows` 3): a dead letter's
+# partition and offset come from its Kafka position (`seq`), not from where a task starts.
+@pytest.mark.parametrize("read_task_rows", ["25000", "3"])
+def test_poison_messages_do_not_stop_the_live_job(live, kafka_bootstrap, read_task_rows):
     from confluent_kafka import Producer
 
     from cep.delivery.kafka_sink import ensure_topics
@@ -172,9 +175,10 @@ def test_poison_messages_do_not_stop_the_live_job(live, kafka_bootstrap):
         producer.produce(f"{topic}-in", value=m)
     assert producer.flush(60) == 0
 
-    proc = cep_run(live["env"], ["--rules", str(live["rules"]), "--checkpoint", str(live["ck"]),
-                                 "--topic", f"transactions={topic}-in", "--once",
-                                 "--max-offsets-per-trigger", "8"], live["log"])
+    env = {**live["env"], "CEP_LIVE_READ_TASK_ROWS": read_task_rows}
+    proc = cep_run(env, ["--rules", str(live["rules"]), "--checkpoint", str(live["ck"]),
+                         "--topic", f"transactions={topic}-in", "--once",
+                         "--max-offsets-per-trigger", "8"], live["log"])
     wait(proc, live["log"])  # exit 0: the job ran through every poison message
 
     alerts = kcat_read(kafka_bootstrap, f"{topic}.alerts")

@@ -1,14 +1,23 @@
-"""The live job's trigger and JIT (jobs/live.py, `live_trigger`, `live_jvm`): which Spark
-trigger a `cep run` gets from `--once`, the `trigger` setting and `--trigger`, and which JIT its
-JVMs run. No Spark here: the choice is made before the query starts. What the defaults cost and
-save is measured in bench/results/latency_live.md, not here."""
+"""The live job's trigger, JIT and read split (jobs/live.py, `live_trigger`, `live_jvm`,
+`read_split`): which Spark trigger a `cep run` gets from `--once`, the `trigger` setting and
+`--trigger`, which JIT its JVMs run, and how many records a Kafka read task takes at most.
+No Spark here: the choice is made before the query starts. What the defaults cost and save
+is measured in bench/results/latency_live.md, not here."""
 
 from __future__ import annotations
 
 import pytest
 
-from cep.config import QUICK_JIT, Settings
-from jobs.live import CONTINUOUS, LiveOptions, live_jvm, live_trigger, live_worker_env
+from cep.config import QUICK_JIT, Settings, load_settings
+from jobs.live import (
+    CONTINUOUS,
+    LiveOptions,
+    arrow_batch_conf,
+    live_jvm,
+    live_trigger,
+    live_worker_env,
+    read_split,
+)
 
 
 def _opts(**kw: object) -> LiveOptions:
@@ -44,3 +53,18 @@ def test_the_live_workers_run_mimalloc_without_huge_pages_unless_the_environment
     # The job's own setting reaches the workers as it is.
     monkeypatch.setenv("MIMALLOC_ALLOW_THP", "1")
     assert live_worker_env() == {"spark.executorEnv.MIMALLOC_ALLOW_THP": "1"}
+
+
+def test_a_big_batch_is_read_by_several_tasks_a_small_one_by_one() -> None:
+    """Spark's `maxRecordsPerPartition`: a micro-batch of more than `live_read_task_rows`
+    records is read by ceil(records / that) tasks; 0 leaves the split to `live_read_tasks`."""
+    assert read_split(Settings()) == {"maxRecordsPerPartition": 25000}
+    assert read_split(Settings(live_read_task_rows=0)) == {}
+    env = {"CEP_LIVE_READ_TASK_ROWS": "50000"}
+    assert read_split(load_settings(env=env)) == {"maxRecordsPerPartition": 50000}
+
+
+def test_a_read_task_hands_its_rows_to_python_as_one_arrow_batch() -> None:
+    assert arrow_batch_conf(Settings()) == {
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "25000"}
+    assert arrow_batch_conf(Settings(live_read_task_rows=0)) == {}  # Spark's own (10,000)
