@@ -32,19 +32,31 @@ DELAY = 5_000  # the bundled fraud rules' LATENESS (the watermark delay)
 
 
 def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules: str = RULES,
-                 stream: str = "transactions", key_field: str = "card") -> list[Any]:
+                 stream: str = "transactions", key_field: str = "card",
+                 processes: int = 1) -> list[Any]:
     """The events (in time order) through the operator as a replay runs it: micro-batches of
     `batch` rows grouped by shard, the watermark trailing each batch's max event time by the
     delay, expired timers after the input, then the end-of-input marker. `dead`: bad rows mixed
-    in (their dead-letter data must come out as `dead` rows)."""
+    in (their dead-letter data must come out as `dead` rows). `processes` > 1: that many Python
+    worker processes (each its own held shards), each call made by one of them at random, as
+    Spark gives several stateful tasks per batch to whichever workers are free."""
+    import random
+
     state = ShardState()
-    proc = op.CepProcessor(RulesEngineFactory.from_path(rules), output_rows, DELAY,
-                           end_of_input=max(e["ts"] for e in events))
-    proc.init(Handle(state))  # type: ignore[arg-type]
+    procs = []
+    for _ in range(processes):
+        if processes > 1:
+            op._HELD = {}  # the process's own (the operator's store takes it at `init`)
+        proc = op.CepProcessor(RulesEngineFactory.from_path(rules), output_rows, DELAY,
+                               end_of_input=max(e["ts"] for e in events))
+        proc.init(Handle(state))  # type: ignore[arg-type]
+        procs.append(proc)
+    rnd = random.Random(processes)
     wm, top, rows = 0, None, []
 
     def call(shard: int, frame: pd.DataFrame | None) -> None:
         state.at = (shard,)
+        proc = rnd.choice(procs)
         out = (proc.handleInputRows((shard,), iter([frame]), Watermark(wm)) if frame is not None
                else proc.handleExpiredTimer((shard,), Watermark(wm), None))
         for pdf in out:
@@ -111,6 +123,34 @@ def test_operator_alerts_equal_embedded_whatever_the_batching(engine_loop: str, 
         assert any(s["rows"] == 0 for s in stats)
         for s in stats:
             assert s["timer_us"] + s["encode_us"] + s["write_us"] <= s["store_us"] + 3
+
+
+@pytest.mark.parametrize("batch", [37, 100])
+def test_shards_moving_between_worker_processes_give_the_embedded_alerts(
+        batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each call made by one of three worker processes at random (Spark's pool with several
+    stateful tasks per batch): a process whose copy of the shard is behind catches it up from
+    the rows appended since, or reloads it after a compaction, and takes the registered timer
+    from the store; the alerts are the embedded engine's, on the native loop and the mixed one
+    (the fraud rules with table and window rules: both stores)."""
+    from cep.runtime.alerts import AlertRow, StatsRow
+    from cep.runtime.bind import build_embedded_engine
+    from cep.runtime.state_store import NativeShardStore
+
+    monkeypatch.setattr(op, "_HELD", {})
+    monkeypatch.setattr(NativeShardStore, "COMPACT_ROWS", 4)  # compactions between moves
+    monkeypatch.setattr(NativeShardStore, "COMPACT_SLACK", 50)
+    op._ENGINES.clear()
+    ds = GENERATORS["fraud"](n_events=600, n_keys=20, seed=11, inject=3)
+    events = sorted(ds.events, key=lambda e: e["ts"])
+    for rules in (RULES, "rules"):
+        want = sorted(a["alert_id"] for a in alerts_for(build_embedded_engine(
+            load_rules_dir(rules)), {"transactions": events}))
+        got = run_operator(events, batch, rules=rules, processes=3)
+        assert want and sorted(r.id for r in got if isinstance(r, AlertRow)) == want
+        stats = [r.info for r in got if isinstance(r, StatsRow)]
+        assert sum(s["state_catchups"] for s in stats) > 5
+        assert sum(s["state_compactions"] for s in stats) > 0
 
 
 @pytest.mark.parametrize("batch", [50, 5_000])
