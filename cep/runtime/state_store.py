@@ -195,8 +195,10 @@ class NativeShardStore:
     # only (`_TURNS` counts that process's tasks): when Spark gives a batch's stateful tasks, or
     # successive batches, to different Python workers of its pool, each compacts on its own
     # count and compactions can land in back-to-back batches (or two in one batch). The live
-    # job's usual case is one stateful task per batch and one operator worker holding every
-    # shard (docs/spark-runtime.md, "Stateful partitions of the live job"), where it holds.
+    # job runs two stateful tasks per batch since session 15 (`live_partitions`): up to two
+    # compactions per batch, one per task, on the two cores (docs/spark-runtime.md, "Stateful
+    # partitions of the live job"; not yet seen in a live run: the benchmarks' runs were too
+    # short to make a shard due).
     COMPACT_GAP = 2  # tasks
     COMPACT_DEFER = 64
     # A shard's keys stay decoded between calls while their bytes total at most this
@@ -225,7 +227,7 @@ class NativeShardStore:
         self._old_log = old_log  # layout 1's ListState of blobs (read once, then cleared)
         self._held = held  # shard -> _Held, shared by the stores of one worker process
         self.writes = 0  # state calls that wrote the log
-        self.reads = 0  # log rows read on reloads
+        self.reads = 0  # log rows read on reloads and catch-ups
         self.reloads = 0  # calls that had to read the whole shard (no usable held copy)
         self.catchups = 0  # calls whose held copy was behind and read only the rows since
         self.load_us = 0  # µs in `begin`: the record read, and any catch-up or reload
