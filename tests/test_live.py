@@ -292,3 +292,23 @@ def test_rules_added_changed_and_rejected_while_running(live, kafka_bootstrap):
     big = [a for a in alerts if a["rule_id"] == "big_charge"]
     assert {a["key"] for a in big} == {k[1] for k in big_expected}
     assert all(a["key"].startswith("b-") for a in big)
+
+
+def test_the_default_shards_split_evenly_over_the_stateful_tasks(spark) -> None:
+    """The live job's stateful stage is `groupBy(shard)` over `live_partitions` shuffle
+    partitions: Spark gives a task the shards whose Murmur3 hash (seed 42) falls in it. 8 shards
+    over 2 tasks fall 3 and 5 (one task does 5/8 of the work); the defaults must split evenly."""
+    from collections import Counter
+
+    from pyspark.sql import functions as F
+
+    from cep.config import Settings
+
+    s = Settings()
+    shards = spark.range(s.live_shards).select(F.col("id").cast("int").alias("shard"))
+    tasks = Counter(r.t for r in shards.repartition(s.live_partitions, "shard")
+                    .select(F.spark_partition_id().alias("t")).collect())
+    assert len(tasks) == s.live_partitions and max(tasks.values()) - min(tasks.values()) <= 1
+    eight = Counter(r.t for r in spark.range(8).select(F.col("id").cast("int").alias("shard"))
+                    .repartition(2, "shard").select(F.spark_partition_id().alias("t")).collect())
+    assert sorted(eight.values()) == [3, 5]  # why the default is not 8
