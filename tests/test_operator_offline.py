@@ -33,13 +33,17 @@ DELAY = 5_000  # the bundled fraud rules' LATENESS (the watermark delay)
 
 def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules: str = RULES,
                  stream: str = "transactions", key_field: str = "card",
-                 processes: int = 1) -> list[Any]:
+                 processes: int = 1, fail: float = 0.0) -> list[Any]:
     """The events (in time order) through the operator as a replay runs it: micro-batches of
     `batch` rows grouped by shard, the watermark trailing each batch's max event time by the
     delay, expired timers after the input, then the end-of-input marker. `dead`: bad rows mixed
     in (their dead-letter data must come out as `dead` rows). `processes` > 1: that many Python
     worker processes (each its own held shards), each call made by one of them at random, as
-    Spark gives several stateful tasks per batch to whichever workers are free."""
+    Spark gives several stateful tasks per batch to whichever workers are free. `fail`: the
+    share of micro-batches that fail after some of their calls ran: the state (timers too) goes
+    back to the batch's start, its output is dropped and the batch runs again, as Spark re-runs
+    a batch from the checkpoint (the processes keep what they held: copies may be ahead)."""
+    import copy
     import random
 
     state = ShardState()
@@ -75,7 +79,10 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules:
         at = (i * 7919) % len(rows_in)
         rows_in.insert(at, (DEAD_STREAM, 0, None, json.dumps({"reason": f"bad {i}"}), ""))
     rows_in.append((EOF_STREAM, EOF_TS, None, "{}", ""))
-    for i in range(0, len(rows_in), batch):
+
+    def run_batch(i: int, stop: int | None = None) -> None:
+        """The micro-batch from row `i`: its calls (only the first `stop`: a failed attempt)."""
+        nonlocal top
         by_shard: dict[int, list[tuple[Any, ...]]] = {}
         for name, ts, seq, data, key in rows_in[i:i + batch]:
             shard = zlib.crc32(key.encode()) % SHARDS
@@ -83,9 +90,20 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules:
                 (shard, name, ts, seq, data, key_field, name == stream))
             if name != DEAD_STREAM:
                 top = ts if top is None else max(top, ts)
-        for shard, items in sorted(by_shard.items()):
+        for n, (shard, items) in enumerate(sorted(by_shard.items())):
+            if stop is not None and n >= stop:
+                return
             call(shard, pack_frame(items))  # as Spark hands them over (packed per shard)
         fire_timers()
+
+    for i in range(0, len(rows_in), batch):
+        if fail and rnd.random() < fail:
+            saved, out_at, top_at = copy.deepcopy(vars(state)), len(rows), top
+            run_batch(i, stop=rnd.randrange(1, SHARDS + 2))
+            vars(state).update(saved)
+            del rows[out_at:]
+            top = top_at
+        run_batch(i)
         wm = max(wm, (top or 0) - DELAY)  # Spark's watermark for the next batch
     fire_timers()
     return list(decode_rows(rows))
@@ -151,6 +169,34 @@ def test_shards_moving_between_worker_processes_give_the_embedded_alerts(
         stats = [r.info for r in got if isinstance(r, StatsRow)]
         assert sum(s["state_catchups"] for s in stats) > 5
         assert sum(s["state_compactions"] for s in stats) > 0
+
+
+@pytest.mark.parametrize(("batch", "processes"), [(37, 1), (37, 3), (100, 2)])
+def test_failed_and_rerun_micro_batches_give_the_embedded_alerts(
+        batch: int, processes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Micro-batches that fail after some of their calls (or all, timers too) and run again
+    from the state as it was, as Spark re-runs a batch from the checkpoint: the processes'
+    held copies are then AHEAD of the store (their token and rows are the failed attempt's),
+    and the re-run may go to another process, compact, or move only the timer. Each alert
+    comes out once, as the embedded engine's; no timer is lost."""
+    from cep.runtime.alerts import AlertRow, StatsRow
+    from cep.runtime.bind import build_embedded_engine
+    from cep.runtime.state_store import NativeShardStore
+
+    monkeypatch.setenv("CEP_ENGINE", "native")
+    monkeypatch.setattr(op, "_HELD", {})
+    monkeypatch.setattr(NativeShardStore, "COMPACT_ROWS", 4)
+    monkeypatch.setattr(NativeShardStore, "COMPACT_SLACK", 50)
+    op._ENGINES.clear()
+    ds = GENERATORS["fraud"](n_events=600, n_keys=20, seed=11, inject=3)
+    events = sorted(ds.events, key=lambda e: e["ts"])
+    want = sorted(a["alert_id"] for a in alerts_for(build_embedded_engine(
+        load_rules_dir(RULES)), {"transactions": events}))
+    got = run_operator(events, batch, processes=processes, fail=0.4)
+    assert want and sorted(r.id for r in got if isinstance(r, AlertRow)) == want
+    stats = [r.info for r in got if isinstance(r, StatsRow)]
+    assert sum(s["state_reloads"] for s in stats) > 3  # the copies ahead were not used
+    assert sum(s["state_compactions"] for s in stats) > 0 or batch > 37
 
 
 @pytest.mark.parametrize("batch", [50, 5_000])

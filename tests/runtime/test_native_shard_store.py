@@ -218,6 +218,69 @@ def test_a_stale_held_copy_is_never_used(how: str) -> None:
         assert got == _run(engine, ref_b, ref_m, ref_h, b3, 117) and got[0]
 
 
+@pytest.mark.parametrize("how", ["ahead after a rollback", "compacted by another",
+                                 "held long ago", "rules changed"])
+def test_a_held_copy_catches_up_only_from_its_own_token(how: str) -> None:
+    """Process A holds the shard; the store then changes behind its back: a failed batch A
+    wrote is rolled back and re-run by B with other input (A's copy is ahead: its token is in
+    no store), or B compacts the log (rows renumbered from 0) and appends after it so the log
+    has more rows than A's copy, or B runs it for many batches (compactions, appends), or the
+    rules change. A's next call must give what one process that always held the store's state
+    gives (a catch-up that only compared row counts would import B's last rows onto the wrong
+    base)."""
+    engine = build_embedded_engine(RULES)
+    texts = _stream(200)
+    other = [(k, json.dumps({**json.loads(t), "v": 10 - json.loads(t)["v"]}))
+             for k, t in texts[20:40]]
+    b1, b2, b2x = _batch(texts[:20], 0), _batch(texts[20:40], 20), _batch(other, 20)
+    # Later batches touch keys k0-k2 only: the others' records stay those of b1 / b2.
+    few = [t for t in texts if json.loads(t[1])["k"] in ("k0", "k1", "k2")]
+    later = [(_batch(few[i:i + 6], i), json.loads(few[i][1])["ts"] - 10)
+             for i in range(20, 62, 6)]
+    last = (_batch(texts[180:], 180), 3 * 180 - 10)
+    log, meta, a, b = DictLogState(), DictValueState(), {}, {}
+    _run(engine, log, meta, a, b1, NEG_INF)
+    plan: list[tuple[Any, int]] = [(b2, 57)] + later[:1]
+    if how == "ahead after a rollback":
+        saved = copy.deepcopy((log.map, meta.v))
+        _run(engine, log, meta, a, b2x, 57)  # A's attempt: its copy now holds b2x
+        log.map, meta.v = copy.deepcopy(saved)  # the batch failed: the store goes back
+        _run(engine, log, meta, b, b2, 57)  # B runs the batch again (from the store)
+        _run(engine, log, meta, b, *later[0])
+        assert len(log.rows) > a[("s",)].rows  # the log grew past A's rows
+    elif how == "compacted by another":
+        _run(engine, log, meta, b, b2, 57)
+        b[("s",)].compact = True  # B's next flush rewrites the log from row 0
+        _run(engine, log, meta, b, *later[0])
+        _run(engine, log, meta, b, *later[1])
+        _run(engine, log, meta, b, *later[2])
+        plan += later[1:3]
+        assert len(log.rows) > a[("s",)].rows and log.rows[0][1] == b""
+    elif how == "held long ago":
+        for i, (rb, m) in enumerate([(b2, 57), *later]):
+            if i % 3 == 2:
+                b[("s",)].compact = True
+            _run(engine, log, meta, b, rb, m)
+        plan += later[1:]
+    else:
+        _run(engine, log, meta, a, b2, 57)
+        _run(engine, log, meta, a, *later[0])
+        engine = build_embedded_engine(compile_rules(
+            "STREAM s TIME BY ts LATENESS 5ms;\nRULE pair FROM s PARTITION BY k "
+            "PATTERN (a b) DEFINE b AS b.v > a.v WITHIN 1h EMIT 'up';", "t.cep"))
+    got = _run(engine, log, meta, a, *last)
+    ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
+    for rb, m in [(b1, NEG_INF), *plan]:
+        _run(engine, ref_log, ref_meta, ref, rb, m)
+    want = _run(engine, ref_log, ref_meta, ref, *last)
+    assert got == want and want[0], how
+    # What the copies hold: each key's pending matches, completed by one more event each.
+    probe = _batch([(f"k{j}", json.dumps({"ts": 700, "k": f"k{j}", "v": 99}))
+                    for j in range(7)], 200)
+    assert _run(engine, log, meta, a, probe, 600) == _run(engine, ref_log, ref_meta, ref,
+                                                          probe, 600)
+
+
 def test_an_unchanged_shard_costs_one_state_read() -> None:
     engine = build_embedded_engine(RULES)
     buckets, meta, held = DictLogState(), DictValueState(), {}
