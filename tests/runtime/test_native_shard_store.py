@@ -281,6 +281,38 @@ def test_a_held_copy_catches_up_only_from_its_own_token(how: str) -> None:
                                                           probe, 600)
 
 
+def test_the_registered_timer_is_the_records_whoever_moved_it() -> None:
+    """The store's record names the shard's registered timer, and a call takes it from there
+    even when its held copy is current: another process may have moved the timer without
+    appending a row (the token unchanged), and a failed batch rolls the record back with
+    Spark's timers. A held copy's own idea of the timer would leave the operator thinking a
+    timer is registered that is not (its alerts never released) or the reverse."""
+    engine = build_embedded_engine(RULES)
+    log, meta, a, b = DictLogState(), DictValueState(), {}, {}
+
+    def call(held: dict[Any, Any], timer: Any = None, rb: Any = None) -> Any:
+        store = NativeShardStore(log, meta, held)
+        store.begin(("s",), engine)
+        seen = store.timer
+        if rb is not None:
+            engine.ingest_batch(store, rb, NEG_INF)
+        if timer is not None:
+            store.timer = timer
+        store.flush()
+        return seen
+
+    assert call(a, 100, _batch(_stream(20), 0)) is None  # a new shard: no timer
+    assert call(b) == 100  # B reloads: the record's timer, no listing needed
+    token = meta.v
+    call(b, 250)  # B moves only the timer: no row, the same token
+    assert _Meta.read(meta.v[0]).token == _Meta.read(token[0]).token
+    saved = copy.deepcopy(meta.v)
+    assert call(a) == 250  # A's copy is current (same token): the timer is the record's
+    call(a, 400)
+    meta.v = saved  # that batch failed: the record (and Spark's timers) go back
+    assert call(a) == 250 and call(b) == 250
+
+
 def test_an_unchanged_shard_costs_one_state_read() -> None:
     engine = build_embedded_engine(RULES)
     buckets, meta, held = DictLogState(), DictValueState(), {}
