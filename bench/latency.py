@@ -1132,7 +1132,7 @@ def render_md(section: dict[str, Any]) -> str:
         out += ["", f"Latency = the wall time an alert became readable in Redis (XREAD BLOCK) − "
                 "the wall time its completing event was handed to the Kafka producer. "
                 f"Each `cep run` (e.g. `{v0['command']}`) runs on Spark local[2] with the "
-                "`live_shards` shards (default 8) and `live_partitions` stateful tasks (1); "
+                "`live_shards` shards (default 6) and `live_partitions` stateful tasks (2); "
                 "one input partition. Rates run in "
                 f"a row in one job: {v0['warmup_s']:.0f} s warm-up before the first (not "
                 f"measured), {SETTLE_S:.0f} s settle before each next one, then "

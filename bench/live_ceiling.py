@@ -11,7 +11,8 @@ in micro-batches of `--batch` records (`maxOffsetsPerTrigger`), until the topic 
 - `noop`: the same Kafka source and batch size, `shard = pmod(xxhash64('card', Kafka key), S)`
   with S the live job's shards for a new checkpoint (`Settings.live_shards`, `--shards`),
   `groupBy(shard).transformWithStateInPandas` with a processor that reads its rows and keeps
-  no state (bench/noop_ops.py `NoopProcessor`), one stateful task (as the live job), output
+  no state (bench/noop_ops.py `NoopProcessor`), `live_partitions` stateful tasks (the live
+  job's setting, read from the same CEP_* environment; one until session 15), output
   collected by foreachBatch. Its Spark session is the live job's (`jobs.live.live_jvm`: the
   quick JIT, C1, unless `java_options` is set); until session 13 the no-op ran the JVM's
   default JIT while `cep run` ran C1, so the two did not run the same JVM.
@@ -57,7 +58,8 @@ bootstrap, topic, batch, shards, ck, out = sys.argv[1:7]
 # live job's settings are read (CEP_* environment), and its checkpoint file manager.
 settings = live_jvm(load_settings(overrides={"kafka_bootstrap": bootstrap}))
 spark = get_spark(settings, "cep-noop", kafka=True, extra_conf=LOCAL_CHECKPOINT_CONF)
-spark.conf.set("spark.sql.shuffle.partitions", "1")
+# The live job's stateful tasks (`live_partitions`, as `cep run` reads it): the same stage.
+spark.conf.set("spark.sql.shuffle.partitions", str(settings.live_partitions))
 src = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
        .option("subscribe", topic).option("startingOffsets", "earliest")
        .option("maxOffsetsPerTrigger", int(batch)).load())

@@ -62,17 +62,31 @@ class ShardState:
 
 
 class _Map:
-    def __init__(self, s: ShardState) -> None:
+    """One named MapState (a mixed rule set's operator holds two: `buckets` and `nrows`)."""
+
+    def __init__(self, s: ShardState, name: str = "") -> None:
         self.s = s
+        self.name = name
+        self.written = 0  # bytes handed to `updateValue` (the first field)
+
+    def _m(self) -> dict[Any, Any]:
+        return self.s.maps.setdefault((self.name, self.s.at), {})
 
     def getValue(self, k: Any) -> Any:  # noqa: N802 - Spark's names
-        return self.s.maps.setdefault(self.s.at, {}).get(k)
+        return self._m().get(k)
 
     def updateValue(self, k: Any, v: Any) -> None:  # noqa: N802
-        self.s.maps.setdefault(self.s.at, {})[k] = v
+        self.written += len(v[0])
+        self._m()[k] = v
 
     def removeKey(self, k: Any) -> None:  # noqa: N802
-        self.s.maps.setdefault(self.s.at, {}).pop(k, None)
+        self._m().pop(k, None)
+
+    def iterator(self) -> Iterator[Any]:
+        return iter(list(self._m().items()))
+
+    def clear(self) -> None:
+        self.s.maps.pop((self.name, self.s.at), None)
 
 
 class _Value:
@@ -119,10 +133,11 @@ class _List:
 class Handle:
     def __init__(self, s: ShardState) -> None:
         self.s = s
-        self.lists: list[_List] = []
+        self.lists: list[Any] = []  # the states written to (`written`)
 
-    def getMapState(self, *args: Any) -> _Map:  # noqa: N802
-        return _Map(self.s)
+    def getMapState(self, name: str = "", *args: Any) -> _Map:  # noqa: N802
+        self.lists.append(_Map(self.s, name))
+        return self.lists[-1]
 
     def getValueState(self, name: str = "", *args: Any) -> _Value:  # noqa: N802
         return _Value(self.s, name)

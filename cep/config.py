@@ -36,22 +36,25 @@ class Settings:
     # the live job: `live_shards`.
     shards: int = 64
     # The live job's stateful tasks per micro-batch (its shuffle partitions; a checkpoint keeps
-    # the number it started with). One task means one operator worker process, which then holds
-    # every shard's native state from batch to batch; with more, Spark hands a partition to
-    # whichever worker is free and a shard that moved reloads its whole state
-    # (docs/spark-runtime.md, "Stateful partitions of the live job").
-    live_partitions: int = 1
+    # the number it started with). 2: the stateful stage on both cores of local[2]. Spark hands
+    # a partition to whichever Python worker is free, so a shard moves between processes; the
+    # one that gets it back catches its copy up from the log rows appended since (since
+    # session 15; until then it reloaded the whole log and the default was 1): see
+    # docs/spark-runtime.md, "Stateful partitions of the live job".
+    live_partitions: int = 2
     # The live job's shards (`cep run --shards`) for a new checkpoint; a checkpoint keeps the
     # count it was started with (`jobs.live.checkpoint_shards`). With one stateful task every
     # shard is a Python call per micro-batch, each with a fixed cost (state-server round trips,
     # a timer, an output frame), so the live job uses fewer shards than replay's `shards`
     # (bench/results/latency_live.md). Checkpoints from before the count was recorded: 64.
-    live_shards: int = 8
+    # 6 since session 15 (8 before): the stateful tasks get the shards by Spark's hash of the
+    # shard id (Murmur3, seed 42), which puts 8 shards on 2 tasks as 3 and 5 and 6 as 3 and 3.
+    live_shards: int = 6
     # The live job's Kafka read tasks per micro-batch (Spark's `minPartitions`: a topic
     # partition's offset range is split into this many tasks; more topic partitions than this:
     # one task each). 0: the session's cores (`defaultParallelism`). The map stage (read,
     # validate, fan out, pack: one Python pass) is the part of a micro-batch that can use every
-    # core; the stateful stage is one task (`live_partitions`). 1 (one task per topic
+    # core; the stateful stage is `live_partitions` tasks. 1 (one task per topic
     # partition): on this loaded 2-core machine a split did not pay (bench/results/
     # latency_live.md, session 11: more Python workers, a slower first batch).
     live_read_tasks: int = 1

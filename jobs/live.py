@@ -308,7 +308,8 @@ class LiveJob:
                                            **arrow_batch_conf(self.settings)})
         manager = "spark.sql.streaming.checkpointFileManagerClass"
         log.info("checkpoint file manager: %s", self.spark.conf.get(manager, "Spark's default"))
-        # One stateful task per batch by default: see `Settings.live_partitions`.
+        # The stateful tasks per batch (two by default since session 15): see
+        # `Settings.live_partitions`.
         self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.live_partitions))
         self.metrics.attach(self.spark)
         self._start()

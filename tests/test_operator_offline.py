@@ -32,19 +32,35 @@ DELAY = 5_000  # the bundled fraud rules' LATENESS (the watermark delay)
 
 
 def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules: str = RULES,
-                 stream: str = "transactions", key_field: str = "card") -> list[Any]:
+                 stream: str = "transactions", key_field: str = "card",
+                 processes: int = 1, fail: float = 0.0) -> list[Any]:
     """The events (in time order) through the operator as a replay runs it: micro-batches of
     `batch` rows grouped by shard, the watermark trailing each batch's max event time by the
     delay, expired timers after the input, then the end-of-input marker. `dead`: bad rows mixed
-    in (their dead-letter data must come out as `dead` rows)."""
+    in (their dead-letter data must come out as `dead` rows). `processes` > 1: that many Python
+    worker processes (each its own held shards), each call made by one of them at random, as
+    Spark gives several stateful tasks per batch to whichever workers are free. `fail`: the
+    share of micro-batches that fail after some of their calls ran: the state (timers too) goes
+    back to the batch's start, its output is dropped and the batch runs again, as Spark re-runs
+    a batch from the checkpoint (the processes keep what they held: copies may be ahead)."""
+    import copy
+    import random
+
     state = ShardState()
-    proc = op.CepProcessor(RulesEngineFactory.from_path(rules), output_rows, DELAY,
-                           end_of_input=max(e["ts"] for e in events))
-    proc.init(Handle(state))  # type: ignore[arg-type]
+    procs = []
+    for _ in range(processes):
+        if processes > 1:
+            op._HELD = {}  # the process's own (the operator's store takes it at `init`)
+        proc = op.CepProcessor(RulesEngineFactory.from_path(rules), output_rows, DELAY,
+                               end_of_input=max(e["ts"] for e in events))
+        proc.init(Handle(state))  # type: ignore[arg-type]
+        procs.append(proc)
+    rnd = random.Random(processes)
     wm, top, rows = 0, None, []
 
     def call(shard: int, frame: pd.DataFrame | None) -> None:
         state.at = (shard,)
+        proc = rnd.choice(procs)
         out = (proc.handleInputRows((shard,), iter([frame]), Watermark(wm)) if frame is not None
                else proc.handleExpiredTimer((shard,), Watermark(wm), None))
         for pdf in out:
@@ -63,7 +79,10 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules:
         at = (i * 7919) % len(rows_in)
         rows_in.insert(at, (DEAD_STREAM, 0, None, json.dumps({"reason": f"bad {i}"}), ""))
     rows_in.append((EOF_STREAM, EOF_TS, None, "{}", ""))
-    for i in range(0, len(rows_in), batch):
+
+    def run_batch(i: int, stop: int | None = None) -> None:
+        """The micro-batch from row `i`: its calls (only the first `stop`: a failed attempt)."""
+        nonlocal top
         by_shard: dict[int, list[tuple[Any, ...]]] = {}
         for name, ts, seq, data, key in rows_in[i:i + batch]:
             shard = zlib.crc32(key.encode()) % SHARDS
@@ -71,9 +90,20 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules:
                 (shard, name, ts, seq, data, key_field, name == stream))
             if name != DEAD_STREAM:
                 top = ts if top is None else max(top, ts)
-        for shard, items in sorted(by_shard.items()):
+        for n, (shard, items) in enumerate(sorted(by_shard.items())):
+            if stop is not None and n >= stop:
+                return
             call(shard, pack_frame(items))  # as Spark hands them over (packed per shard)
         fire_timers()
+
+    for i in range(0, len(rows_in), batch):
+        if fail and rnd.random() < fail:
+            saved, out_at, top_at = copy.deepcopy(vars(state)), len(rows), top
+            run_batch(i, stop=rnd.randrange(1, SHARDS + 2))
+            vars(state).update(saved)
+            del rows[out_at:]
+            top = top_at
+        run_batch(i)
         wm = max(wm, (top or 0) - DELAY)  # Spark's watermark for the next batch
     fire_timers()
     return list(decode_rows(rows))
@@ -111,6 +141,62 @@ def test_operator_alerts_equal_embedded_whatever_the_batching(engine_loop: str, 
         assert any(s["rows"] == 0 for s in stats)
         for s in stats:
             assert s["timer_us"] + s["encode_us"] + s["write_us"] <= s["store_us"] + 3
+
+
+@pytest.mark.parametrize("batch", [37, 100])
+def test_shards_moving_between_worker_processes_give_the_embedded_alerts(
+        batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each call made by one of three worker processes at random (Spark's pool with several
+    stateful tasks per batch): a process whose copy of the shard is behind catches it up from
+    the rows appended since, or reloads it after a compaction, and takes the registered timer
+    from the store; the alerts are the embedded engine's, on the native loop and the mixed one
+    (the fraud rules with table and window rules: both stores)."""
+    from cep.runtime.alerts import AlertRow, StatsRow
+    from cep.runtime.bind import build_embedded_engine
+    from cep.runtime.state_store import NativeShardStore
+
+    monkeypatch.setattr(op, "_HELD", {})
+    monkeypatch.setattr(NativeShardStore, "COMPACT_ROWS", 4)  # compactions between moves
+    monkeypatch.setattr(NativeShardStore, "COMPACT_SLACK", 50)
+    op._ENGINES.clear()
+    ds = GENERATORS["fraud"](n_events=600, n_keys=20, seed=11, inject=3)
+    events = sorted(ds.events, key=lambda e: e["ts"])
+    for rules in (RULES, "rules"):
+        want = sorted(a["alert_id"] for a in alerts_for(build_embedded_engine(
+            load_rules_dir(rules)), {"transactions": events}))
+        got = run_operator(events, batch, rules=rules, processes=3)
+        assert want and sorted(r.id for r in got if isinstance(r, AlertRow)) == want
+        stats = [r.info for r in got if isinstance(r, StatsRow)]
+        assert sum(s["state_catchups"] for s in stats) > 5
+        assert sum(s["state_compactions"] for s in stats) > 0
+
+
+@pytest.mark.parametrize(("batch", "processes"), [(37, 1), (37, 3), (100, 2)])
+def test_failed_and_rerun_micro_batches_give_the_embedded_alerts(
+        batch: int, processes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Micro-batches that fail after some of their calls (or all, timers too) and run again
+    from the state as it was, as Spark re-runs a batch from the checkpoint: the processes'
+    held copies are then AHEAD of the store (their token and rows are the failed attempt's),
+    and the re-run may go to another process, compact, or move only the timer. Each alert
+    comes out once, as the embedded engine's; no timer is lost."""
+    from cep.runtime.alerts import AlertRow, StatsRow
+    from cep.runtime.bind import build_embedded_engine
+    from cep.runtime.state_store import NativeShardStore
+
+    monkeypatch.setenv("CEP_ENGINE", "native")
+    monkeypatch.setattr(op, "_HELD", {})
+    monkeypatch.setattr(NativeShardStore, "COMPACT_ROWS", 4)
+    monkeypatch.setattr(NativeShardStore, "COMPACT_SLACK", 50)
+    op._ENGINES.clear()
+    ds = GENERATORS["fraud"](n_events=600, n_keys=20, seed=11, inject=3)
+    events = sorted(ds.events, key=lambda e: e["ts"])
+    want = sorted(a["alert_id"] for a in alerts_for(build_embedded_engine(
+        load_rules_dir(RULES)), {"transactions": events}))
+    got = run_operator(events, batch, processes=processes, fail=0.4)
+    assert want and sorted(r.id for r in got if isinstance(r, AlertRow)) == want
+    stats = [r.info for r in got if isinstance(r, StatsRow)]
+    assert sum(s["state_reloads"] for s in stats) > 3  # the copies ahead were not used
+    assert sum(s["state_compactions"] for s in stats) > 0 or batch > 37
 
 
 @pytest.mark.parametrize("batch", [50, 5_000])

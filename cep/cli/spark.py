@@ -65,7 +65,7 @@ def register(sub: Any) -> None:
                    help="process what is in the topics now, then stop")
     p.add_argument("--max-seconds", type=float, help="stop after this long")
     p.add_argument("--shards", type=int, help="shards of the partition key for a new "
-                   "checkpoint (default 8); a checkpoint keeps the count it started with")
+                   "checkpoint (default 6); a checkpoint keeps the count it started with")
     p.add_argument("--master", dest="spark_master")
     p.add_argument("--verbose", action="store_true", help="full traces and client logs on error")
     p.set_defaults(func=verbose(_run))

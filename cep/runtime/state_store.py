@@ -141,15 +141,22 @@ class NativeShardStore:
     state in a stateful stream operator, as a log: each shard's native `EngineState` is kept in
     the worker process between calls, and the state store is its durable copy.
 
-    Layout: a ListState of blobs the core writes (`Engine.export_blobs`: records of group, key,
-    wake time and versioned `CEPNK` bytes, or none for a key whose state is gone), applied in
-    order, and a ValueState with `(token, log rows, log bytes, calls deferred)` (the last field
-    was the bytes at the last compaction until session 12, 0 until session 14: `_Held.due`).
-    - A call starts with one state read, the token. When it is the token this process wrote last
-      (the store is exactly as this process left it), the held `EngineState` is used as it is.
-      Otherwise (another process ran the shard, Spark re-ran a batch after a failure, the rules
-      changed) the log is read back into a new `EngineState` (`Engine.import_blob`: keys stay
-      raw bytes until an event or a deadline reaches them: a reload copies, it does not decode).
+    Layout (2, since session 15): a MapState of rows by number, each a blob the core writes
+    (`Engine.export_blobs`: records of group, key, wake time and versioned `CEPNK` bytes, or
+    none for a key whose state is gone) and the token of the log it was appended onto, applied
+    in row order; and a ValueState record (`_Meta`: `META_MAGIC`, the layout, then the token,
+    log rows, log bytes, calls deferred and the registered timer).
+    - A call starts with one state read, the record. When its token is the one this process
+      wrote last (the store is exactly as this process left it), the held `EngineState` is used
+      as it is. When another process appended rows since (Spark gave the shard's last calls to
+      another Python worker: with several stateful tasks per batch, most batches) and the first
+      of them was appended onto this process's token, the held copy catches up by importing
+      those rows only (`_catch_up`: one state read per row, usually one or two). Otherwise (no
+      copy held, a compaction or a rollback since, the rules changed) the whole log is read back
+      into a new `EngineState` (`Engine.import_blob`: keys stay raw bytes until an event or a
+      deadline reaches them: a reload copies, it does not decode). Layout 1 (until session 14:
+      a ListState log and a bare pickled record) is read from `old_log` and rewritten as
+      layout 2 at the call's flush; another layout is refused with a message.
     - A call ends by appending one blob with the records of the keys it changed (one state call,
       bytes in proportion to the change) and a new token. When most of the log's records are
       superseded (more than twice as many records as keys, plus `COMPACT_SLACK` records), or its
@@ -157,7 +164,8 @@ class NativeShardStore:
       log's mean record size times the keys: the backstop for few keys with large states,
       which the records bound lets grow to tens of MB), or it has 64 rows and more than twice
       as many records as keys (no slack: a small shard of hot keys), or 1,024 rows whatever its
-      records, it is rewritten as the current keys (a compaction, one `put`). A shard of mostly
+      records, it is rewritten as the current keys (a compaction: the rows cleared and written
+      again from 0, one state call per 4 MB blob). A shard of mostly
       new keys, each written once, has nothing to drop: it is rewritten every 1,024 writes,
       not every 64 as until session 12 (the row bound keeps a reload to at most 1,024 state
       rows of one call's changes each). (Until session
@@ -187,8 +195,10 @@ class NativeShardStore:
     # only (`_TURNS` counts that process's tasks): when Spark gives a batch's stateful tasks, or
     # successive batches, to different Python workers of its pool, each compacts on its own
     # count and compactions can land in back-to-back batches (or two in one batch). The live
-    # job's usual case is one stateful task per batch and one operator worker holding every
-    # shard (docs/spark-runtime.md, "Stateful partitions of the live job"), where it holds.
+    # job runs two stateful tasks per batch since session 15 (`live_partitions`): up to two
+    # compactions per batch, one per task, on the two cores (docs/spark-runtime.md, "Stateful
+    # partitions of the live job"; not yet seen in a live run: the benchmarks' runs were too
+    # short to make a shard due).
     COMPACT_GAP = 2  # tasks
     COMPACT_DEFER = 64
     # A shard's keys stay decoded between calls while their bytes total at most this
@@ -210,14 +220,17 @@ class NativeShardStore:
         return max(cls.KEEP_DECODED, cls.DECODED_PER_JOB // shards if shards else 0)
 
     def __init__(self, log: Any, meta: Any, held: dict[Any, Any],
-                 keep_decoded: int | None = None) -> None:
+                 keep_decoded: int | None = None, old_log: Any = None) -> None:
         self.keep_decoded = self.KEEP_DECODED if keep_decoded is None else keep_decoded
-        self._log = log
+        self._log = log  # MapState: row number -> (blob, token it was appended onto)
         self._meta = meta
+        self._old_log = old_log  # layout 1's ListState of blobs (read once, then cleared)
         self._held = held  # shard -> _Held, shared by the stores of one worker process
         self.writes = 0  # state calls that wrote the log
-        self.reads = 0  # log rows read on reloads
-        self.reloads = 0  # calls that had to read the whole shard (the held copy was stale)
+        self.reads = 0  # log rows read on reloads and catch-ups
+        self.reloads = 0  # calls that had to read the whole shard (no usable held copy)
+        self.catchups = 0  # calls whose held copy was behind and read only the rows since
+        self.load_us = 0  # µs in `begin`: the record read, and any catch-up or reload
         self.compactions = 0
         self.task = _TURNS.new_task()
         self.dropped = 0  # keys of rule groups that no longer exist, dropped on a reload
@@ -230,40 +243,95 @@ class NativeShardStore:
         self._engine: Any = None
 
     def begin(self, shard: Any, engine: Any) -> None:
-        """Start a call for `shard` run by `engine`."""
+        """Start a call for `shard` run by `engine`: use the held copy when it is current,
+        catch it up when it is behind by appended rows, else read the whole log."""
         held = self._held.get(shard)
+        t0 = time.perf_counter()
         # Spark's state server logs a WARN for every `get` of an empty value (each shard's
         # first call: 64 lines on a new job's first batch, issue 14), so a shard this process
         # holds no copy of asks `exists` first; one it holds was written, so `get` alone (one
         # round trip, as before, in the steady state).
         row = self._meta.get() if held is not None or self._meta.exists() else None
-        # (token, log rows, log bytes, calls the log has waited for its compaction): the
-        # fourth field was the bytes at the last compaction until session 12 (a large count
-        # then: such a log, when due, is compacted at once) and 0 until session 14. It is in
-        # the store so that a shard another process ran next still gets its turn.
-        token, rows, size, due = ((b"", 0, 0, 0) if row is None
-                                  else pickle.loads(row[0])[:4])  # noqa: S301
+        meta = _Meta.read(None if row is None else row[0])
         self._shard, self._engine = shard, engine
-        if held is not None and held.token == token and held.engine is engine:
-            self._cur = held
-            return
-        self._held.pop(shard, None)
-        self.reloads += 1
+        try:
+            if held is not None and held.engine is engine and meta.layout == LOG_LAYOUT and (
+                    held.token == meta.token or self._catch_up(held, meta)):
+                # The registered timer is the store's (another process may have moved it
+                # without appending a row: the token alone does not say).
+                held.timer, held.stored_timer = meta.timer, meta.timer
+                self._cur = held
+                return
+            self._held.pop(shard, None)
+            self._cur = self._reload(engine, meta)
+        except BaseException:
+            self._held.pop(shard, None)
+            raise
+        finally:
+            self.load_us += int(1e6 * (time.perf_counter() - t0))
+
+    def _catch_up(self, held: _Held, meta: _Meta) -> bool:
+        """Bring a held copy that is behind to the store's: when the row after its last one
+        was appended onto its token (the log grew from exactly what this process left, with no
+        compaction or rollback between), import the rows appended since; else False (reload)."""
+        if meta.rows <= held.rows:
+            return False
+        first = self._log.getValue((held.rows,))
+        if first is None or first[1] != held.token:
+            return False
+        blobs = [first[0]]
+        for i in range(held.rows + 1, meta.rows):
+            got = self._log.getValue((i,))
+            if got is None:
+                return False  # (the reload names the missing row)
+            blobs.append(got[0])
+        dropped = records = 0
+        for blob in blobs:
+            dropped += held.engine.core.import_blob(held.state, blob)
+            records += blob_records(blob)
+        self.catchups += 1
+        self.reads += len(blobs)
+        self.dropped += dropped
+        held.token, held.rows, held.size, held.due = meta.token, meta.rows, meta.size, meta.due
+        held.records += records
+        held.compact = held.compact or dropped > 0
+        return True
+
+    def _reload(self, engine: Any, meta: _Meta) -> _Held:
+        """A new `EngineState` from the whole log (rows in order)."""
         from cep import _core  # type: ignore[attr-defined]
 
+        self.reloads += 1
         state = _core.EngineState(track_dirty=True, keep_decoded=self.keep_decoded)
         dropped = records = 0
-        if row is not None:
-            for (blob,) in self._log.get():
-                self.reads += 1
-                # The core first: it checks the header and gives the clearer error (a blob of
-                # another format version, a corrupt one).
-                dropped += engine.core.import_blob(state, blob)
-                records += blob_records(blob)
+        for blob in self._log_blobs(meta):
+            self.reads += 1
+            # The core first: it checks the header and gives the clearer error (a blob of
+            # another format version, a corrupt one).
+            dropped += engine.core.import_blob(state, blob)
+            records += blob_records(blob)
         self.dropped += dropped
-        # Records of dropped groups leave the store at the next write (a compaction).
-        self._cur = _Held(token, engine, state, rows, size, records, dropped > 0,
-                          UNKNOWN, due)
+        # Records of dropped groups leave the store at the next write (a compaction), and so
+        # does a layout 1 log (rewritten as rows: `migrate`).
+        cur = _Held(meta.token, engine, state, meta.rows, meta.size, records,
+                    dropped > 0 or meta.layout == 1, meta.timer, meta.due)
+        cur.stored_timer = meta.timer
+        cur.migrate = meta.layout == 1
+        return cur
+
+    def _log_blobs(self, meta: _Meta) -> list[bytes]:
+        if meta.layout == 0:
+            return []
+        if meta.layout == 1:  # a ListState, until session 14
+            if self._old_log is None:
+                raise ValueError(_LAYOUT_1_MESSAGE)
+            return [blob for (blob,) in self._old_log.get()]
+        got = sorted((k[0], v[0]) for k, v in self._log.iterator())
+        if [i for i, _ in got] != list(range(meta.rows)):
+            raise ValueError(f"native key-state log: the store holds rows "
+                             f"{[i for i, _ in got][:8]}... but its record says 0..{meta.rows - 1}:"
+                             " the checkpoint's state is corrupt; reset it or replay the input")
+        return [b for _, b in got]
 
     @property
     def timer(self) -> Any:
@@ -290,13 +358,18 @@ class NativeShardStore:
         try:
             core = self._engine.core
             t0 = time.perf_counter()
+            prev = cur.token
             if self._compact_turn(cur):
                 blobs = core.export_blobs(cur.state, True)
                 t1 = time.perf_counter()
-                if blobs:
-                    self._log.put([(b,) for b in blobs])
-                else:
-                    self._log.clear()
+                # Rows restart at 0, appended onto no token: a copy held at an earlier row
+                # of the old log is never caught up from these (`_catch_up`).
+                self._log.clear()
+                for i, b in enumerate(blobs):
+                    self._log.updateValue((i,), (b, b""))
+                if cur.migrate and self._old_log is not None:
+                    self._old_log.clear()
+                    cur.migrate = False
                 self.compactions += 1
                 _TURNS.compacted = self.task
                 cur.due = 0
@@ -309,22 +382,31 @@ class NativeShardStore:
                 t1 = time.perf_counter()
                 if not blobs:
                     self.encode_us += int(1e6 * (t1 - t0))
+                    if cur.timer != cur.stored_timer:
+                        self._write_meta(cur)  # the same token: only the timer moved
+                    self.write_us += int(1e6 * (time.perf_counter() - t1))
                     self._held[self._shard] = cur  # nothing changed: the token stays valid
                     return
-                self._log.appendList([(b,) for b in blobs])
+                # Each row names the token it was appended onto (`_catch_up`).
+                for i, b in enumerate(blobs):
+                    self._log.updateValue((cur.rows + i,), (b, prev))
                 cur.rows += len(blobs)
                 cur.size += sum(len(b) for b in blobs)
                 cur.records += sum(map(blob_records, blobs))
             self.writes += 1
             cur.token = os.urandom(8)
-            self._meta.update((pickle.dumps((cur.token, cur.rows, cur.size, cur.due),
-                                            protocol=5),))
+            self._write_meta(cur)
             self.encode_us += int(1e6 * (t1 - t0))
             self.write_us += int(1e6 * (time.perf_counter() - t1))
             self._held[self._shard] = cur
         except BaseException:
             self._held.pop(self._shard, None)
             raise
+
+    def _write_meta(self, cur: _Held) -> None:
+        self._meta.update((_Meta(LOG_LAYOUT, cur.token, cur.rows, cur.size, cur.due,
+                                 cur.timer).bytes(),))
+        cur.stored_timer = cur.timer
 
     def _compact_turn(self, cur: _Held) -> bool:
         """Whether this flush compacts: the log is due (`_compact_now`), this process has not
@@ -379,9 +461,56 @@ class _Held:
     due: int  # flushes since the log was first due for a compaction that another shard had
     # (kept in the store's ValueState too: a reload by another process keeps the count)
     flushed: int = 0  # the task (`_TURNS`) of this process that last flushed the shard
+    stored_timer: Any = None  # the timer the store's record names (`timer` as last written)
+    migrate: bool = False  # a layout 1 log: its ListState is cleared at the compaction
 
 
 UNKNOWN = object()  # NativeShardStore.timer when this process does not know it
+
+# The native store's layout (`_Meta`): 2 since session 15 (the log a MapState of rows by
+# number, the record prefixed with `META_MAGIC` and this number); 1 until then (a ListState, the
+# record a bare pickle), read once and rewritten as layout 2.
+LOG_LAYOUT = 2
+META_MAGIC = b"CEPNL"
+_LAYOUT_1_MESSAGE = ("native key-state store: this shard's state is in layout 1 (a ListState "
+                     "log, written before session 15) and no handle to it was given; "
+                     "reset the checkpoint or replay the input")
+_NO_TIMER_KNOWN = -1  # the record's timer field for UNKNOWN
+
+
+@dataclass(frozen=True, slots=True)
+class _Meta:
+    """A shard's record (the store's ValueState): its log's layout, token, rows, bytes, calls
+    waited for a compaction and the registered timer (None: none; UNKNOWN)."""
+
+    layout: int  # 0: no record (a new shard)
+    token: bytes
+    rows: int
+    size: int
+    due: int
+    timer: Any
+
+    @classmethod
+    def read(cls, raw: bytes | None) -> _Meta:
+        if raw is None:
+            return cls(0, b"", 0, 0, 0, None)  # nothing stored: no timer either
+        if not raw.startswith(META_MAGIC):
+            # Layout 1: a pickled (token, rows, size, due); its fourth field was the bytes
+            # at the last compaction until session 12 (a large count: compacted at once).
+            token, rows, size, due = pickle.loads(raw)[:4]  # noqa: S301 - our own state
+            return cls(1, token, rows, size, due, UNKNOWN)
+        layout = int.from_bytes(raw[5:7], "little")
+        if layout != LOG_LAYOUT:
+            raise ValueError(f"native key-state store layout {layout}, but this build reads "
+                             f"layout {LOG_LAYOUT} (and 1): discard the state (reset the "
+                             "checkpoint) or replay the input")
+        token, rows, size, due, timer = pickle.loads(raw[7:])  # noqa: S301 - our own state
+        return cls(layout, token, rows, size, due, UNKNOWN if timer == _NO_TIMER_KNOWN else timer)
+
+    def bytes(self) -> bytes:
+        timer = _NO_TIMER_KNOWN if self.timer is UNKNOWN else self.timer
+        return (META_MAGIC + self.layout.to_bytes(2, "little")
+                + pickle.dumps((self.token, self.rows, self.size, self.due, timer), protocol=5))
 
 
 class _Turns:

@@ -30,6 +30,9 @@ from cep.spark.pipeline import DEAD_STREAM, EOF_STREAM, unpack
 _OUT_COLUMNS = ["kind", "rule_id", "key", "id", "payload"]
 _BUCKET_SCHEMA = StructType([StructField("bucket", IntegerType())])
 _BLOB_SCHEMA = StructType([StructField("v", BinaryType())])
+# The native store's log rows (layout 2): row number -> (blob, token it was appended onto).
+_ROW_SCHEMA = StructType([StructField("row", IntegerType())])
+_LOG_ROW_SCHEMA = StructType([StructField("v", BinaryType()), StructField("prev", BinaryType())])
 _NO_WATERMARK = 0  # Spark reports 0 before the first watermark exists
 
 # Rows the operator emits: alerts, timeouts, late events, and a per-call stats row.
@@ -65,17 +68,13 @@ class CepProcessor(StatefulProcessor):
         kind = engine_kind(self.engine)
         self.native = kind == "native"
         self.mixed = kind == "mixed"
-        keep = NativeShardStore.for_shards(self.shards)
         if self.native:
-            self.store: Any = NativeShardStore(
-                handle.getListState("nlog", _BLOB_SCHEMA),
-                handle.getValueState("nshard", _BLOB_SCHEMA), _HELD, keep)
+            self.store: Any = self._native_store(handle)
         elif self.mixed:
             from cep.runtime.mixed import MixedShardStore
 
             self.store = MixedShardStore(
-                NativeShardStore(handle.getListState("nlog", _BLOB_SCHEMA),
-                                 handle.getValueState("nshard", _BLOB_SCHEMA), _HELD, keep),
+                self._native_store(handle),
                 MapStateKeyStore(handle.getMapState("buckets", _BUCKET_SCHEMA, _BLOB_SCHEMA),
                                  handle.getValueState("shard", _BLOB_SCHEMA)))
         else:
@@ -83,6 +82,15 @@ class CepProcessor(StatefulProcessor):
                 handle.getMapState("buckets", _BUCKET_SCHEMA, _BLOB_SCHEMA),
                 handle.getValueState("shard", _BLOB_SCHEMA),
             )
+
+    def _native_store(self, handle: StatefulProcessorHandle) -> NativeShardStore:
+        """The native store over the shard's log rows and record; `nlog`, layout 1's log (a
+        ListState, until session 14), stays declared: a checkpoint written so is read from it
+        once (and Spark keeps a query's state variables)."""
+        return NativeShardStore(handle.getMapState("nrows", _ROW_SCHEMA, _LOG_ROW_SCHEMA),
+                                handle.getValueState("nshard", _BLOB_SCHEMA), _HELD,
+                                NativeShardStore.for_shards(self.shards),
+                                old_log=handle.getListState("nlog", _BLOB_SCHEMA))
 
     def _begin(self, key: Any) -> None:
         if self.native:
@@ -237,12 +245,15 @@ class CepProcessor(StatefulProcessor):
         if self.native or self.mixed:
             nstore = self.store.native if self.mixed else self.store
             stats["state_reloads"] = nstore.reloads
+            stats["state_catchups"] = nstore.catchups
+            stats["load_us"] = nstore.load_us
             stats["state_compactions"] = nstore.compactions
             # `store_us` = `timer_us` + `encode_us` (the core) + `write_us` (state server), up
             # to the clock reads between them: both kinds of call report all four, each its own
             # flush's (the counters are reset here, once per call).
             stats["encode_us"], stats["write_us"] = nstore.encode_us, nstore.write_us
             nstore.reloads = nstore.compactions = nstore.encode_us = nstore.write_us = 0
+            nstore.catchups = nstore.load_us = 0
         self.store.writes = self.store.reads = 0
         rows.append(("stats", "", "", "", json.dumps(stats)))
         # From an object array: about half the cost of pandas' own row-tuple path, paid on

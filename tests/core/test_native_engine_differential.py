@@ -293,17 +293,21 @@ def json_batches(events: list[Event]):  # type: ignore[no-untyped-def]
 def drive_operator_store(engine, table, batch: int, seed: int) -> list:  # type: ignore[no-untyped-def]
     """`drive` as the Spark operator runs the native loop: JSON batches read by the core, the key
     states in a `NativeShardStore` over (dict) MapState/ValueState, the shard's native state
-    held between calls and, at random, dropped (another worker ran the shard, a batch was re-run:
-    the next call reloads it from the stored log)."""
+    held between calls by three worker processes, each call run by one of them at random (a
+    process whose copy is behind catches up from the rows appended since, or reloads the log
+    after a compaction), and at random a process's copies dropped (the next call it runs
+    reloads the shard from the stored log)."""
     from tests.runtime.test_bucket_store import DictValueState
-    from tests.runtime.test_native_shard_store import DictListState
+    from tests.runtime.test_native_shard_store import DictLogState
 
-    buckets, meta, held = DictListState(), DictValueState(), {}
+    buckets, meta = DictLogState(), DictValueState()
+    processes: list[dict[Any, Any]] = [{}, {}, {}]
     rnd = random.Random(seed)
     max_ts, trace = NEG_INF, []
     shard = ("shard", 0)
 
     def call(rb, max_ts, eoi=None):  # type: ignore[no-untyped-def]
+        held = rnd.choice(processes)
         store = NativeShardStore(buckets, meta, held)
         store.COMPACT_ROWS = 3  # compact often
         # Keys kept decoded between calls: none, some (the rest held as bytes), all.
@@ -331,7 +335,7 @@ def drive_operator_store(engine, table, batch: int, seed: int) -> list:  # type:
     from cep import _core
 
     replayed = _core.EngineState()
-    for (blob,) in buckets.rows:
+    for blob in buckets.blobs:
         engine.core.import_blob(replayed, blob)
     assert len(replayed) == 0, "state left in the store after the end of input"
     return trace
