@@ -1,8 +1,17 @@
 //! A group's key table (`keys.rs`): key ids by their text's 32-bit hash, the text itself
 //! compared in the key's slot (docs/native-core.md, "Many keys: the key table and the mass
-//! expiry").
+//! expiry"). Also arrow.rs's string interning: indexes into its strings, by the same hash.
+
+use std::hash::BuildHasher;
 
 use crate::keys::Id;
+
+/// The 32-bit hash of a text's bytes (both halves of the 64-bit hash folded): a `Table`'s
+/// entries keep it.
+pub fn hash32(hasher: &foldhash::fast::RandomState, b: &[u8]) -> u32 {
+    let h = hasher.hash_one(b);
+    (h ^ (h >> 32)) as u32
+}
 
 /// An entry of a group's key table: the key's id and 32 bits of its text's hash (the text is
 /// compared in the key's slot; a table grows by these bits, without reading the slots).
@@ -20,6 +29,7 @@ pub const VACANT: Id = Id::MAX;
 /// control group and then the entry, two misses a key with 1M keys), compares the full 32 bits
 /// of the hash there and the text in the slot; its line can be asked for ahead (`line`). A
 /// removal shifts the entries after it back (no tombstones). At most 5/8 full.
+#[derive(Default)]
 pub struct Table {
     pub e: Vec<Named>,
     pub len: usize,
