@@ -141,7 +141,7 @@ impl<V: Default> Keys<V> {
     fn intern_hashed(&mut self, group: u32, key: &Arc<str>, h: u32) -> Result<Id, TooManyKeys> {
         let g = group as usize;
         if self.by_text.len() <= g {
-            self.by_text.resize_with(g + 1, Table::new);
+            self.by_text.resize_with(g + 1, Table::default);
         }
         if let Some(id) = self.lookup(g, key, h) {
             return Ok(id);

@@ -36,10 +36,6 @@ pub struct Table {
 }
 
 impl Table {
-    pub fn new() -> Self {
-        Table { e: Vec::new(), len: 0 }
-    }
-
     fn mask(&self) -> usize {
         self.e.len().wrapping_sub(1)
     }
@@ -129,7 +125,7 @@ mod tests {
     #[test]
     fn table_agrees_with_a_map_through_runs_that_wrap() {
         let mut rng = Lcg(3);
-        let mut t = Table::new();
+        let mut t = Table::default();
         let mut model: std::collections::HashMap<Id, u32> = Default::default();
         let mut removed = Vec::new();
         for step in 0..200_000u32 {
