@@ -7,12 +7,12 @@
 //! holds them, and a cell is copied out (`Batch::get`) only when it is read.
 
 use std::ffi::{c_char, c_void, CStr};
-use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
+use crate::keytable::{hash32, Named, Table};
 use crate::program::bad;
 use crate::value::Value;
 
@@ -56,11 +56,11 @@ pub struct Batch<'py> {
 }
 
 /// The distinct values of a string column (`dict`) and a table of their indexes, found by the
-/// value's bytes (hashed as `[u8]`; the pattern of keys.rs): 4 bytes per value in the table,
-/// the text held once, in `dict`.
+/// value's bytes (keys.rs's table, `keytable::Table`: 8 bytes per value, the index and its
+/// 32-bit hash), the text held once, in `dict`.
 #[derive(Default)]
 struct Intern {
-    table: hashbrown::HashTable<u32>,
+    table: Table,
     hasher: foldhash::fast::RandomState,
     dict: Vec<Arc<str>>,
 }
@@ -224,15 +224,15 @@ impl Col {
             return Some(l.clone());
         }
         let Intern { table, hasher, dict } = it;
-        let h = hasher.hash_one(b);
-        if let Some(&i) = table.find(h, |&i| dict[i as usize].as_bytes() == b) {
+        let h = hash32(hasher, b);
+        if let Some(i) = table.find(h, |i| dict[i as usize].as_bytes() == b).map(|x| table.e[x].id) {
             self.last.set(i);
             return Some(dict[i as usize].clone());
         }
         let a: Arc<str> = Arc::from(std::str::from_utf8(b).ok()?);
         let i = dict.len() as u32;
         dict.push(a.clone());
-        table.insert_unique(h, i, |&k| hasher.hash_one(dict[k as usize].as_bytes()));
+        table.insert(Named { id: i, h });
         self.last.set(i);
         if seen >= 8192 && dict.len() * 4 > seen * 3 {
             *guard = None;

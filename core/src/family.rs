@@ -12,7 +12,7 @@ use pyo3::types::{PyList, PyTuple};
 use crate::engine::RuleE;
 use crate::expr::{Cap, CapVec, Caps, Ev, RowMemo, NO_CAPS};
 pub use crate::family_build::{build, shape, Thresh};
-use crate::matcher::{Core, Entry, Loc, MState, Out, Pool, Run, FOREVER};
+use crate::matcher::{push_next, Core, Entry, Loc, MState, Out, Pool, Run, FOREVER};
 use crate::program::{Conn, DONE};
 
 /// How a variable's condition differs between the members.
@@ -173,17 +173,6 @@ impl Scratch {
         if self.entries.len() < KEPT && (1..=8).contains(&v.capacity()) {
             self.entries.push(v);
         }
-    }
-}
-
-/// One entry per next position `next` with mask `mask`, all sharing `caps` (moved into the
-/// last: one reference count less than cloning it for each, as `matcher::push_next`).
-fn push_next(out: &mut Vec<FEntry>, next: &[i32], mask: u64, caps: Caps) {
-    if let Some((&last, rest)) = next.split_last() {
-        for &pos in rest {
-            out.push(FEntry { pos, mask, caps: caps.clone() });
-        }
-        out.push(FEntry { pos: last, mask, caps });
     }
 }
 
@@ -390,7 +379,7 @@ impl Family {
                 }
                 let cap = Cap { var: *var as u32, row, ev: ev.clone() };
                 let caps = sc.pool.caps_of(cap, |c| c.fold_last(&rep.cx(py, t.loc.rows)));
-                push_next(&mut out, nxt, m, caps);
+                push_next(&mut out, nxt, caps, |pos, caps| FEntry { pos, mask: m, caps });
             }
         }
         Ok(out)
@@ -476,7 +465,8 @@ impl Family {
             }
             let cap = Cap { var: st.var as u32, row, ev: ev.clone() };
             if a.after != 0 {
-                push_next(&mut out, &st.next, a.grow, Arc::new(rep.grown(py, &caps, cap, &t.loc)));
+                let grown = Arc::new(rep.grown(py, &caps, cap, &t.loc));
+                push_next(&mut out, &st.next, grown, |pos, caps| FEntry { pos, mask: a.grow, caps });
                 out.push(FEntry { pos: st.after, mask: a.after, caps });
                 continue;
             }
@@ -491,7 +481,7 @@ impl Family {
                 }
                 None => Arc::new(rep.grown(py, &c, cap, &t.loc)),
             };
-            push_next(&mut out, &st.next, a.grow, grown);
+            push_next(&mut out, &st.next, grown, |pos, caps| FEntry { pos, mask: a.grow, caps });
         }
         sc.spare = std::mem::replace(entries, out);
         sc.acts = acts;

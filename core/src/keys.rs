@@ -8,11 +8,10 @@
 //! in no particular order (the engine orders its output by key itself).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use crate::engine::AT_END;
-use crate::keytable::{Named, Table, VACANT};
+use crate::keytable::{hash32, Named, Table, VACANT};
 
 pub type Id = u32;
 
@@ -142,7 +141,7 @@ impl<V: Default> Keys<V> {
     fn intern_hashed(&mut self, group: u32, key: &Arc<str>, h: u32) -> Result<Id, TooManyKeys> {
         let g = group as usize;
         if self.by_text.len() <= g {
-            self.by_text.resize_with(g + 1, Table::new);
+            self.by_text.resize_with(g + 1, Table::default);
         }
         if let Some(id) = self.lookup(g, key, h) {
             return Ok(id);
@@ -206,8 +205,7 @@ impl<V: Default> Keys<V> {
 
     /// The text hash of a key: `intern` and `find` hash the same bytes (`prefetch_table`).
     pub fn hash_bytes(&self, key: &[u8]) -> u32 {
-        let h = self.hasher.hash_one(key);
-        (h ^ (h >> 32)) as u32
+        hash32(&self.hasher, key)
     }
 
     /// Ask for the table line where a key of hash `h` of `group` is looked up (a hint, like

@@ -1,8 +1,17 @@
 //! A group's key table (`keys.rs`): key ids by their text's 32-bit hash, the text itself
 //! compared in the key's slot (docs/native-core.md, "Many keys: the key table and the mass
-//! expiry").
+//! expiry"). Also arrow.rs's string interning: indexes into its strings, by the same hash.
+
+use std::hash::BuildHasher;
 
 use crate::keys::Id;
+
+/// The 32-bit hash of a text's bytes (both halves of the 64-bit hash folded): a `Table`'s
+/// entries keep it.
+pub fn hash32(hasher: &foldhash::fast::RandomState, b: &[u8]) -> u32 {
+    let h = hasher.hash_one(b);
+    (h ^ (h >> 32)) as u32
+}
 
 /// An entry of a group's key table: the key's id and 32 bits of its text's hash (the text is
 /// compared in the key's slot; a table grows by these bits, without reading the slots).
@@ -20,16 +29,13 @@ pub const VACANT: Id = Id::MAX;
 /// control group and then the entry, two misses a key with 1M keys), compares the full 32 bits
 /// of the hash there and the text in the slot; its line can be asked for ahead (`line`). A
 /// removal shifts the entries after it back (no tombstones). At most 5/8 full.
+#[derive(Default)]
 pub struct Table {
     pub e: Vec<Named>,
     pub len: usize,
 }
 
 impl Table {
-    pub fn new() -> Self {
-        Table { e: Vec::new(), len: 0 }
-    }
-
     fn mask(&self) -> usize {
         self.e.len().wrapping_sub(1)
     }
@@ -119,7 +125,7 @@ mod tests {
     #[test]
     fn table_agrees_with_a_map_through_runs_that_wrap() {
         let mut rng = Lcg(3);
-        let mut t = Table::new();
+        let mut t = Table::default();
         let mut model: std::collections::HashMap<Id, u32> = Default::default();
         let mut removed = Vec::new();
         for step in 0..200_000u32 {

@@ -226,13 +226,13 @@ impl<'py> Out<'py> {
 }
 
 /// One entry per next position `next`, all sharing `caps` (moved into the last: one reference
-/// count less per step than cloning it for each).
-fn push_next(out: &mut Vec<Entry>, next: &[i32], caps: Caps) {
+/// count less per step than cloning it for each), made by `entry` (family.rs's carry a mask).
+pub(crate) fn push_next<E>(out: &mut Vec<E>, next: &[i32], caps: Caps, entry: impl Fn(i32, Caps) -> E) {
     if let Some((&last, rest)) = next.split_last() {
         for &t in rest {
-            out.push(Entry { pos: t, caps: caps.clone() });
+            out.push(entry(t, caps.clone()));
         }
-        out.push(Entry { pos: last, caps });
+        out.push(entry(last, caps));
     }
 }
 
@@ -309,7 +309,7 @@ impl Core {
                 }
                 let cap = Cap { var: *var as u32, row, ev: ev.clone() };
                 let caps = pool.caps_of(cap, |c| c.fold_last(&self.cx(py, local.rows)));
-                push_next(&mut out, nxt, caps);
+                push_next(&mut out, nxt, caps, |pos, caps| Entry { pos, caps });
             }
         }
         Ok(out)
@@ -359,7 +359,7 @@ impl Core {
                     let st = &self.p.table[pos as usize];
                     let cap = Cap { var: st.var as u32, row, ev: ev.clone() };
                     if also_after {
-                        push_next(&mut out, &st.next, Arc::new(self.grown(py, &caps, cap, local)));
+                        push_next(&mut out, &st.next, Arc::new(self.grown(py, &caps, cap, local)), |pos, caps| Entry { pos, caps });
                         out.push(Entry { pos: st.after, caps });
                         continue;
                     }
@@ -374,7 +374,7 @@ impl Core {
                         }
                         None => Arc::new(self.grown(py, &c, cap, local)),
                     };
-                    push_next(&mut out, &st.next, grown);
+                    push_next(&mut out, &st.next, grown, |pos, caps| Entry { pos, caps });
                 }
             }
         }

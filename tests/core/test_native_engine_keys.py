@@ -253,12 +253,13 @@ def test_a_state_belongs_to_the_rules_of_the_engine_that_filled_it() -> None:
 
 
 def _call_by_call(native: Any, state: Any, events: list[Event], batch: int,
-                  after_call: Callable[[], None] = lambda: None) -> tuple[int, int]:
-    """The bundled rules on `native` (an embedded native engine) with `state` and on the
-    Python engine, `batch` events a call: results, late reports, keys with state, wake keys
-    and the next wake equal call by call (`after_call` runs after each native call), and at
+                  after_call: Callable[[], None] = lambda: None,
+                  ruleset: Any = None) -> tuple[int, int]:
+    """The bundled rules (or `ruleset`) on `native` (an embedded native engine) with `state` and
+    on the Python engine, `batch` events a call: results, late reports, keys with state, wake
+    keys and the next wake equal call by call (`after_call` runs after each native call), and at
     the end of input, after which no key is left. Returns (late reports, results)."""
-    python = build_engine(native_bundled(), use_native=False)
+    python = build_engine(ruleset or native_bundled(), use_native=False)
     core = native.core
     py_store, max_ts, n_late, n_results = MemoryKeyStore(), NEG_INF, 0, 0
     for i in range(0, len(events), batch):
@@ -315,6 +316,26 @@ def test_compacted_key_states_match_the_python_engine(batch: int) -> None:
     native = build_embedded_engine(native_bundled())
     n_late, n_results = _call_by_call(native, _core.EngineState(compact_from=0),
                                       _waves(600, seed=100 + batch), batch)
+    assert n_results > 0 and n_late > 0
+
+
+def test_compacted_keys_with_rule_families_match_the_python_engine() -> None:
+    """Both of session 15's many-keys paths at once (`compact_from=0`): `ingest_arrow`'s key
+    prefetch and one key text per key (the row names its key by the slot's text), with rule
+    families whose vectors are reused from key to key and one results list per key (the fraud
+    rules' varied copies, three families), against the Python engine call by call."""
+    from pathlib import Path
+
+    from bench.native_rules import varied_rules_text
+    from cep import _core
+    from cep.compile import compile_rules
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "rules" / "fraud.cep"
+    ruleset = compile_rules(varied_rules_text(path.read_text(), 3), "varied")
+    native = build_embedded_engine(ruleset, use_native=True, families=True)
+    assert len(native.families) == 3
+    n_late, n_results = _call_by_call(native, _core.EngineState(compact_from=0),
+                                      _waves(300, seed=7), 37, ruleset=ruleset)
     assert n_results > 0 and n_late > 0
 
 
