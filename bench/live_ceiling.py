@@ -12,7 +12,9 @@ in micro-batches of `--batch` records (`maxOffsetsPerTrigger`), until the topic 
   with S the live job's shards for a new checkpoint (`Settings.live_shards`, `--shards`),
   `groupBy(shard).transformWithStateInPandas` with a processor that reads its rows and keeps
   no state (bench/noop_ops.py `NoopProcessor`), `live_partitions` stateful tasks (the live
-  job's setting, read from the same CEP_* environment; one until session 15), output
+  job's setting, read from the same CEP_* environment; one until session 15; not its read
+  split, `live_read_task_rows`, which changes nothing at `--batch` up to 25,000, nor its Arrow
+  batch size: the no-op's operator reads rows, in Spark's 10,000-row batches), output
   collected by foreachBatch. Its Spark session is the live job's (`jobs.live.live_jvm`: the
   quick JIT, C1, unless `java_options` is set); until session 13 the no-op ran the JVM's
   default JIT while `cep run` ran C1, so the two did not run the same JVM.

@@ -43,9 +43,9 @@ class Settings:
     # docs/spark-runtime.md, "Stateful partitions of the live job".
     live_partitions: int = 2
     # The live job's shards (`cep run --shards`) for a new checkpoint; a checkpoint keeps the
-    # count it was started with (`jobs.live.checkpoint_shards`). With one stateful task every
-    # shard is a Python call per micro-batch, each with a fixed cost (state-server round trips,
-    # a timer, an output frame), so the live job uses fewer shards than replay's `shards`
+    # count it was started with (`jobs.live.checkpoint_shards`). However many stateful tasks,
+    # every shard is a Python call per micro-batch, each with a fixed cost (state-server round
+    # trips, a timer, an output frame), so the live job uses fewer shards than replay's `shards`
     # (bench/results/latency_live.md). Checkpoints from before the count was recorded: 64.
     # 6 since session 15 (8 before): the stateful tasks get the shards by Spark's hash of the
     # shard id (Murmur3, seed 42), which puts 8 shards on 2 tasks as 3 and 5 and 6 as 3 and 3.

@@ -152,7 +152,8 @@ class NativeShardStore:
       another Python worker: with several stateful tasks per batch, most batches) and the first
       of them was appended onto this process's token, the held copy catches up by importing
       those rows only (`_catch_up`: one state read per row, usually one or two). Otherwise (no
-      copy held, a compaction or a rollback since, the rules changed) the whole log is read back
+      copy held, a compaction or a rollback since, more than `CATCH_UP_ROWS` rows behind, the
+      rules changed) the whole log is read back
       into a new `EngineState` (`Engine.import_blob`: keys stay raw bytes until an event or a
       deadline reaches them: a reload copies, it does not decode). Layout 1 (until session 14:
       a ListState log and a bare pickled record) is read from `old_log` and rewritten as
@@ -201,6 +202,11 @@ class NativeShardStore:
     # short to make a shard due).
     COMPACT_GAP = 2  # tasks
     COMPACT_DEFER = 64
+    # A held copy more than this many rows behind is not caught up (one state read per row)
+    # but reloaded (one read of the whole log, `_reload`): a process that held the shard long
+    # ago would otherwise make up to `MAX_ROWS` round trips. 64: the usual lag of two stateful
+    # tasks is one or two rows, and a log is at most `MAX_ROWS` rows; not measured (session 15).
+    CATCH_UP_ROWS = 64
     # A shard's keys stay decoded between calls while their bytes total at most this
     # (`EngineState.keep_decoded`): a call then neither decodes the keys it reaches nor
     # re-encodes keys it did not change; the rest are held as bytes. A decoded fraud key
@@ -273,8 +279,9 @@ class NativeShardStore:
     def _catch_up(self, held: _Held, meta: _Meta) -> bool:
         """Bring a held copy that is behind to the store's: when the row after its last one
         was appended onto its token (the log grew from exactly what this process left, with no
-        compaction or rollback between), import the rows appended since; else False (reload)."""
-        if meta.rows <= held.rows:
+        compaction or rollback between), import the rows appended since; else, or when more
+        than `CATCH_UP_ROWS` rows behind, False (reload)."""
+        if not 0 < meta.rows - held.rows <= self.CATCH_UP_ROWS:
             return False
         first = self._log.getValue((held.rows,))
         if first is None or first[1] != held.token:

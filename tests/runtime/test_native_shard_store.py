@@ -281,6 +281,39 @@ def test_a_held_copy_catches_up_only_from_its_own_token(how: str) -> None:
                                                           probe, 600)
 
 
+@pytest.mark.parametrize("behind", [3, 4])
+def test_a_copy_too_far_behind_is_reloaded_in_one_read(behind: int,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Process A holds the shard; B then runs it `behind` calls, each appending a row. Up to
+    `CATCH_UP_ROWS` rows behind (3 here), A's copy catches up with one state read per row; past
+    it, A reloads the whole log with one read (the map's iterator), not a read per row. Either
+    way A's next call gives what one process that always held the store's state gives."""
+    monkeypatch.setattr(NativeShardStore, "CATCH_UP_ROWS", 3)
+    engine = build_embedded_engine(RULES)
+    texts = _stream(120)
+    batches = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF)
+               for i in range(0, 120, 20)]
+    log, meta, a, b = DictLogState(), DictValueState(), {}, {}
+    _run(engine, log, meta, a, *batches[0])
+    for rb, m in batches[1:1 + behind]:
+        _run(engine, log, meta, b, rb, m)
+    assert len(log.rows) == 1 + behind and a[("s",)].rows == 1
+    log.calls = 0
+    store = NativeShardStore(log, meta, a)
+    store.begin(("s",), engine)
+    if behind <= 3:
+        assert (store.catchups, store.reloads, store.reads, log.calls) == (1, 0, behind, behind)
+    else:
+        assert (store.catchups, store.reloads, store.reads, log.calls) == (0, 1, 1 + behind, 1)
+    rb, m = batches[1 + behind]
+    got = _records(engine, engine.ingest_batch(store, rb, m)), engine.next_wake(store)
+    store.flush()
+    ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
+    for x in batches[:1 + behind]:
+        _run(engine, ref_log, ref_meta, ref, *x)
+    assert got == _run(engine, ref_log, ref_meta, ref, rb, m) and got[0]
+
+
 def test_the_registered_timer_is_the_records_whoever_moved_it() -> None:
     """The store's record names the shard's registered timer, and a call takes it from there
     even when its held copy is current: another process may have moved the timer without
