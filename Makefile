@@ -22,7 +22,15 @@ demo: setup       ## replay the bundled sample streams through the bundled rules
 test: setup-all   ## the whole suite, with a real Kafka broker, Redis server and Spark, on both cores
 	cd core && $(CORE_ENV) cargo clippy --locked --all-targets -- -D warnings
 	cd core && $(CORE_ENV) cargo test --locked
-	$(PY) -m pytest -q -m "not bench" -n 2 --dist worksteal
+	$(PY) -m pytest -q -m "not bench and not compat" -n 2 --dist worksteal
+
+OLD_REV ?= 672ddfc
+test-compat: setup-all  ## a checkpoint of an older version (OLD_REV: the last with state layout 1) continued by this one
+	rm -rf .run/old-tree && git worktree prune && git worktree add --detach .run/old-tree $(OLD_REV)
+	ln -s $(CURDIR)/.cache .run/old-tree/.cache  # Spark's jars, the JVM's class cache
+	cd .run/old-tree/core && $(CORE_ENV) cargo build --release --locked --features pyo3/extension-module
+	cp .run/old-tree/core/target/release/lib_core.so .run/old-tree/cep/_core.abi3.so
+	CEP_OLD_TREE=$(CURDIR)/.run/old-tree $(PY) -m pytest -q -m compat tests/test_live.py
 
 core-check: setup ## the native core alone: clippy (warnings are errors), cargo test, differential test
 	cd core && $(CORE_ENV) cargo clippy --locked --all-targets -- -D warnings
