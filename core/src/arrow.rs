@@ -225,7 +225,7 @@ impl Col {
         }
         let Intern { table, hasher, dict } = it;
         let h = hash32(hasher, b);
-        if let Some(i) = table.find(h, |i| dict[i as usize].as_bytes() == b).map(|x| table.e[x].id) {
+        if let Some(i) = table.get(h, |i| dict[i as usize].as_bytes() == b) {
             self.last.set(i);
             return Some(dict[i as usize].clone());
         }

@@ -170,7 +170,7 @@ impl<V: Default> Keys<V> {
     fn lookup(&self, g: usize, key: &str, h: u32) -> Option<Id> {
         let slots = &self.slots;
         let t = self.by_text.get(g)?;
-        t.find(h, |id| *slots[id as usize].key == *key).map(|i| t.e[i].id)
+        t.get(h, |id| *slots[id as usize].key == *key)
     }
 
     pub fn find(&self, group: u32, key: &str) -> Option<Id> {
@@ -220,8 +220,8 @@ impl<V: Default> Keys<V> {
     /// and with `text` the key's text, which the slot names (the slot asked for earlier).
     pub fn prefetch_named(&self, group: u32, h: u32, text: bool) {
         let Some(t) = self.by_text.get(group as usize) else { return };
-        let Some(i) = t.find(h, |_| true) else { return };
-        let Some(s) = self.slots.get(t.e[i].id as usize) else { return };
+        let Some(id) = t.get(h, |_| true) else { return };
+        let Some(s) = self.slots.get(id as usize) else { return };
         if text {
             prefetch(Arc::as_ptr(&s.key).cast::<u8>());
         } else {

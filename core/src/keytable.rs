@@ -65,6 +65,11 @@ impl Table {
         }
     }
 
+    /// The id of the entry of hash `h` for which `eq(id)` holds (`find`'s entry).
+    pub fn get(&self, h: u32, eq: impl FnMut(Id) -> bool) -> Option<Id> {
+        self.find(h, eq).map(|i| self.e[i].id)
+    }
+
     pub fn insert(&mut self, n: Named) {
         if (self.len + 1) * 8 > self.e.len() * 5 {
             self.resize((self.e.len() * 2).max(16));
