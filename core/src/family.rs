@@ -152,16 +152,7 @@ impl Scratch {
 
     /// The entries of `v` without members removed (their captures to the pool), order kept.
     fn drop_empty(&mut self, v: &mut Vec<FEntry>) {
-        let mut w = 0;
-        for k in 0..v.len() {
-            if v[k].mask != 0 {
-                v.swap(w, k);
-                w += 1;
-            }
-        }
-        for e in v.drain(w..) {
-            self.put(e);
-        }
+        keep_in_order(v, |e| e.mask != 0, |e| self.put(e));
     }
 
     /// An ended run's (emptied) entry vector.
@@ -195,19 +186,23 @@ fn clear(run: &mut FRun, b: u64) {
 /// Entries with an empty mask and runs without entries removed (to the scratch's pools), order
 /// kept.
 fn tidy(runs: &mut Vec<FRun>, sc: &mut Scratch) {
+    for r in runs.iter_mut().filter(|r| r.entries.iter().any(|e| e.mask == 0)) {
+        sc.drop_empty(&mut r.entries);
+    }
+    keep_in_order(runs, |r| !r.entries.is_empty(), |r| sc.put_run(r));
+}
+
+/// The elements of `v` for which `keep` holds, order kept; the others handed to `put`.
+fn keep_in_order<T>(v: &mut Vec<T>, keep: impl Fn(&T) -> bool, mut put: impl FnMut(T)) {
     let mut w = 0;
-    for i in 0..runs.len() {
-        let r = &mut runs[i];
-        if r.entries.iter().any(|e| e.mask == 0) {
-            sc.drop_empty(&mut r.entries);
-        }
-        if !runs[i].entries.is_empty() {
-            runs.swap(w, i);
+    for k in 0..v.len() {
+        if keep(&v[k]) {
+            v.swap(w, k);
             w += 1;
         }
     }
-    for r in runs.drain(w..) {
-        sc.put_run(r);
+    for x in v.drain(w..) {
+        put(x);
     }
 }
 
