@@ -292,13 +292,8 @@ class NativeShardStore:
             if got is None:
                 return False  # (the reload names the missing row)
             blobs.append(got[0])
-        dropped = records = 0
-        for blob in blobs:
-            dropped += held.engine.core.import_blob(held.state, blob)
-            records += blob_records(blob)
+        dropped, records = self._import(held.engine, held.state, blobs)
         self.catchups += 1
-        self.reads += len(blobs)
-        self.dropped += dropped
         held.token, held.rows, held.size, held.due = meta.token, meta.rows, meta.size, meta.due
         held.records += records
         held.compact = held.compact or dropped > 0
@@ -310,14 +305,7 @@ class NativeShardStore:
 
         self.reloads += 1
         state = _core.EngineState(track_dirty=True, keep_decoded=self.keep_decoded)
-        dropped = records = 0
-        for blob in self._log_blobs(meta):
-            self.reads += 1
-            # The core first: it checks the header and gives the clearer error (a blob of
-            # another format version, a corrupt one).
-            dropped += engine.core.import_blob(state, blob)
-            records += blob_records(blob)
-        self.dropped += dropped
+        dropped, records = self._import(engine, state, self._log_blobs(meta))
         # Records of dropped groups leave the store at the next write (a compaction), and so
         # does a layout 1 log (rewritten as rows: `migrate`).
         cur = _Held(meta.token, engine, state, meta.rows, meta.size, records,
@@ -325,6 +313,19 @@ class NativeShardStore:
         cur.stored_timer = meta.timer
         cur.migrate = meta.layout == 1
         return cur
+
+    def _import(self, engine: Any, state: Any, blobs: list[bytes]) -> tuple[int, int]:
+        """Apply `blobs` in order to `state` (a reload's or a catch-up's rows): the keys of
+        dropped rule groups and the records read."""
+        dropped = records = 0
+        for blob in blobs:
+            self.reads += 1
+            # The core first: it checks the header and gives the clearer error (a blob of
+            # another format version, a corrupt one).
+            dropped += engine.core.import_blob(state, blob)
+            records += blob_records(blob)
+        self.dropped += dropped
+        return dropped, records
 
     def _log_blobs(self, meta: _Meta) -> list[bytes]:
         if meta.layout == 0:
