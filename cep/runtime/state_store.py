@@ -370,21 +370,17 @@ class NativeShardStore:
             if self._compact_turn(cur):
                 blobs = core.export_blobs(cur.state, True)
                 t1 = time.perf_counter()
-                # Rows restart at 0, appended onto no token: a copy held at an earlier row
-                # of the old log is never caught up from these (`_catch_up`).
                 self._log.clear()
-                for i, b in enumerate(blobs):
-                    self._log.updateValue((i,), (b, b""))
                 if cur.migrate and self._old_log is not None:
                     self._old_log.clear()
                     cur.migrate = False
                 self.compactions += 1
                 _TURNS.compacted = self.task
                 cur.due = 0
-                cur.rows = len(blobs)
-                cur.size = sum(len(b) for b in blobs)
-                cur.records = sum(map(blob_records, blobs))
                 cur.compact = False
+                # Rows restart at 0, appended onto no token: a copy held at an earlier row
+                # of the old log is never caught up from these (`_catch_up`).
+                prev, cur.rows, cur.size, cur.records = b"", 0, 0, 0
             else:
                 blobs = core.export_blobs(cur.state)
                 t1 = time.perf_counter()
@@ -395,12 +391,12 @@ class NativeShardStore:
                     self.write_us += int(1e6 * (time.perf_counter() - t1))
                     self._held[self._shard] = cur  # nothing changed: the token stays valid
                     return
-                # Each row names the token it was appended onto (`_catch_up`).
-                for i, b in enumerate(blobs):
-                    self._log.updateValue((cur.rows + i,), (b, prev))
-                cur.rows += len(blobs)
-                cur.size += sum(len(b) for b in blobs)
-                cur.records += sum(map(blob_records, blobs))
+            # Each row names the token it was appended onto (`_catch_up`).
+            for i, b in enumerate(blobs):
+                self._log.updateValue((cur.rows + i,), (b, prev))
+            cur.rows += len(blobs)
+            cur.size += sum(len(b) for b in blobs)
+            cur.records += sum(map(blob_records, blobs))
             self.writes += 1
             cur.token = os.urandom(8)
             self._write_meta(cur)
