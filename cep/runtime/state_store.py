@@ -292,13 +292,8 @@ class NativeShardStore:
             if got is None:
                 return False  # (the reload names the missing row)
             blobs.append(got[0])
-        dropped = records = 0
-        for blob in blobs:
-            dropped += held.engine.core.import_blob(held.state, blob)
-            records += blob_records(blob)
+        dropped, records = self._import(held.engine, held.state, blobs)
         self.catchups += 1
-        self.reads += len(blobs)
-        self.dropped += dropped
         held.token, held.rows, held.size, held.due = meta.token, meta.rows, meta.size, meta.due
         held.records += records
         held.compact = held.compact or dropped > 0
@@ -310,14 +305,7 @@ class NativeShardStore:
 
         self.reloads += 1
         state = _core.EngineState(track_dirty=True, keep_decoded=self.keep_decoded)
-        dropped = records = 0
-        for blob in self._log_blobs(meta):
-            self.reads += 1
-            # The core first: it checks the header and gives the clearer error (a blob of
-            # another format version, a corrupt one).
-            dropped += engine.core.import_blob(state, blob)
-            records += blob_records(blob)
-        self.dropped += dropped
+        dropped, records = self._import(engine, state, self._log_blobs(meta))
         # Records of dropped groups leave the store at the next write (a compaction), and so
         # does a layout 1 log (rewritten as rows: `migrate`).
         cur = _Held(meta.token, engine, state, meta.rows, meta.size, records,
@@ -325,6 +313,19 @@ class NativeShardStore:
         cur.stored_timer = meta.timer
         cur.migrate = meta.layout == 1
         return cur
+
+    def _import(self, engine: Any, state: Any, blobs: list[bytes]) -> tuple[int, int]:
+        """Apply `blobs` in order to `state` (a reload's or a catch-up's rows): the keys of
+        dropped rule groups and the records read."""
+        dropped = records = 0
+        for blob in blobs:
+            self.reads += 1
+            # The core first: it checks the header and gives the clearer error (a blob of
+            # another format version, a corrupt one).
+            dropped += engine.core.import_blob(state, blob)
+            records += blob_records(blob)
+        self.dropped += dropped
+        return dropped, records
 
     def _log_blobs(self, meta: _Meta) -> list[bytes]:
         if meta.layout == 0:
@@ -369,21 +370,17 @@ class NativeShardStore:
             if self._compact_turn(cur):
                 blobs = core.export_blobs(cur.state, True)
                 t1 = time.perf_counter()
-                # Rows restart at 0, appended onto no token: a copy held at an earlier row
-                # of the old log is never caught up from these (`_catch_up`).
                 self._log.clear()
-                for i, b in enumerate(blobs):
-                    self._log.updateValue((i,), (b, b""))
                 if cur.migrate and self._old_log is not None:
                     self._old_log.clear()
                     cur.migrate = False
                 self.compactions += 1
                 _TURNS.compacted = self.task
                 cur.due = 0
-                cur.rows = len(blobs)
-                cur.size = sum(len(b) for b in blobs)
-                cur.records = sum(map(blob_records, blobs))
                 cur.compact = False
+                # Rows restart at 0, appended onto no token: a copy held at an earlier row
+                # of the old log is never caught up from these (`_catch_up`).
+                prev, cur.rows, cur.size, cur.records = b"", 0, 0, 0
             else:
                 blobs = core.export_blobs(cur.state)
                 t1 = time.perf_counter()
@@ -394,12 +391,12 @@ class NativeShardStore:
                     self.write_us += int(1e6 * (time.perf_counter() - t1))
                     self._held[self._shard] = cur  # nothing changed: the token stays valid
                     return
-                # Each row names the token it was appended onto (`_catch_up`).
-                for i, b in enumerate(blobs):
-                    self._log.updateValue((cur.rows + i,), (b, prev))
-                cur.rows += len(blobs)
-                cur.size += sum(len(b) for b in blobs)
-                cur.records += sum(map(blob_records, blobs))
+            # Each row names the token it was appended onto (`_catch_up`).
+            for i, b in enumerate(blobs):
+                self._log.updateValue((cur.rows + i,), (b, prev))
+            cur.rows += len(blobs)
+            cur.size += sum(len(b) for b in blobs)
+            cur.records += sum(map(blob_records, blobs))
             self.writes += 1
             cur.token = os.urandom(8)
             self._write_meta(cur)
