@@ -1971,7 +1971,7 @@ mod tests {
             ("Entry", size_of::<Entry>(), 16),
             ("CapVec", size_of::<CapVec>(), 48),
             ("Cap", size_of::<Cap>(), 24),
-            ("Ev", size_of::<Ev>(), 104),
+            ("Ev", size_of::<Ev>(), 48),
             ("Row", size_of::<Row>(), 32),
             ("Value", size_of::<Value>(), 24),
         ];

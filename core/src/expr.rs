@@ -10,21 +10,76 @@ use regex::Regex;
 use crate::program::bad;
 use crate::value::{self, ArOp, CmpOp, Num, PyOps, Value};
 
-/// One event as the matcher keeps it: the Python object (returned in results), its sequence
-/// number, its time and the values of the fields the rule reads (filled on first use). An event
-/// read from an Arrow batch has no Python object until a result or the serialised state needs
-/// one: `row` holds its values and `obj()` / `seq_obj()` build them then.
+/// One event as the matcher keeps it: its time, its sequence number, its row or Python object
+/// and the values of the fields the rule reads. An event read from an Arrow batch has no Python
+/// object until a result or the serialised state needs one: `row` holds its values and `obj()`
+/// / `seq_obj()` build them then. 48 bytes (one 64-byte allocation, one cache line): what an
+/// Arrow event rarely needs (its Python object, its `seq` object, its values as a vector) is
+/// behind one pointer (`lazy`), made on first use (docs/native-core.md, "Many keys: memory per
+/// key (session 16)").
 pub struct Ev {
-    obj: std::sync::OnceLock<Py<PyAny>>,
-    seq: std::sync::OnceLock<Py<PyAny>>,
+    pub ts: i64,
     pub seqi: i64,
     pub row: Option<Arc<Row>>,
-    pub ts: i64,
-    pub vals: std::sync::OnceLock<Vec<Value>>,
     /// For a row: where each field of the reading rules' table is among the row's columns
     /// (`u32::MAX`: absent), shared by the rows of one column table. Fields are then read from
     /// the row in place and `vals` stays empty.
     pub pidx: Option<Arc<[u32]>>,
+    lazy: OnceBox<Lazy>,
+}
+
+/// The parts of an `Ev` an Arrow event rarely needs (each set once, on first use).
+#[derive(Default)]
+struct Lazy {
+    obj: std::sync::OnceLock<Py<PyAny>>,
+    seq: std::sync::OnceLock<Py<PyAny>>,
+    vals: std::sync::OnceLock<Vec<Value>>,
+}
+
+/// A box set at most once, in one pointer (a `OnceLock<Box<T>>` takes two words): the first
+/// `get_or_default` to store its box wins, a racing one drops its own. Send and Sync as a
+/// `Box<T>` is (the marker), not as the bare pointer.
+struct OnceBox<T>(std::sync::atomic::AtomicPtr<T>, std::marker::PhantomData<Box<T>>);
+
+impl<T: Default> OnceBox<T> {
+    fn new() -> Self {
+        OnceBox(std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()), std::marker::PhantomData)
+    }
+
+    fn get(&self) -> Option<&T> {
+        let p = self.0.load(std::sync::atomic::Ordering::Acquire);
+        // SAFETY: a non-null pointer is a leaked `Box<T>` stored once (below) and freed only
+        // in `drop`, which takes `&mut self`.
+        unsafe { p.as_ref() }
+    }
+
+    fn get_or_default(&self) -> &T {
+        if let Some(t) = self.get() {
+            return t;
+        }
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        let new = Box::into_raw(Box::<T>::default());
+        let p = match self.0.compare_exchange(std::ptr::null_mut(), new, AcqRel, Acquire) {
+            Ok(_) => new,
+            Err(other) => {
+                // SAFETY: `new` was never shared.
+                drop(unsafe { Box::from_raw(new) });
+                other
+            }
+        };
+        // SAFETY: as in `get`.
+        unsafe { &*p }
+    }
+}
+
+impl<T> Drop for OnceBox<T> {
+    fn drop(&mut self) {
+        let p = *self.0.get_mut();
+        if !p.is_null() {
+            // SAFETY: the box stored by `get_or_default`, not freed before.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
 }
 
 /// The column names of an Arrow batch (shared by its rows).
@@ -59,51 +114,59 @@ impl Row {
 
 impl Ev {
     pub fn from_py(obj: Py<PyAny>, seq: Py<PyAny>, ts: i64) -> Ev {
-        Ev {
-            obj: std::sync::OnceLock::from(obj),
-            seq: std::sync::OnceLock::from(seq),
-            seqi: 0,
-            row: None,
-            ts,
-            vals: std::sync::OnceLock::new(),
-            pidx: None,
-        }
+        let ev = Ev { ts, seqi: 0, row: None, pidx: None, lazy: OnceBox::new() };
+        let l = ev.lazy.get_or_default();
+        let _ = l.obj.set(obj);
+        let _ = l.seq.set(seq);
+        ev
     }
 
     /// A row whose fields are found through `pidx` (the projection of its column table on the
     /// reading rules' field table).
     pub fn from_row(row: Arc<Row>, seq: Option<Py<PyAny>>, seqi: i64, ts: i64, pidx: Arc<[u32]>) -> Ev {
-        let cell = std::sync::OnceLock::new();
+        let ev = Ev { ts, seqi, row: Some(row), pidx: Some(pidx), lazy: OnceBox::new() };
         if let Some(s) = seq {
-            let _ = cell.set(s);
+            let _ = ev.lazy.get_or_default().seq.set(s);
         }
-        Ev { obj: std::sync::OnceLock::new(), seq: cell, seqi, row: Some(row), ts, vals: std::sync::OnceLock::new(), pidx: Some(pidx) }
+        ev
     }
 
     /// A row read back from serialised state: its projection on a rule's fields is made when
     /// the rule first reads it (`Cx::vals`).
     pub fn from_row_lazy(row: Arc<Row>, seqi: i64, ts: i64) -> Ev {
-        Ev { obj: std::sync::OnceLock::new(), seq: std::sync::OnceLock::new(), seqi, row: Some(row), ts, vals: std::sync::OnceLock::new(), pidx: None }
+        Ev { ts, seqi, row: Some(row), pidx: None, lazy: OnceBox::new() }
     }
 
     pub fn obj(&self, py: Python<'_>) -> PyResult<&Py<PyAny>> {
-        if let Some(o) = self.obj.get() {
+        let l = self.lazy.get_or_default();
+        if let Some(o) = l.obj.get() {
             return Ok(o);
         }
         let built = match &self.row {
             Some(r) => r.to_dict(py)?,
             None => py.None(),
         };
-        let _ = self.obj.set(built);
-        Ok(self.obj.get().expect("set above"))
+        let _ = l.obj.set(built);
+        Ok(l.obj.get().expect("set above"))
     }
 
     pub fn seq_obj(&self, py: Python<'_>) -> PyResult<&Py<PyAny>> {
-        if let Some(o) = self.seq.get() {
+        let l = self.lazy.get_or_default();
+        if let Some(o) = l.seq.get() {
             return Ok(o);
         }
-        let _ = self.seq.set(self.seqi.into_pyobject(py)?.into_any().unbind());
-        Ok(self.seq.get().expect("set above"))
+        let _ = l.seq.set(self.seqi.into_pyobject(py)?.into_any().unbind());
+        Ok(l.seq.get().expect("set above"))
+    }
+
+    /// The values of the reading rule's fields, once set (`Cx::vals`).
+    pub fn vals(&self) -> Option<&Vec<Value>> {
+        self.lazy.get().and_then(|l| l.vals.get())
+    }
+
+    /// Set the values of the reading rule's fields (kept if already set).
+    pub fn set_vals(&self, v: Vec<Value>) {
+        let _ = self.lazy.get_or_default().vals.set(v);
     }
 }
 
@@ -548,7 +611,7 @@ impl<'a> Cx<'a, '_> {
     }
 
     pub fn vals<'e>(&self, ev: &'e Ev) -> PyResult<&'e [Value]> {
-        if let Some(v) = ev.vals.get() {
+        if let Some(v) = ev.vals() {
             return Ok(v);
         }
         let v = match &ev.row {
@@ -561,8 +624,8 @@ impl<'a> Cx<'a, '_> {
             }
             None => extract_fields(self.py, ev.obj(self.py)?.bind(self.py), self.fields)?,
         };
-        let _ = ev.vals.set(v);
-        Ok(ev.vals.get().map(|v| v.as_slice()).unwrap_or(&[]))
+        ev.set_vals(v);
+        Ok(ev.vals().map(|v| v.as_slice()).unwrap_or(&[]))
     }
 }
 

@@ -179,7 +179,7 @@ impl Matcher {
     fn event(&self, py: Python<'_>, event: &Bound<'_, PyAny>, ts: i64, seq: Py<PyAny>) -> PyResult<Arc<Ev>> {
         let vals = extract_fields(py, event, &self.core.p.fields)?;
         let ev = Ev::from_py(event.clone().unbind(), seq, ts);
-        let _ = ev.vals.set(vals);
+        ev.set_vals(vals);
         Ok(Arc::new(ev))
     }
 }
