@@ -943,6 +943,44 @@ fn prefetch_keys(keys: &Keys<KeySlot>, b: &Batch<'_>, ahead: &[(u32, usize)], hs
     }
 }
 
+/// `ingest_arrow`'s row `j` with many keys: the cells of `data_idx`, a key column of one of
+/// the row's groups (`gs`) among `ahead` read as the key's own text (the slot's `Arc`) when the
+/// key has an id (`found`, per group of `ahead`: the id, else `NO_ID`), as a new string
+/// otherwise (the key's slot takes it). No string made and dropped per event, no reference
+/// count of the batch's copy touched: the column's interning, given up on a column of mostly
+/// distinct keys, made a string per cell.
+fn keyed_row(
+    keys: &Keys<KeySlot>,
+    b: &Batch<'_>,
+    j: usize,
+    data_idx: &[usize],
+    (ahead, gs): (&[(u32, usize)], &[u32]),
+    found: &mut [Id; 4],
+) -> PyResult<Vec<Value>> {
+    *found = [NO_ID; 4];
+    let mut vals = Vec::with_capacity(data_idx.len());
+    for &i in data_idx {
+        let text = match ahead.iter().position(|&(gi, c)| c == i && gs.contains(&gi)) {
+            Some(x) => b.bytes_at(i, j).map(|t| (x, t)),
+            None => None,
+        };
+        let Some((x, t)) = text else {
+            vals.push(b.get(i, j)?);
+            continue;
+        };
+        let text = crate::arrow::utf8(t)?;
+        let gi = ahead[x].0;
+        vals.push(Value::Str(match keys.find(gi, text) {
+            Some(id) => {
+                found[x] = id;
+                keys.slot(id).key.clone()
+            }
+            None => Arc::from(text),
+        }));
+    }
+    Ok(vals)
+}
+
 /// With many keys each key's state is out of the caches: load the slots of the keys a few
 /// places ahead in `due`, then what they point to (events, matcher states), in stages, so
 /// that the loads overlap instead of stalling the key being advanced.
@@ -1414,6 +1452,8 @@ impl Engine {
             false => Vec::new(),
         };
         let mut hs = [[0u32; 4]; 16];
+        // With many keys, the ids `keyed_row` found for the row's keys (per group of `ahead`).
+        let mut found = [NO_ID; 4];
         for j in 0..b.len {
             if !ahead.is_empty() {
                 prefetch_keys(&st.keys, &b, &ahead, &mut hs, j);
@@ -1444,6 +1484,9 @@ impl Engine {
                     Some(text) => parse_row(py, text, &mut cols_cache)?,
                     None => return Err(PyValueError::new_err(format!("row {j}: the JSON column is null"))),
                 },
+                None if !ahead.is_empty() => {
+                    Row { cols: cols.clone(), vals: keyed_row(&st.keys, &b, j, &data_idx, (&ahead, gs), &mut found)? }
+                }
                 None => {
                     // Sized once: a collect into a `PyResult` reallocated every row's vector.
                     let mut vals = Vec::with_capacity(data_idx.len());
@@ -1470,10 +1513,14 @@ impl Engine {
                 let owned: Arc<str>;
                 let got: Value;
                 let mut interned = None;
+                // The group's key as `keyed_row` read it: Some(its id, or `NO_ID` for a new key).
+                let pre = ahead.iter().position(|a| a.0 == gi).map(|x| found[x]);
                 let key: &Arc<str> = if g.kf.is_empty() {
                     &empty
                 } else {
                     let kv = match (json_i, kf_col[gi as usize]) {
+                        // `keyed_row` read the cell (not through the column's interning).
+                        (None, Some(c)) if pre.is_some() => &r.vals[c],
                         (None, Some(c)) => {
                             interned = b.last_interned(data_idx[c]);
                             &r.vals[c]
@@ -1506,7 +1553,7 @@ impl Engine {
                     continue;
                 }
                 let ids = &mut key_ids[gi as usize];
-                let id = match interned.and_then(|x| ids.get(x as usize)) {
+                let id = match interned.and_then(|x| ids.get(x as usize)).or(pre.as_ref()) {
                     Some(&id) if id != NO_ID => id,
                     _ => {
                         let id = st.keys.intern(gi, key)?;
@@ -1522,7 +1569,7 @@ impl Engine {
                 // With many keys the row names its key by the key's own text (the slot's `Arc`),
                 // not the batch's copy: one string per key instead of one per event kept, and
                 // dropping the event reaches the text the key's slot brings in.
-                if let (false, Some(c)) = (ahead.is_empty(), kf_col[gi as usize]) {
+                if let (false, None, Some(c)) = (ahead.is_empty(), pre, kf_col[gi as usize]) {
                     if let Some(Value::Str(s)) = row.as_mut().and_then(Arc::get_mut).map(|r| &mut r.vals[c]) {
                         let k = &st.keys.slot(id).key;
                         if !Arc::ptr_eq(s, k) {
