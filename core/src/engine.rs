@@ -95,8 +95,9 @@ struct KeyState {
     buffer: Vec<Item>,
     parts: Vec<Part>,
     /// The states of the engine's rule families (`family.rs`) by family index; written to
-    /// bytes as their members' parts.
-    fams: Vec<(u32, FState)>,
+    /// bytes as their members' parts. A boxed slice (two words, not a vector's three): the key's
+    /// slot is then 128 bytes, two cache lines (docs/native-core.md, "Many keys: memory per key").
+    fams: Box<[(u32, FState)]>,
 }
 
 /// From this many decoded keys on (by default), a key's state is compacted
@@ -578,7 +579,8 @@ fn advance_key(
     } else if !st.enc.is_empty() {
         st.enc.remove(&id);
     }
-    let KeyState { mut buffer, parts, fams: mut fstates } = loaded.unwrap_or_default();
+    let KeyState { mut buffer, parts, fams: fstates } = loaded.unwrap_or_default();
+    let mut fstates = fstates.into_vec();
     // The handed-in vector of new events, once emptied into a non-empty buffer, holds the events
     // released from it (its room is kept: it is handed back to the slot after the call).
     let mut spare = Vec::new();
@@ -634,7 +636,7 @@ fn advance_key(
         counts.released += 1;
         return Ok(());
     }
-    let mut ks = KeyState { buffer, parts: kept, fams: kept_fams };
+    let mut ks = KeyState { buffer, parts: kept, fams: kept_fams.into_boxed_slice() };
     if compact {
         ks.compact();
     }
@@ -834,7 +836,7 @@ fn keep_unconsumed(
 ) -> PyErr {
     let parts: Vec<Part> = parts.into_iter().flatten().collect();
     if !(buffer.is_empty() && parts.is_empty() && fams.is_empty()) {
-        st.put_state(id, Some(KeyState { buffer, parts, fams }));
+        st.put_state(id, Some(KeyState { buffer, parts, fams: fams.into_boxed_slice() }));
     }
     e
 }
@@ -1921,7 +1923,7 @@ fn prefetch_encode(st: &EngineState, ids: &[Id], k: usize) {
 fn encode_key(py: Python<'_>, ks: &KeyState, key: &str, known: [&Known; 2], fams: &[Family], rules: &[RuleE]) -> PyResult<Vec<u8>> {
     // A family's state is written as its members' own states (the format is per rule).
     let mut own = Vec::new();
-    for (fi, fs) in &ks.fams {
+    for (fi, fs) in ks.fams.iter() {
         let fam = &fams[*fi as usize];
         for (i, &ri) in fam.members.iter().enumerate() {
             own.extend(fam.project(fs, i).map(|m| (rules[ri].fp, m)));
@@ -1973,7 +1975,7 @@ fn decode_key(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
             },
         });
     }
-    Ok(KeyState { buffer, parts, fams: Vec::new() })
+    Ok(KeyState { buffer, parts, fams: Box::default() })
 }
 
 /// A family's state for a key: the one kept in memory, regrouped with its members' own parts
@@ -2010,8 +2012,8 @@ mod tests {
     #[cfg(target_pointer_width = "64")]
     fn per_key_types_stay_their_size() {
         let sizes = [
-            ("Slot<KeySlot>", size_of::<Slot<KeySlot>>(), 136),
-            ("KeyState", size_of::<KeyState>(), 72),
+            ("Slot<KeySlot>", size_of::<Slot<KeySlot>>(), 128),
+            ("KeyState", size_of::<KeyState>(), 64),
             ("Item", size_of::<Item>(), 56),
             ("Part", size_of::<Part>(), 56),
             ("Run", size_of::<Run>(), 48),
@@ -2051,7 +2053,7 @@ mod tests {
         runs.push(Run { start: 10, entries, tpart: Some(caps(3)), matched: false });
         let mut parts = Vec::with_capacity(4);
         parts.push(Part { fp: 7, state: MState { row: 0, runs, deadline: Some(20) } });
-        let mut ks = KeyState { buffer: Vec::with_capacity(4), parts, fams: Vec::new() };
+        let mut ks = KeyState { buffer: Vec::with_capacity(4), parts, fams: Box::default() };
         ks.compact();
         assert_eq!((ks.buffer.capacity(), ks.parts.capacity()), (0, 1));
         let m = &ks.parts[0].state;

@@ -78,6 +78,8 @@ impl Bucket {
     }
 }
 
+/// Aligned to a cache line: a slot of 128 bytes (the engine's) is two lines, never three.
+#[repr(align(64))]
 pub struct Slot<V> {
     pub key: Arc<str>,
     pub group: u32,
@@ -89,6 +91,14 @@ pub struct Slot<V> {
     /// entries of the id in other buckets are stale and skipped.
     queued: i64,
     pub val: V,
+}
+
+/// Ask for every line of a slot (two for the engine's, which are line-aligned).
+fn prefetch_slot<V>(s: &Slot<V>) {
+    let p = (s as *const Slot<V>).cast::<u8>();
+    for off in (0..std::mem::size_of::<Slot<V>>()).step_by(64) {
+        prefetch(p.wrapping_add(off));
+    }
 }
 
 pub struct Keys<V> {
@@ -225,10 +235,7 @@ impl<V: Default> Keys<V> {
         if text {
             prefetch(Arc::as_ptr(&s.key).cast::<u8>());
         } else {
-            let p = (s as *const Slot<V>).cast::<u8>();
-            prefetch(p);
-            prefetch(p.wrapping_add(64));
-            prefetch(p.wrapping_add(128));
+            prefetch_slot(s);
         }
     }
 
@@ -243,10 +250,7 @@ impl<V: Default> Keys<V> {
     /// Ask the CPU to load the key's slot (a hint: the caller reaches it a few keys later).
     pub fn prefetch(&self, id: Id) {
         if let Some(s) = self.slots.get(id as usize) {
-            let p = (s as *const Slot<V>).cast::<u8>();
-            prefetch(p);
-            prefetch(p.wrapping_add(64));
-            prefetch(p.wrapping_add(128));
+            prefetch_slot(s);
         }
     }
 
