@@ -465,3 +465,45 @@ def test_a_state_belongs_to_the_declared_tables_of_the_engine_that_filled_it() -
             _core.Engine(rules, other).ingest(state, [], max_ts)
     end, *_ = same.ingest(state, [], max_ts, max_ts)
     assert len(state) == 0
+
+
+_TWO_STREAMS = """
+STREAM pay (ts INT, card STRING, amount FLOAT, country STRING) TIME BY ts LATENESS 5s;
+STREAM atm (ts INT, card STRING, amount FLOAT, country STRING) TIME BY ts LATENESS 5s;
+RULE pay_travel FROM pay PARTITION BY card
+  PATTERN (A B) DEFINE B AS B.country <> A.country WITHIN 1h EMIT 'pay_travel';
+RULE pay_burst FROM pay PARTITION BY card PATTERN (A{3}) WITHIN 10m EMIT 'pay_burst';
+RULE atm_big FROM atm PARTITION BY card
+  PATTERN (S L) DEFINE S AS S.amount < 50, L AS L.amount >= 500 WITHIN 30m EMIT 'atm_big';
+"""
+
+
+@pytest.mark.parametrize(("batch", "int_cards"), [(1, False), (37, False), (37, True)])
+def test_key_cells_of_two_streams_sharing_a_key_column_match_the_python_engine(
+        batch: int, int_cards: bool) -> None:
+    """`ingest_arrow` with many keys (`compact_from=0`) reads a row's key cell as the key's own
+    text (`keyed_row`, docs/native-core.md "Many keys: memory per key (session 16)"): two
+    streams in one batch whose groups share the `card` column and the same card texts (each
+    group's key its own), null cards, and cards that are integers (no string cell: read as
+    before) give the Python engine's results, late reports and keys, call by call."""
+    from cep import _core
+    from cep.compile import compile_rules
+
+    ruleset = compile_rules(_TWO_STREAMS, "two_streams")
+    native = build_embedded_engine(ruleset, use_native=True)
+    rng = random.Random(batch)
+    events = []
+    for seq in range(1_500):
+        t = seq * 7_000 + rng.randrange(5_000)
+        card = None if rng.random() < 0.05 else rng.randrange(60)
+        if card is not None and not int_cards:
+            card = f"c{card}"
+        events.append(Event(rng.choice(["pay", "atm"]), t, seq,
+                            {"ts": t, "card": card, "amount": rng.choice([10.0, 80.0, 900.0]),
+                             "country": rng.choice(["NL", "NL", "NL", "DE"])}))
+    events.sort(key=lambda e: (e.ts, e.seq))
+    for k in range(30, len(events) - 100, 211):
+        events.insert(k + 100, events.pop(k))
+    n_late, n_results = _call_by_call(native, _core.EngineState(compact_from=0), events, batch,
+                                      ruleset=ruleset)
+    assert n_results > 0 and n_late > 0
