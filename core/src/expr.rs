@@ -1155,3 +1155,24 @@ fn fold_cap(cx: &Cx, acc: &mut [Acc], cap: &Cap, current: bool) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An Arrow event's lazy part is made on first use, once: the values set first stay (a
+    /// second set is ignored, as `OnceLock`'s), every reader gets the same box, and an event
+    /// never read allocates none.
+    #[test]
+    fn an_events_lazy_part_is_made_once_on_first_use() {
+        let row = Arc::new(Row { cols: Arc::new(Cols { names: Vec::new(), py_names: Vec::new() }), vals: Vec::new() });
+        let ev = Ev::from_row_lazy(row, 3, 10);
+        assert!(ev.lazy.get().is_none() && ev.vals().is_none(), "nothing allocated before a read");
+        ev.set_vals(vec![Value::Int(1)]);
+        let first = ev.lazy.get().map(|l| l as *const Lazy);
+        ev.set_vals(vec![Value::Int(2)]);
+        assert!(matches!(ev.vals().map(Vec::as_slice), Some([Value::Int(1)])), "the first values stay");
+        assert_eq!(ev.lazy.get().map(|l| l as *const Lazy), first, "one box");
+        assert_eq!((ev.ts, ev.seqi), (10, 3));
+    }
+}
