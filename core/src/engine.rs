@@ -857,8 +857,7 @@ impl Engine {
         } else {
             st.keys.pop_due(max_ts, &mut due);
         }
-        due.sort_unstable();
-        due.dedup();
+        in_id_order(&mut due);
         // The keys left empty give back their table entries together after the loop (with a
         // mass expiry, one pass over the table instead of a miss per key).
         st.keys.defer_removals();
@@ -945,6 +944,29 @@ fn prefetch_keys(keys: &Keys<KeySlot>, b: &Batch<'_>, ahead: &[(u32, usize)], hs
         }
         keys.prefetch_named(gi, hs[(j + 6) % 16][x], false);
         keys.prefetch_named(gi, hs[(j + 3) % 16][x], true);
+    }
+}
+
+/// Sort `ids` and drop repeats; many and dense (a mass expiry: ~1M ids) through a bitmap of
+/// the ids, one pass each way, instead of a comparison sort (~2% of that call).
+fn in_id_order(ids: &mut Vec<Id>) {
+    let bound = ids.iter().max().map_or(0, |&m| m as usize + 1);
+    if ids.len() < 1024 || ids.len() * 8 < bound {
+        ids.sort_unstable();
+        ids.dedup();
+        return;
+    }
+    let mut bits = vec![0u64; bound.div_ceil(64)];
+    for &id in ids.iter() {
+        bits[id as usize / 64] |= 1 << (id % 64);
+    }
+    ids.clear();
+    for (w, &x) in bits.iter().enumerate() {
+        let mut x = x;
+        while x != 0 {
+            ids.push((w * 64) as Id + x.trailing_zeros());
+            x &= x - 1;
+        }
     }
 }
 
