@@ -194,6 +194,8 @@ impl EngineState {
 
     /// Forget the events a failed call left in the keys' slots (each call starts with it).
     fn drop_new(&mut self) {
+        // Table removals a `finish` left deferred (only if it unwound past its own exits).
+        self.keys.settle();
         for id in std::mem::take(&mut self.arrived) {
             self.keys.val_mut(id).new.clear();
             self.release_if_empty(id);
@@ -888,7 +890,6 @@ impl Engine {
                 }
                 st.arrived = due[k..].to_vec();
                 st.drop_new();
-                st.keys.settle();
                 return Err(e);
             }
             if matches.len() > start {

@@ -78,68 +78,6 @@ impl Bucket {
     }
 }
 
-/// Free ids, lowest first: a bitmap (bit `id`) and a summary of its nonzero words, so that
-/// freeing an id is a bit set (a `BTreeSet` insert was ~5% of a call that released 1M keys) and
-/// the lowest is found by a short scan from `lo`.
-#[derive(Default)]
-struct FreeIds {
-    words: Vec<u64>,
-    /// Bit w: `words[w]` is not zero.
-    summary: Vec<u64>,
-    /// Every summary word before `lo` is zero.
-    lo: usize,
-    n: usize,
-}
-
-impl FreeIds {
-    fn contains(&self, id: Id) -> bool {
-        let (w, b) = (id as usize / 64, id % 64);
-        self.words.get(w).is_some_and(|x| x >> b & 1 == 1)
-    }
-
-    fn insert(&mut self, id: Id) {
-        let (w, b) = (id as usize / 64, id % 64);
-        if self.words.len() <= w {
-            self.words.resize(w + 1, 0);
-            self.summary.resize(w / 64 + 1, 0);
-        }
-        if self.words[w] >> b & 1 == 0 {
-            self.words[w] |= 1 << b;
-            self.summary[w / 64] |= 1 << (w % 64);
-            self.lo = self.lo.min(w / 64);
-            self.n += 1;
-        }
-    }
-
-    fn remove(&mut self, id: Id) {
-        let (w, b) = (id as usize / 64, id % 64);
-        if self.contains(id) {
-            self.words[w] &= !(1 << b);
-            if self.words[w] == 0 {
-                self.summary[w / 64] &= !(1 << (w % 64));
-            }
-            self.n -= 1;
-        }
-    }
-
-    fn pop_first(&mut self) -> Option<Id> {
-        if self.n == 0 {
-            return None;
-        }
-        let s = self.lo + self.summary[self.lo..].iter().position(|&x| x != 0)?;
-        self.lo = s;
-        let w = s * 64 + self.summary[s].trailing_zeros() as usize;
-        let id = (w * 64) as Id + self.words[w].trailing_zeros();
-        self.remove(id);
-        Some(id)
-    }
-
-    #[cfg(test)]
-    fn is_empty(&self) -> bool {
-        self.n == 0
-    }
-}
-
 pub struct Slot<V> {
     pub key: Arc<str>,
     pub group: u32,
@@ -543,6 +481,68 @@ impl<V: Default> Keys<V> {
         self.buckets.retain(|_, k| !k.ids.is_empty());
         self.entries = entries;
         debug_assert_eq!(self.entries, self.waiting);
+    }
+}
+
+/// Free ids, lowest first: a bitmap (bit `id`) and a summary of its nonzero words, so that
+/// freeing an id is a bit set (a `BTreeSet` insert was ~5% of a call that released 1M keys) and
+/// the lowest is found by a short scan from `lo`.
+#[derive(Default)]
+struct FreeIds {
+    words: Vec<u64>,
+    /// Bit w: `words[w]` is not zero.
+    summary: Vec<u64>,
+    /// Every summary word before `lo` is zero.
+    lo: usize,
+    n: usize,
+}
+
+impl FreeIds {
+    fn contains(&self, id: Id) -> bool {
+        let (w, b) = (id as usize / 64, id % 64);
+        self.words.get(w).is_some_and(|x| x >> b & 1 == 1)
+    }
+
+    fn insert(&mut self, id: Id) {
+        let (w, b) = (id as usize / 64, id % 64);
+        if self.words.len() <= w {
+            self.words.resize(w + 1, 0);
+            self.summary.resize(w / 64 + 1, 0);
+        }
+        if self.words[w] >> b & 1 == 0 {
+            self.words[w] |= 1 << b;
+            self.summary[w / 64] |= 1 << (w % 64);
+            self.lo = self.lo.min(w / 64);
+            self.n += 1;
+        }
+    }
+
+    fn remove(&mut self, id: Id) {
+        let (w, b) = (id as usize / 64, id % 64);
+        if self.contains(id) {
+            self.words[w] &= !(1 << b);
+            if self.words[w] == 0 {
+                self.summary[w / 64] &= !(1 << (w % 64));
+            }
+            self.n -= 1;
+        }
+    }
+
+    fn pop_first(&mut self) -> Option<Id> {
+        if self.n == 0 {
+            return None;
+        }
+        let s = self.lo + self.summary[self.lo..].iter().position(|&x| x != 0)?;
+        self.lo = s;
+        let w = s * 64 + self.summary[s].trailing_zeros() as usize;
+        let id = (w * 64) as Id + self.words[w].trailing_zeros();
+        self.remove(id);
+        Some(id)
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.n == 0
     }
 }
 
