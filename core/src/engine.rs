@@ -948,29 +948,6 @@ fn prefetch_keys(keys: &Keys<KeySlot>, b: &Batch<'_>, ahead: &[(u32, usize)], hs
     }
 }
 
-/// Sort `ids` and drop repeats; many and dense (a mass expiry: ~1M ids) through a bitmap of
-/// the ids, one pass each way, instead of a comparison sort (~2% of that call).
-fn in_id_order(ids: &mut Vec<Id>) {
-    let bound = ids.iter().max().map_or(0, |&m| m as usize + 1);
-    if ids.len() < 1024 || ids.len() * 8 < bound {
-        ids.sort_unstable();
-        ids.dedup();
-        return;
-    }
-    let mut bits = vec![0u64; bound.div_ceil(64)];
-    for &id in ids.iter() {
-        bits[id as usize / 64] |= 1 << (id % 64);
-    }
-    ids.clear();
-    for (w, &x) in bits.iter().enumerate() {
-        let mut x = x;
-        while x != 0 {
-            ids.push((w * 64) as Id + x.trailing_zeros());
-            x &= x - 1;
-        }
-    }
-}
-
 /// With many keys each key's state is out of the caches: load the slots of the keys a few
 /// places ahead in `due`, then what they point to (events, matcher states), in stages, so
 /// that the loads overlap instead of stalling the key being advanced.
@@ -1086,6 +1063,29 @@ fn in_key_order<'py>(
         }
     }
     Ok(out)
+}
+
+/// Sort `ids` and drop repeats; many and dense (a mass expiry: ~1M ids) through a bitmap of
+/// the ids, one pass each way, instead of a comparison sort (~2% of that call).
+fn in_id_order(ids: &mut Vec<Id>) {
+    let bound = ids.iter().max().map_or(0, |&m| m as usize + 1);
+    if ids.len() < 1024 || ids.len() * 8 < bound {
+        ids.sort_unstable();
+        ids.dedup();
+        return;
+    }
+    let mut bits = vec![0u64; bound.div_ceil(64)];
+    for &id in ids.iter() {
+        bits[id as usize / 64] |= 1 << (id % 64);
+    }
+    ids.clear();
+    for (w, &x) in bits.iter().enumerate() {
+        let mut x = x;
+        while x != 0 {
+            ids.push((w * 64) as Id + x.trailing_zeros());
+            x &= x - 1;
+        }
+    }
 }
 
 type IngestOut<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, usize, usize, usize);
