@@ -195,6 +195,8 @@ impl EngineState {
 
     /// Forget the events a failed call left in the keys' slots (each call starts with it).
     fn drop_new(&mut self) {
+        // Table removals a `finish` left deferred (only if it unwound past its own exits).
+        self.keys.settle();
         for id in std::mem::take(&mut self.arrived) {
             self.keys.val_mut(id).new.clear();
             self.release_if_empty(id);
@@ -859,8 +861,10 @@ impl Engine {
         } else {
             st.keys.pop_due(max_ts, &mut due);
         }
-        due.sort_unstable();
-        due.dedup();
+        in_id_order(&mut due);
+        // The keys left empty give back their table entries together after the loop (with a
+        // mass expiry, one pass over the table instead of a miss per key).
+        st.keys.defer_removals();
         let matches = PyList::empty(py);
         let mut counts = Counts::default();
         let mut runs: Vec<(u32, Arc<str>, usize, usize)> = Vec::new();
@@ -894,6 +898,7 @@ impl Engine {
                 runs.push((self.rank[gi as usize], key, start, matches.len()));
             }
         }
+        st.keys.settle();
         Ok((in_key_order(py, matches, runs)?, counts))
     }
 
@@ -992,9 +997,6 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
     }
     if let Some(&id) = due.get(k + 8) {
         let s = st.keys.slot(id);
-        // The key's table line: a key left empty is released (e.g. every key whose deadlines
-        // all pass in the call).
-        st.keys.prefetch_entry(id);
         prefetch(Arc::as_ptr(&s.key).cast::<u8>());
         prefetch(s.val.new.as_ptr());
         if let Some(ks) = &s.val.state {
@@ -1101,6 +1103,29 @@ fn in_key_order<'py>(
         }
     }
     Ok(out)
+}
+
+/// Sort `ids` and drop repeats; many and dense (a mass expiry: ~1M ids) through a bitmap of
+/// the ids, one pass each way, instead of a comparison sort (~2% of that call).
+fn in_id_order(ids: &mut Vec<Id>) {
+    let bound = ids.iter().max().map_or(0, |&m| m as usize + 1);
+    if ids.len() < 1024 || ids.len() * 8 < bound {
+        ids.sort_unstable();
+        ids.dedup();
+        return;
+    }
+    let mut bits = vec![0u64; bound.div_ceil(64)];
+    for &id in ids.iter() {
+        bits[id as usize / 64] |= 1 << (id % 64);
+    }
+    ids.clear();
+    for (w, &x) in bits.iter().enumerate() {
+        let mut x = x;
+        while x != 0 {
+            ids.push((w * 64) as Id + x.trailing_zeros());
+            x &= x - 1;
+        }
+    }
 }
 
 type IngestOut<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, usize, usize, usize);

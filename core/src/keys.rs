@@ -7,7 +7,7 @@
 //! keeps one time per key (`set_wake` replaces it); `pop_due` returns the keys due by a time,
 //! in no particular order (the engine orders its output by key itself).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::engine::AT_END;
@@ -105,7 +105,11 @@ pub struct Keys<V> {
     slots: Vec<Slot<V>>,
     /// Free ids below `slots.len()` (the lowest is handed out first; free slots at the tail are
     /// cut off, so the slab shrinks as keys go).
-    free: BTreeSet<Id>,
+    free: FreeIds,
+    /// Released keys whose table entries are still to be removed (`defer_removals`): their
+    /// group and entry; their ids are free and not reused before `settle` removes them.
+    pending: Vec<(u32, Named)>,
+    deferring: bool,
     /// Per group, the ids of its keys by text (8 bytes a bucket; the texts are in the slots).
     by_text: Vec<Table>,
     hasher: foldhash::fast::RandomState,
@@ -126,7 +130,9 @@ impl<V: Default> Default for Keys<V> {
     fn default() -> Self {
         Keys {
             slots: Vec::new(),
-            free: BTreeSet::new(),
+            free: FreeIds::default(),
+            pending: Vec::new(),
+            deferring: false,
             by_text: Vec::new(),
             hasher: Default::default(),
             buckets: BTreeMap::new(),
@@ -153,6 +159,7 @@ impl<V: Default> Keys<V> {
         if self.by_text.len() <= g {
             self.by_text.resize_with(g + 1, Table::default);
         }
+        self.settle();
         if let Some(id) = self.lookup(g, key, h) {
             return Ok(id);
         }
@@ -195,7 +202,9 @@ impl<V: Default> Keys<V> {
         if s.group == FREE {
             return;
         }
-        if let Some(t) = self.by_text.get_mut(s.group as usize) {
+        if self.deferring {
+            self.pending.push((s.group, Named { id, h: s.h }));
+        } else if let Some(t) = self.by_text.get_mut(s.group as usize) {
             if let Some(i) = t.find(s.h, |e| e == id) {
                 t.remove_at(i);
             }
@@ -204,13 +213,51 @@ impl<V: Default> Keys<V> {
         s.group = FREE;
         s.val = V::default();
         self.free.insert(id);
-        while self.free.last().is_some_and(|&last| last as usize + 1 == self.slots.len()) {
-            self.free.pop_last();
+        while self.slots.len().checked_sub(1).is_some_and(|last| self.free.contains(last as Id)) {
+            self.free.remove((self.slots.len() - 1) as Id);
             self.slots.pop();
         }
         if self.slots.capacity() > 1024 && self.slots.len() < self.slots.capacity() / 4 {
             self.slots.shrink_to(self.slots.len() * 2);
         }
+    }
+
+    /// From now until `settle`, `release` leaves the key's table entry in place (its id is
+    /// free, and not reused: `intern` settles first): `Engine.finish`, which may release most
+    /// keys in one call, removes them together.
+    pub fn defer_removals(&mut self) {
+        self.deferring = true;
+    }
+
+    /// Remove the table entries of the keys released since `defer_removals`: a group that lost
+    /// many keys (at least 1/16 of its table) in one pass over its table, the others one by
+    /// one (docs/native-core.md, "Many keys: the mass expiry (session 16)").
+    pub fn settle(&mut self) {
+        self.deferring = false;
+        if self.pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let (slots, free) = (self.slots.len(), &self.free);
+        for (g, t) in self.by_text.iter_mut().enumerate() {
+            let n = pending.iter().filter(|p| p.0 as usize == g).count();
+            if n > 0 && n * 16 >= t.e.len() {
+                // Every entry of a free id (or one past the slab) is one of those released.
+                t.retain(|id| (id as usize) < slots && !free.contains(id));
+            } else if n > 0 {
+                let mine: Vec<Named> = pending.iter().filter(|p| p.0 as usize == g).map(|p| p.1).collect();
+                for (k, n) in mine.iter().enumerate() {
+                    if let Some(a) = mine.get(k + 8) {
+                        prefetch(t.line(a.h));
+                    }
+                    if let Some(i) = t.find(n.h, |e| e == n.id) {
+                        t.remove_at(i);
+                    }
+                }
+            }
+        }
+        self.pending = pending;
+        self.pending.clear();
     }
 
     /// The text hash of a key: `intern` and `find` hash the same bytes (`prefetch_table`).
@@ -239,14 +286,6 @@ impl<V: Default> Keys<V> {
         }
     }
 
-    /// Ask for the table line of the key `id` (what its release reads: its slot asked for
-    /// earlier).
-    pub fn prefetch_entry(&self, id: Id) {
-        if let Some(s) = self.slots.get(id as usize).filter(|s| s.group != FREE) {
-            self.prefetch_table(s.group, s.h);
-        }
-    }
-
     /// Ask the CPU to load the key's slot (a hint: the caller reaches it a few keys later).
     pub fn prefetch(&self, id: Id) {
         if let Some(s) = self.slots.get(id as usize) {
@@ -270,7 +309,7 @@ impl<V: Default> Keys<V> {
     /// The number of keys with an id.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.slots.len() - self.free.len()
+        self.slots.len() - self.free.n
     }
 
     /// The key is due at `when` (replacing its earlier time).
@@ -449,6 +488,68 @@ impl<V: Default> Keys<V> {
     }
 }
 
+/// Free ids, lowest first: a bitmap (bit `id`) and a summary of its nonzero words, so that
+/// freeing an id is a bit set (a `BTreeSet` insert was ~5% of a call that released 1M keys) and
+/// the lowest is found by a short scan from `lo`.
+#[derive(Default)]
+struct FreeIds {
+    words: Vec<u64>,
+    /// Bit w: `words[w]` is not zero.
+    summary: Vec<u64>,
+    /// Every summary word before `lo` is zero.
+    lo: usize,
+    n: usize,
+}
+
+impl FreeIds {
+    fn contains(&self, id: Id) -> bool {
+        let (w, b) = (id as usize / 64, id % 64);
+        self.words.get(w).is_some_and(|x| x >> b & 1 == 1)
+    }
+
+    fn insert(&mut self, id: Id) {
+        let (w, b) = (id as usize / 64, id % 64);
+        if self.words.len() <= w {
+            self.words.resize(w + 1, 0);
+            self.summary.resize(w / 64 + 1, 0);
+        }
+        if self.words[w] >> b & 1 == 0 {
+            self.words[w] |= 1 << b;
+            self.summary[w / 64] |= 1 << (w % 64);
+            self.lo = self.lo.min(w / 64);
+            self.n += 1;
+        }
+    }
+
+    fn remove(&mut self, id: Id) {
+        let (w, b) = (id as usize / 64, id % 64);
+        if self.contains(id) {
+            self.words[w] &= !(1 << b);
+            if self.words[w] == 0 {
+                self.summary[w / 64] &= !(1 << (w % 64));
+            }
+            self.n -= 1;
+        }
+    }
+
+    fn pop_first(&mut self) -> Option<Id> {
+        if self.n == 0 {
+            return None;
+        }
+        let s = self.lo + self.summary[self.lo..].iter().position(|&x| x != 0)?;
+        self.lo = s;
+        let w = s * 64 + self.summary[s].trailing_zeros() as usize;
+        let id = (w * 64) as Id + self.words[w].trailing_zeros();
+        self.remove(id);
+        Some(id)
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+}
+
 /// Whether `id`'s live entry in the wake index is in bucket `b` (`PARKED`: the parked list).
 fn queued_in<V>(slots: &[Slot<V>], id: Id, b: i64) -> bool {
     slots.get(id as usize).is_some_and(|s| s.queued == b)
@@ -533,8 +634,19 @@ pub(crate) mod tests {
                     if let Some(id) = model.remove(&(g, i)) {
                         k.release(id);
                     }
+                    // Now and then releases are deferred (as `Engine.finish` does) for a while:
+                    // an intern or a find below settles them first.
+                    if rng.next(500) == 0 {
+                        k.defer_removals();
+                    }
                 }
                 _ => {
+                    if rng.next(2) == 0 {
+                        k.settle();
+                    }
+                    if k.deferring {
+                        continue;
+                    }
                     let got = k.find(g, &format!("k{i}"));
                     assert_eq!(got, model.get(&(g, i)).copied(), "step {step}");
                     if let Some(id) = got {
@@ -695,6 +807,38 @@ pub(crate) mod tests {
         assert_eq!(due.len(), 98);
         assert_eq!(k.next_due(), Some(AT_END));
         assert_eq!(k.waiting(), 10_000 - 99);
+    }
+
+    /// Most keys released at once with their table removals deferred (`Engine.finish`'s mass
+    /// expiry): `settle` removes them in one pass over each group's table that lost many and
+    /// one by one from the others; the keys left are found, the released are not, and their
+    /// ids are reused lowest first.
+    #[test]
+    fn deferred_releases_settle_in_one_pass_or_one_by_one() {
+        let mut rng = Lcg(9);
+        let mut k: Keys<u64> = Keys::default();
+        let ids: Vec<(u32, u64, Id)> = (0..20_000u64)
+            .map(|i| {
+                let g = u32::from(i % 5 == 0);
+                (g, i, k.intern(g, &key(i)).unwrap())
+            })
+            .collect();
+        k.defer_removals();
+        // Group 0 loses ~90% of its keys (one pass), group 1 ~2% (one by one).
+        let gone: Vec<bool> = ids.iter().map(|&(g, _, _)| rng.next(100) < if g == 0 { 90 } else { 2 }).collect();
+        for (&(_, _, id), _) in ids.iter().zip(&gone).filter(|(_, &x)| x) {
+            k.release(id);
+        }
+        assert_eq!(k.pending.len(), gone.iter().filter(|&&x| x).count());
+        k.settle();
+        assert!(k.pending.is_empty() && !k.deferring);
+        for (&(g, i, id), &x) in ids.iter().zip(&gone) {
+            assert_eq!(k.find(g, &format!("k{i}")), (!x).then_some(id), "k{i}");
+        }
+        assert_eq!(k.by_text.iter().map(|t| t.len).sum::<usize>(), gone.iter().filter(|&&x| !x).count());
+        assert_eq!(k.len(), gone.iter().filter(|&&x| !x).count());
+        let lowest = ids.iter().zip(&gone).find(|(_, &x)| x).map(|(e, _)| e.2);
+        assert_eq!(k.intern(1, &key(99_999)).ok(), lowest, "the lowest free id first");
     }
 
     /// Released keys give their slots back: the lowest free id is reused first, free slots at

@@ -339,6 +339,55 @@ def test_compacted_keys_with_rule_families_match_the_python_engine() -> None:
     assert n_results > 0 and n_late > 0
 
 
+def _mass_expiry(seed: int) -> list[Event]:
+    """~3,000 cards charging within 20 minutes, 150 of them every 10 minutes for 5 h; at 2.5 h
+    a second wave, half of it under the first wave's texts (their ids reused meanwhile by other
+    keys), half new. The call that crosses the 2 h gap releases every first-wave key but the
+    150 in one call, whatever the batch size (docs/native-core.md "Many keys: the mass expiry
+    (session 16)"); the calls around it release a few."""
+    rng = random.Random(seed)
+    rows = []
+
+    def charges(card: str, t: int, n: int, step: int) -> None:
+        home = rng.choice(["NL", "DE"])
+        for _ in range(n):
+            rows.append({"ts": t, "card": card, "amount": rng.choice([1.5, 25.0, 900.0]),
+                         "merchant": "m1", "country": home if rng.random() < 0.8 else "US"})
+            t += step
+
+    for i in range(3_000):
+        charges(f"c{i}", rng.randrange(20 * 60_000), rng.choice([1, 2, 3]), 7_000)
+    for i in range(3_000, 3_150):
+        charges(f"c{i}", rng.randrange(60_000), 30, 10 * 60_000)
+    for i in range(1_500, 4_500):
+        if not 3_000 <= i < 3_150:
+            charges(f"c{i}", int(2.5 * HOUR) + rng.randrange(20 * 60_000), rng.choice([1, 2]),
+                    9_000)
+    events = [Event("transactions", r["ts"], seq, r) for seq, r in enumerate(rows)]
+    events.sort(key=lambda e: (e.ts, e.seq))
+    return events
+
+
+@pytest.mark.parametrize(("batch", "compact_from"), [(97, 65_536), (1_000, 0), (6_000, 65_536)])
+def test_many_keys_released_in_one_call_match_the_python_engine(batch: int,
+                                                               compact_from: int) -> None:
+    """Most keys expire in one call (their table entries removed together, in one pass over
+    the table, `Keys::settle`) while others stay live and new keys, some under released texts,
+    arrive: results, late reports, keys with state, wake keys and next wake equal the Python
+    engine's call by call, at several batch sizes, and at the end of input."""
+    from cep import _core
+
+    native = build_embedded_engine(native_bundled())
+    state = _core.EngineState(compact_from=compact_from)
+    live = [0]
+
+    def peak() -> None:
+        live[0] = max(live[0], len(state))
+
+    _, n_results = _call_by_call(native, state, _mass_expiry(batch), batch, peak)
+    assert live[0] >= 2_500 and n_results > 0
+
+
 class _Raising(Mapping[str, Any]):
     """An event's data whose `amount` cannot be read: the rules' condition raises (a
     condition's own errors give NULL, docs/semantics.md; a failing read of the event does not)."""
