@@ -226,8 +226,12 @@ class NativeShardStore:
         return max(cls.KEEP_DECODED, cls.DECODED_PER_JOB // shards if shards else 0)
 
     def __init__(self, log: Any, meta: Any, held: dict[Any, Any],
-                 keep_decoded: int | None = None, old_log: Any = None) -> None:
+                 keep_decoded: int | None = None, old_log: Any = None,
+                 rows_cache: Any = None) -> None:
         self.keep_decoded = self.KEEP_DECODED if keep_decoded is None else keep_decoded
+        # The machine's copy of appended rows (`cep.runtime.row_cache.RowCache`; None: none):
+        # a catch-up takes its rows from it when they chain from the held token.
+        self.rows_cache = rows_cache
         self._log = log  # MapState: row number -> (blob, token it was appended onto)
         self._meta = meta
         self._old_log = old_log  # layout 1's ListState of blobs (read once, then cleared)
@@ -237,6 +241,8 @@ class NativeShardStore:
         self.reloads = 0  # calls that had to read the whole shard (no usable held copy)
         self.catchups = 0  # calls whose held copy was behind and read only the rows since
         self.load_us = 0  # µs in `begin`: the record read, and any catch-up or reload
+        self.read_us = 0  # µs of it in the state server's reads of log rows
+        self.cached = 0  # log rows a catch-up took from `rows_cache` instead of the store
         self.compactions = 0
         self.task = _TURNS.new_task()
         self.dropped = 0  # keys of rule groups that no longer exist, dropped on a reload
@@ -283,21 +289,36 @@ class NativeShardStore:
         than `CATCH_UP_ROWS` rows behind, False (reload)."""
         if not 0 < meta.rows - held.rows <= self.CATCH_UP_ROWS:
             return False
-        first = self._log.getValue((held.rows,))
-        if first is None or first[1] != held.token:
-            return False
-        blobs = [first[0]]
-        for i in range(held.rows + 1, meta.rows):
-            got = self._log.getValue((i,))
-            if got is None:
-                return False  # (the reload names the missing row)
-            blobs.append(got[0])
+        cached = None if self.rows_cache is None else self.rows_cache.chain(
+            self._shard, held.token, held.rows, meta.token, meta.rows)
+        if cached is not None:
+            self.cached += len(cached)
+            self._caught_up(held, meta, cached)
+            return True
+        t0 = time.perf_counter()
+        try:
+            first = self._log.getValue((held.rows,))
+            if first is None or first[1] != held.token:
+                return False
+            blobs = [first[0]]
+            for i in range(held.rows + 1, meta.rows):
+                got = self._log.getValue((i,))
+                if got is None:
+                    return False  # (the reload names the missing row)
+                blobs.append(got[0])
+        finally:
+            self.read_us += int(1e6 * (time.perf_counter() - t0))
+        self.reads += len(blobs)
+        self._caught_up(held, meta, blobs)
+        return True
+
+    def _caught_up(self, held: _Held, meta: _Meta, blobs: list[bytes]) -> None:
+        """Import the rows a held copy is behind by: it is then the store's."""
         dropped, records = self._import(held.engine, held.state, blobs)
         self.catchups += 1
         held.token, held.rows, held.size, held.due = meta.token, meta.rows, meta.size, meta.due
         held.records += records
         held.compact = held.compact or dropped > 0
-        return True
 
     def _reload(self, engine: Any, meta: _Meta) -> _Held:
         """A new `EngineState` from the whole log (rows in order)."""
@@ -305,7 +326,9 @@ class NativeShardStore:
 
         self.reloads += 1
         state = _core.EngineState(track_dirty=True, keep_decoded=self.keep_decoded)
-        dropped, records = self._import(engine, state, self._log_blobs(meta))
+        blobs = self._log_blobs(meta)
+        self.reads += len(blobs)
+        dropped, records = self._import(engine, state, blobs)
         # Records of dropped groups leave the store at the next write (a compaction), and so
         # does a layout 1 log (rewritten as rows: `migrate`).
         cur = _Held(meta.token, engine, state, meta.rows, meta.size, records,
@@ -319,7 +342,6 @@ class NativeShardStore:
         dropped rule groups and the records read."""
         dropped = records = 0
         for blob in blobs:
-            self.reads += 1
             # The core first: it checks the header and gives the clearer error (a blob of
             # another format version, a corrupt one).
             dropped += engine.core.import_blob(state, blob)
@@ -334,7 +356,9 @@ class NativeShardStore:
             if self._old_log is None:
                 raise ValueError(_LAYOUT_1_MESSAGE)
             return [blob for (blob,) in self._old_log.get()]
+        t0 = time.perf_counter()
         got = sorted((k[0], v[0]) for k, v in self._log.iterator())
+        self.read_us += int(1e6 * (time.perf_counter() - t0))
         if [i for i, _ in got] != list(range(meta.rows)):
             raise ValueError(f"native key-state log: the store holds rows "
                              f"{[i for i, _ in got][:8]}... but its record says 0..{meta.rows - 1}:"
@@ -367,7 +391,8 @@ class NativeShardStore:
             core = self._engine.core
             t0 = time.perf_counter()
             prev = cur.token
-            if self._compact_turn(cur):
+            compacted = self._compact_turn(cur)
+            if compacted:
                 blobs = core.export_blobs(cur.state, True)
                 t1 = time.perf_counter()
                 self._log.clear()
@@ -394,12 +419,15 @@ class NativeShardStore:
             # Each row names the token it was appended onto (`_catch_up`).
             for i, b in enumerate(blobs):
                 self._log.updateValue((cur.rows + i,), (b, prev))
+            start = cur.rows
             cur.rows += len(blobs)
             cur.size += sum(len(b) for b in blobs)
             cur.records += sum(map(blob_records, blobs))
             self.writes += 1
             cur.token = os.urandom(8)
             self._write_meta(cur)
+            if self.rows_cache is not None and not compacted:  # (a compaction: reloaded)
+                self.rows_cache.put(self._shard, cur.token, prev, start, blobs)
             self.encode_us += int(1e6 * (t1 - t0))
             self.write_us += int(1e6 * (time.perf_counter() - t1))
             self._held[self._shard] = cur
