@@ -25,7 +25,7 @@ from cep.compile import compile_rules
 from cep.runtime.alerts import alert_record
 from cep.runtime.bind import build_embedded_engine, build_engine, engine_kind
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore
-from cep.runtime.state_store import NativeShardStore, _Meta
+from cep.runtime.state_store import NativeShardStore, _Meta, unzip_row
 from tests.runtime.test_bucket_store import DictValueState
 
 
@@ -48,7 +48,8 @@ class DictLogState:
 
     @property
     def blobs(self) -> list[bytes]:
-        return [v[0] for v in self.rows]
+        """The rows' blobs as the core wrote them (stored compressed since layout 3)."""
+        return [unzip_row(v[0]) for v in self.rows]
 
     def getValue(self, k: tuple[int]) -> Any:  # noqa: N802 - Spark's names
         self.calls += 1
@@ -786,3 +787,33 @@ def test_the_row_cache_chains_only_from_the_held_token_and_row(tmp_path: Any) ->
     assert RowCache.for_query("../x", tmp_path) is None
     q = RowCache.for_query("5d1c0a2e-0000-4000-8000-000000000001", tmp_path / "base")
     assert q is not None and q.root.is_dir()
+
+
+def test_a_layout_2_log_of_raw_rows_goes_on_as_layout_3() -> None:
+    """Layout 3 stores rows compressed; a layout 2 store (session 15: raw rows) is read as it is
+    by another process and continued, its new rows compressed, and gives the alerts of one
+    process that always held the shard. A compressed row that does not expand fails with what
+    to do."""
+    from cep.runtime.state_store import LOG_LAYOUT, META_MAGIC, ROW_ZIP_MAGIC
+
+    engine = build_embedded_engine(RULES)
+    texts = _stream(120)
+    batches = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF)
+               for i in range(0, 120, 20)]
+    log, meta = DictLogState(), DictValueState()
+    for rb, m in batches[:3]:
+        _run(engine, log, meta, {}, rb, m)
+    assert LOG_LAYOUT == 3 and all(v[0].startswith(ROW_ZIP_MAGIC) for v in log.rows)
+    assert sum(len(v[0]) for v in log.rows) < sum(len(b) for b in log.blobs)
+    # As session 15 wrote it: raw rows, a layout 2 record.
+    log.map = {i: (unzip_row(v[0]), v[1]) for i, v in log.map.items()}
+    meta.v = (META_MAGIC + (2).to_bytes(2, "little") + meta.v[0][7:],)
+    got = [_run(engine, log, meta, {}, rb, m) for rb, m in batches[3:]]
+    assert not log.rows[0][0].startswith(ROW_ZIP_MAGIC) and log.rows[-1][0].startswith(
+        ROW_ZIP_MAGIC)
+    ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
+    want = [_run(engine, ref_log, ref_meta, ref, rb, m) for rb, m in batches][3:]
+    assert got == want and any(g[0] for g in got)
+    log.map[0] = (ROW_ZIP_MAGIC + b"\x10\x00\x00\x00garbage", log.map[0][1])
+    with pytest.raises(ValueError, match="does not expand.*reset it or replay"):
+        _run(engine, log, meta, {}, *batches[0])
