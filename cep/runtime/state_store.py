@@ -141,10 +141,11 @@ class NativeShardStore:
     state in a stateful stream operator, as a log: each shard's native `EngineState` is kept in
     the worker process between calls, and the state store is its durable copy.
 
-    Layout (2, since session 15): a MapState of rows by number, each a blob the core writes
-    (`Engine.export_blobs`: records of group, key, wake time and versioned `CEPNK` bytes, or
-    none for a key whose state is gone) and the token of the log it was appended onto, applied
-    in row order; and a ValueState record (`_Meta`: `META_MAGIC`, the layout, then the token,
+    Layout (3, since session 16; 2 since session 15): a MapState of rows by number, each a blob
+    the core writes (`Engine.export_blobs`: records of group, key, wake time and versioned
+    `CEPNK` bytes, or none for a key whose state is gone), stored compressed since layout 3
+    (`zip_row`), and the token of the log it was appended onto, applied in row order; and a
+    ValueState record (`_Meta`: `META_MAGIC`, the layout, then the token,
     log rows, log bytes, calls deferred and the registered timer).
     - A call starts with one state read, the record. When its token is the one this process
       wrote last (the store is exactly as this process left it), the held `EngineState` is used
