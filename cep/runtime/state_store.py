@@ -152,7 +152,8 @@ class NativeShardStore:
       as it is. When another process appended rows since (Spark gave the shard's last calls to
       another Python worker: with several stateful tasks per batch, most batches) and the first
       of them was appended onto this process's token, the held copy catches up by importing
-      those rows only (`_catch_up`: one state read per row, usually one or two). Otherwise (no
+      those rows only (`_catch_up`: one state read per row, usually one or two; none when the
+      machine's row cache, `cep.runtime.row_cache`, holds them). Otherwise (no
       copy held, a compaction or a rollback since, more than `CATCH_UP_ROWS` rows behind, the
       rules changed) the whole log is read back
       into a new `EngineState` (`Engine.import_blob`: keys stay raw bytes until an event or a
