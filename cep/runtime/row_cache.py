@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 MAGIC = b"CEPRC\x01"  # the file format: this magic (version 1), then the header and the rows
-_SAFE = re.compile(r"[A-Za-z0-9_.-]+")
+_SAFE = re.compile(r"[A-Za-z0-9_-]+")  # a file name of its own: no dot, no separator
 
 
 class RowCache:
@@ -47,7 +47,7 @@ class RowCache:
     # Files kept per shard: a copy one or two calls behind is the usual catch-up at 2 stateful
     # tasks, but at low rates a shard can stay away from a process for several batches (a
     # batch of session 15's 5,000/s run read 36 rows for 6 shards). Bounded in bytes too: at
-    # 60k-row batches a row is ~1.3 MB.
+    # 60k-row batches a raw row is ~1.3 MB (stored compressed since layout 3: ~5x less).
     KEEP = 16
     KEEP_BYTES = 8 << 20
     STALE_S = 600.0

@@ -785,6 +785,8 @@ def test_the_row_cache_chains_only_from_the_held_token_and_row(tmp_path: Any) ->
     assert c.chain(("s",), b"u9", 5, b"v", 6) is None
     assert RowCache.for_query(None, tmp_path) is None
     assert RowCache.for_query("../x", tmp_path) is None
+    assert RowCache.for_query("..", tmp_path) is None
+    assert c._dir(("..",)).parent == c.root  # a shard's name never leaves the cache
     q = RowCache.for_query("5d1c0a2e-0000-4000-8000-000000000001", tmp_path / "base")
     assert q is not None and q.root.is_dir()
 
