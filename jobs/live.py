@@ -198,25 +198,35 @@ def live_worker_env() -> dict[str, str]:
     return {"spark.executorEnv.MIMALLOC_ALLOW_THP": os.environ.get("MIMALLOC_ALLOW_THP", "0")}
 
 
-def read_split(settings: Settings) -> dict[str, int]:
-    """Kafka source options that split a big micro-batch's read: at most `live_read_task_rows`
-    records per read task (Spark's `maxRecordsPerPartition`; none when 0). A micro-batch's map
-    stage (the Kafka read and the one Python pass) then runs on every free core once the batch
-    is big, i.e. when the job has fallen behind or runs at a high rate, while a job that keeps
-    up at a low rate reads each small batch in one task (a task's fixed cost is CPU the
-    stateful stage would miss): docs/spark-runtime.md, "The live job's map stage"."""
-    rows = settings.live_read_task_rows
-    return {"maxRecordsPerPartition": rows} if rows > 0 else {}
+def read_split(settings: Settings, cores: int) -> dict[str, int]:
+    """Kafka source options that split a micro-batch's read: `minPartitions`, i.e. at least
+    `live_read_tasks` tasks (0: `cores`, the session's), each topic partition's range cut in
+    equal parts; and, when `live_read_task_rows` is set, at most that many records per task
+    (`maxRecordsPerPartition`). By default a one-partition topic's batch is one read task per
+    core, whatever its size: the map stage (the Kafka read and the one Python pass) ends on
+    all cores at once, where a cap on records per task made an odd count of tasks on two
+    cores, the last one alone (docs/spark-runtime.md, "The live job's map stage")."""
+    split = {"minPartitions": settings.live_read_tasks or cores}
+    if settings.live_read_task_rows > 0:
+        split["maxRecordsPerPartition"] = settings.live_read_task_rows
+    return split
+
+
+# The live job's Arrow batch when read tasks have no record cap: a read task of up to this
+# many records hands them to the pass as one batch (one pack per shard), a bigger one (a
+# batch catching up) in batches of this size, which bounds the pass's memory.
+ARROW_BATCH_ROWS = 50_000
 
 
 def arrow_batch_conf(settings: Settings) -> dict[str, str]:
-    """Spark's Arrow batch size for the live job: a read task's rows (`live_read_task_rows`)
-    reach the one Python pass as one Arrow batch, not Spark's batches of 10,000, so fewer packs
-    per shard (docs/spark-runtime.md, "The live job's map stage"). A session setting: the job's
-    other Python UDF, the operator, reads packs (a few rows per shard), far below either size;
+    """Spark's Arrow batch size for the live job: a read task's rows (up to
+    `live_read_task_rows`, or `ARROW_BATCH_ROWS` without that cap) reach the one Python pass as
+    one Arrow batch, not Spark's batches of 10,000, so fewer packs per shard
+    (docs/spark-runtime.md, "The live job's map stage"). A session setting: the job's other
+    Python UDF, the operator, reads packs (a few rows per shard), far below either size;
     `cep run` owns its process's session."""
-    rows = settings.live_read_task_rows
-    return {"spark.sql.execution.arrow.maxRecordsPerBatch": str(rows)} if rows > 0 else {}
+    rows = settings.live_read_task_rows or ARROW_BATCH_ROWS
+    return {"spark.sql.execution.arrow.maxRecordsPerBatch": str(rows)}
 
 
 def rules_source(settings: Settings, rules: str) -> Any:
@@ -434,10 +444,9 @@ class LiveJob:
         topic_of = {s.name: self._topic(s) for s in self.plan.streams}
         reader = kafka_reader(self.spark.readStream, self.settings, topic_of.values(),
                               starting=self.opts.starting_offsets, fail_on_data_loss=True,
-                              max_offsets_per_trigger=self.opts.max_offsets_per_trigger,
-                              min_partitions=(self.settings.live_read_tasks
-                                              or self.spark.sparkContext.defaultParallelism))
-        for option, value in read_split(self.settings).items():
+                              max_offsets_per_trigger=self.opts.max_offsets_per_trigger)
+        split = read_split(self.settings, self.spark.sparkContext.defaultParallelism)
+        for option, value in split.items():
             reader = reader.option(option, value)
         stream_col = F.lit(None).cast("string")
         for stream, topic in topic_of.items():
