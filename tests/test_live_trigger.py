@@ -12,11 +12,13 @@ from cep.config import QUICK_JIT, Settings, load_settings
 from jobs.live import (
     ARROW_BATCH_ROWS,
     CONTINUOUS,
+    LIVE_JAVA_OPTIONS,
     LiveOptions,
     arrow_batch_conf,
     live_jvm,
     live_trigger,
     live_worker_env,
+    local_shuffle_conf,
     read_split,
 )
 
@@ -43,7 +45,8 @@ def test_precedence(setting: str, seconds: float | None, once: bool,
 
 
 def test_the_live_jvm_runs_the_quick_jit_unless_options_are_given() -> None:
-    assert live_jvm(Settings()).java_options == QUICK_JIT
+    assert live_jvm(Settings()).java_options == LIVE_JAVA_OPTIONS
+    assert LIVE_JAVA_OPTIONS.startswith(QUICK_JIT)
     assert live_jvm(Settings(java_options="-Xmx4g")).java_options == "-Xmx4g"
 
 
@@ -72,3 +75,8 @@ def test_a_read_task_hands_its_rows_to_python_as_one_arrow_batch() -> None:
         "spark.sql.execution.arrow.maxRecordsPerBatch": str(ARROW_BATCH_ROWS)}
     assert arrow_batch_conf(Settings(live_read_task_rows=25000)) == {
         "spark.sql.execution.arrow.maxRecordsPerBatch": "25000"}
+
+
+def test_a_local_job_does_not_compress_its_shuffle() -> None:
+    assert local_shuffle_conf(Settings()) == {"spark.shuffle.compress": "false"}
+    assert local_shuffle_conf(Settings(spark_master="spark://host:7077")) == {}
