@@ -38,16 +38,18 @@ def events(path: Path) -> Iterator[dict[str, Any]]:
             pass
 
 
-def slots(tasks: list[tuple[int, int]], stage: dict[str, Any], name: str) -> dict[str, Any]:
+def slots(tasks: list[tuple[int, int]], stage: dict[str, Any], name: str,
+          cores: int) -> dict[str, Any]:
     """A stage's tasks: the wait from the stage's submission to its first task, the longest and
-    shortest task (skew), and the time from the first task's end to the stage's end (its tail:
-    fewer tasks running than cores)."""
+    shortest task (skew), and `idle_ms`: the core time in the stage that no task held (cores ×
+    the stage's wall time − the tasks' durations; e.g. the last of three tasks on two cores)."""
     if not tasks:
         return {}
     durs = [b - a for a, b in tasks]
+    wall = stage["end"] - stage["sub"]
     return {f"{name}_first_launch_ms": min(a for a, _ in tasks) - stage["sub"],
             f"{name}_task_max_ms": max(durs), f"{name}_task_min_ms": min(durs),
-            f"{name}_tail_ms": stage["end"] - min(b for _, b in tasks)}
+            f"{name}_idle_ms": max(0, cores * wall - sum(durs))}
 
 
 def busy(tasks: list[tuple[int, int]], start: int, end: int, cores: int) -> dict[str, Any]:
@@ -89,8 +91,8 @@ def batches(path: Path, cores: int = 2) -> list[dict[str, Any]]:
         if len(ids) < 2 or "end" not in job:
             continue
         m, f = stages[ids[0]], stages[ids[-1]]
-        out.append({**slots(tasks.get(ids[0], []), m, "map"),
-                    **slots(tasks.get(ids[-1], []), f, "stateful"),
+        out.append({**slots(tasks.get(ids[0], []), m, "map", cores),
+                    **slots(tasks.get(ids[-1], []), f, "stateful", cores),
                     **busy([t for s in ids for t in tasks.get(s, [])], job["start"],
                            job["end"], cores),
                     "job": jid, "rows": m["rows"], "job_ms": job["end"] - job["start"],
