@@ -424,13 +424,20 @@ class MetricsMonitor(threading.Thread):
         self.last: dict[str, Any] = {}
         # (wall time, CPU seconds of the job's process tree so far), every ~0.5 s
         self.cpu: list[tuple[float, float]] = []
+        # ... and of what shares the machine with it: this process (the producer, the Redis
+        # reader, this monitor) and the Kafka broker and Redis server (`_service_cpu_s`)
+        self.bench_cpu: list[tuple[float, float]] = []
+        self.services_cpu: list[tuple[float, float]] = []
         self.consumed = -1  # the most input a finished micro-batch has read
 
     def run(self) -> None:
         tick = 0
         while not self.stop_flag.is_set():
             if tick % 5 == 0 and self.job.proc is not None:
-                self.cpu.append((time.time(), _tree_cpu_s(self.job.proc.pid)))
+                now = time.time()
+                self.cpu.append((now, _tree_cpu_s(self.job.proc.pid)))
+                self.bench_cpu.append((now, time.process_time()))
+                self.services_cpu.append((now, _service_cpu_s(self.job.services.work)))
             tick += 1
             m = self.job.metrics()
             q = (m.get("queries") or {}).get("alerts") or {}
@@ -463,6 +470,19 @@ def _tree_cpu_s(session: int) -> float:
             continue
         if int(rest[3]) == session:
             ticks += sum(int(x) for x in rest[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _service_cpu_s(work: Path) -> float:
+    """CPU seconds used so far by the Kafka broker and the Redis server under `work` (their
+    pid files: scripts/kafka.sh, scripts/redis.sh): the load that shares the job's cores."""
+    ticks = 0
+    for pidfile in (work / "kafka" / "kafka.pid", work / "redis" / "redis.pid"):
+        try:
+            with open(f"/proc/{int(pidfile.read_text().split()[0])}/stat") as f:
+                ticks += sum(int(x) for x in f.read().rpartition(")")[2].split()[11:13])
+        except (OSError, ValueError, IndexError):
+            continue
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
@@ -513,7 +533,8 @@ def _produced_at(producer: Producer, t: float) -> int:
 
 def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
                 batches: dict[int, dict[str, Any]], drained_at: float,
-                cpu: list[tuple[float, float]] | None = None) -> dict[str, Any]:
+                cpu: list[tuple[float, float]] | None = None,
+                others: dict[str, list[tuple[float, float]]] | None = None) -> dict[str, Any]:
     samples: list[tuple[float, bool]] = []
     to_xadd: list[float] = []
     spark_part: list[float] = []
@@ -567,6 +588,12 @@ def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
     used = _cpu_between(cpu or [], ph.measure_from, ph.end)
     out["job_cpu_s"] = None if used is None else round(used, 2)
     out["job_cpu_cores"] = None if used is None or window <= 0 else round(used / window, 2)
+    # What else ran on the machine's cores meanwhile (`bench_cpu_cores`: this process, i.e.
+    # the producer; `services_cpu_cores`: the Kafka broker and Redis).
+    for name, samples in (others or {}).items():
+        got = _cpu_between(samples, ph.measure_from, ph.end)
+        out[f"{name}_cpu_cores"] = (None if got is None or window <= 0
+                                    else round(got / window, 2))
     out["job_cpu_us_per_row"] = (None if used is None or not rows
                                  else round(1e6 * used / rows, 1))
     med = (out["batch_ms_p50"] or 0) / 1000
@@ -901,7 +928,8 @@ def run_variant(services: Services, work: Path, variant: Variant,
         reader.stop_flag.set()
         monitor.stop_flag.set()
         rc = job.stop()
-    stats = [phase_stats(ph, producer, reader, monitor.batches, drained_at, monitor.cpu)
+    others = {"bench": monitor.bench_cpu, "services": monitor.services_cpu}
+    stats = [phase_stats(ph, producer, reader, monitor.batches, drained_at, monitor.cpu, others)
              for ph in phases]
     logged = logged_batches(job.log_tail(10**8))
     for ph, st in zip(phases, stats, strict=True):
@@ -920,7 +948,9 @@ def run_variant(services: Services, work: Path, variant: Variant,
             f"{s['alerts_arrived']}/{s['alerts_expected']} alerts, "
             f"p50 {s['latency_s']['p50']}, p99 {s['latency_s']['p99']}, "
             f"batch p50 {s['batch_ms_p50']} ms, lag {s['lag_s_end']} s, kept up {s['kept_up']}, "
-            f"job CPU {s['job_cpu_cores']} cores = {s['job_cpu_us_per_row']} us/row")
+            f"job CPU {s['job_cpu_cores']} cores = {s['job_cpu_us_per_row']} us/row, "
+            f"beside it the producer's process {s.get('bench_cpu_cores')} and Kafka + Redis "
+            f"{s.get('services_cpu_cores')} cores")
         log(f"[latency] {variant.name} @ {s['rate_target']}/s: where latency - LATENESS went "
             f"(medians, s): {json.dumps(s['breakdown'])}")
         span = s["emitting_batches"]

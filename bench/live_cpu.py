@@ -10,7 +10,8 @@ batch MARK under "stages").
 
     python -m bench.live_cpu 400000 20000 2 new=. base=/tmp/old "s4=.:ARGS=--shards 4"
 
-Each variant is name=checkout[:ENV=V,...] (ARGS: extra `cep run` arguments). MARK (default 3)
+Each variant is name=checkout[:ENV=V,...] (ARGS: extra `cep run` arguments; CONF: Spark
+settings, "CONF=spark.a=1+spark.b=2"). MARK (default 3)
 and END (default 19) are the batches; END must be a batch the run reaches. Session 13
 (bench/results/latency_live.md, "Session 13, live13t").
 """
@@ -74,6 +75,9 @@ def kind(cmd):
 def run(services, work, topic, batch, name, code, env_extra, spy):
     d = _fresh(work / name)
     args = env_extra.pop("ARGS", "").split()  # `cep run` arguments, not the child's environment
+    # Spark settings for the job ("CONF=k=v+k2=v2"), through spark-submit's arguments
+    confs = [c for c in env_extra.pop("CONF", "").split("+") if c]
+    submit = "".join(f"--conf {c} " for c in confs)
     (d / "rules").mkdir()
     (d / "rules" / "fraud.cep").write_text(BENCH_RULES.read_text())
     env = {**os.environ, "CEP_KAFKA_BOOTSTRAP": services.bootstrap,
@@ -87,8 +91,10 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
     cmd += args
     if os.environ.get("STAGES"):  # Spark's event log, for the stages' times (bench.live_stages)
         (d / "events").mkdir()
-        env["PYSPARK_SUBMIT_ARGS"] = ("--conf spark.eventLog.enabled=true --conf "
-                                      f"spark.eventLog.dir=file://{d / 'events'} pyspark-shell")
+        submit += ("--conf spark.eventLog.enabled=true --conf "
+                   f"spark.eventLog.dir=file://{d / 'events'} ")
+    if submit:
+        env["PYSPARK_SUBMIT_ARGS"] = submit + "pyspark-shell"
     t0 = time.monotonic()
     last = {}
     lastth = {}

@@ -51,19 +51,19 @@ class Settings:
     # shard id (Murmur3, seed 42), which puts 8 shards on 2 tasks as 3 and 5 and 6 as 3 and 3.
     live_shards: int = 6
     # The live job's Kafka read tasks per micro-batch (Spark's `minPartitions`: a topic
-    # partition's offset range is split into this many tasks; more topic partitions than this:
-    # one task each). 0: the session's cores (`defaultParallelism`). The map stage (read,
-    # validate, fan out, pack: one Python pass) is the part of a micro-batch that can use every
-    # core; the stateful stage is `live_partitions` tasks. 1 (one task per topic
-    # partition): on this loaded 2-core machine a split did not pay (bench/results/
-    # latency_live.md, session 11: more Python workers, a slower first batch).
-    live_read_tasks: int = 1
-    # ... and at most this many records per read task (Spark's `maxRecordsPerPartition`; 0: no
-    # limit): a micro-batch bigger than this is read by more tasks, on every free core, while
-    # the small batches of a job that keeps up stay one task each (a task has a fixed cost: two
-    # read tasks cost 3-5 µs/row more CPU at 20k-row batches; at 60k, two nothing measurable,
-    # three ~1 µs/row). docs/spark-runtime.md, "The live job's map stage".
-    live_read_task_rows: int = 25000
+    # partition's offset range is split into this many tasks of equal size; more topic
+    # partitions than this: one task each). 0 (default since session 16): the session's cores
+    # (`defaultParallelism`), so the map stage (read, validate, fan out, pack: one Python pass)
+    # of every batch runs as one task per core with no core idle at its end: with at most
+    # `live_read_task_rows` records per task (25,000, session 15) a batch of 50k-75k records
+    # was three tasks on two cores, the third alone (docs/spark-runtime.md, "The live job's
+    # map stage", session 16).
+    live_read_tasks: int = 0
+    # ... and at most this many records per read task (Spark's `maxRecordsPerPartition`; 0, the
+    # default since session 16: no limit). Spark splits a range into ceil(records / this)
+    # tasks, whatever the cores: an odd count leaves a core idle for the last one. A job with
+    # more cores than its batches need can set it (25,000 in session 15).
+    live_read_task_rows: int = 0
     # Kafka topics the job uses besides per-rule alert topics.
     dead_letter_topic: str = "cep.dead-letter"
     late_topic: str = "cep.late-events"

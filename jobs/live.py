@@ -36,11 +36,11 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cep.config import Settings, parse_trigger, quick_jit_unless_set
+from cep.config import QUICK_JIT, Settings, parse_trigger
 from cep.delivery.dead_letters import dead_letter_record
 from cep.delivery.kafka_sink import ensure_topics
 from cep.delivery.preflight import claim_checkpoint, one_line, require_redis, require_topics
@@ -149,14 +149,30 @@ def live_trigger(settings: Settings, opts: LiveOptions) -> dict[str, Any]:
     return CONTINUOUS
 
 
+# The live job's JVM options unless `java_options` is set: the quick JIT, and G1 regions of
+# 16 MB (`live_jvm`).
+LIVE_JAVA_OPTIONS = f"{QUICK_JIT} -XX:G1HeapRegionSize=16m"
+
+
 def live_jvm(settings: Settings) -> Settings:
     """The live job's JVMs run the quick JIT only (`QUICK_JIT`, C1) unless `java_options` is
     set. Each micro-batch plans and runs much the same JVM code again; with the full JIT the
     C2 compiler's threads took half the JVM's CPU minutes into a run, on the cores the batch
     needs (bench/results/latency_live.md, sessions 10 and 12: C1 about halved the CPU per
-    micro-batch and its duration). Whether C2's faster code pays that back over hours is not
-    measured: `java_options` (e.g. "-XX:+TieredCompilation") brings the JVM's default back."""
-    return quick_jit_unless_set(settings)
+    micro-batch and its duration; session 16 at 60k-row batches: C2's code took 40% off the map
+    stage's JVM CPU, and its compiler ~9 µs per row over the run's first minute). Whether C2's
+    faster code pays that back over hours is not measured: `java_options` (e.g.
+    "-XX:+TieredCompilation") brings the JVM's default back.
+
+    And G1 regions of 16 MB (`LIVE_JAVA_OPTIONS`): the job's big byte arrays (a shard's pack of
+    events, ~1 MB per read task at 60k-row batches; a state blob of up to 4 MB written through
+    the state server) are humongous objects in the 1 MB regions G1 picks for a 2 GB heap, each
+    allocated in regions of its own, and they set off concurrent marking cycles (the `G1 Conc`
+    threads at 1.8-2.2 µs per row in some runs); under 8 MB they are ordinary young objects
+    (docs/spark-runtime.md, session 16)."""
+    if settings.java_options:
+        return settings
+    return replace(settings, java_options=LIVE_JAVA_OPTIONS)
 
 
 # The live job's checkpoint is a local directory (`--checkpoint`); Spark writes a few files to it
@@ -198,25 +214,47 @@ def live_worker_env() -> dict[str, str]:
     return {"spark.executorEnv.MIMALLOC_ALLOW_THP": os.environ.get("MIMALLOC_ALLOW_THP", "0")}
 
 
-def read_split(settings: Settings) -> dict[str, int]:
-    """Kafka source options that split a big micro-batch's read: at most `live_read_task_rows`
-    records per read task (Spark's `maxRecordsPerPartition`; none when 0). A micro-batch's map
-    stage (the Kafka read and the one Python pass) then runs on every free core once the batch
-    is big, i.e. when the job has fallen behind or runs at a high rate, while a job that keeps
-    up at a low rate reads each small batch in one task (a task's fixed cost is CPU the
-    stateful stage would miss): docs/spark-runtime.md, "The live job's map stage"."""
-    rows = settings.live_read_task_rows
-    return {"maxRecordsPerPartition": rows} if rows > 0 else {}
+def read_split(settings: Settings, cores: int) -> dict[str, int]:
+    """Kafka source options that split a micro-batch's read: `minPartitions`, i.e. at least
+    `live_read_tasks` tasks (0: `cores`, the session's), each topic partition's range cut in
+    equal parts; and, when `live_read_task_rows` is set, at most that many records per task
+    (`maxRecordsPerPartition`). By default a one-partition topic's batch is one read task per
+    core, whatever its size: the map stage (the Kafka read and the one Python pass) ends on
+    all cores at once, where a cap on records per task made an odd count of tasks on two
+    cores, the last one alone (docs/spark-runtime.md, "The live job's map stage")."""
+    split = {"minPartitions": settings.live_read_tasks or cores}
+    if settings.live_read_task_rows > 0:
+        split["maxRecordsPerPartition"] = settings.live_read_task_rows
+    return split
+
+
+# The live job's Arrow batch when read tasks have no record cap: a read task of up to this
+# many records hands them to the pass as one batch (one pack per shard), a bigger one (a
+# batch catching up) in batches of this size, which bounds the pass's memory.
+ARROW_BATCH_ROWS = 50_000
 
 
 def arrow_batch_conf(settings: Settings) -> dict[str, str]:
-    """Spark's Arrow batch size for the live job: a read task's rows (`live_read_task_rows`)
-    reach the one Python pass as one Arrow batch, not Spark's batches of 10,000, so fewer packs
-    per shard (docs/spark-runtime.md, "The live job's map stage"). A session setting: the job's
-    other Python UDF, the operator, reads packs (a few rows per shard), far below either size;
+    """Spark's Arrow batch size for the live job: a read task's rows (up to
+    `live_read_task_rows`, or `ARROW_BATCH_ROWS` without that cap) reach the one Python pass as
+    one Arrow batch, not Spark's batches of 10,000, so fewer packs per shard
+    (docs/spark-runtime.md, "The live job's map stage"). A session setting: the job's other
+    Python UDF, the operator, reads packs (a few rows per shard), far below either size;
     `cep run` owns its process's session."""
-    rows = settings.live_read_task_rows
-    return {"spark.sql.execution.arrow.maxRecordsPerBatch": str(rows)} if rows > 0 else {}
+    rows = settings.live_read_task_rows or ARROW_BATCH_ROWS
+    return {"spark.sql.execution.arrow.maxRecordsPerBatch": str(rows)}
+
+
+def local_shuffle_conf(settings: Settings) -> dict[str, str]:
+    """On a local master, the live job's shuffle (the packs, one row per shard and read task:
+    each micro-batch's events as Arrow IPC, ~8 MB per 60k events) is written and read back on
+    the same machine, through the page cache: Spark's LZ4 of it each way is CPU the two stages
+    share with nothing saved (`spark.shuffle.compress` false; measured in
+    docs/spark-runtime.md, "The live job's map stage", session 16). A cluster keeps Spark's
+    default: there the shuffle crosses the network."""
+    if not settings.spark_master.startswith("local"):
+        return {}
+    return {"spark.shuffle.compress": "false"}
 
 
 def rules_source(settings: Settings, rules: str) -> Any:
@@ -305,7 +343,8 @@ class LiveJob:
         self._adopt(change)
         self.spark = get_spark(live_jvm(self.settings), "cep-live", kafka=True,
                                extra_conf={**LOCAL_CHECKPOINT_CONF, **live_worker_env(),
-                                           **arrow_batch_conf(self.settings)})
+                                           **arrow_batch_conf(self.settings),
+                                           **local_shuffle_conf(self.settings)})
         manager = "spark.sql.streaming.checkpointFileManagerClass"
         log.info("checkpoint file manager: %s", self.spark.conf.get(manager, "Spark's default"))
         # The stateful tasks per batch (two by default since session 15): see
@@ -434,10 +473,9 @@ class LiveJob:
         topic_of = {s.name: self._topic(s) for s in self.plan.streams}
         reader = kafka_reader(self.spark.readStream, self.settings, topic_of.values(),
                               starting=self.opts.starting_offsets, fail_on_data_loss=True,
-                              max_offsets_per_trigger=self.opts.max_offsets_per_trigger,
-                              min_partitions=(self.settings.live_read_tasks
-                                              or self.spark.sparkContext.defaultParallelism))
-        for option, value in read_split(self.settings).items():
+                              max_offsets_per_trigger=self.opts.max_offsets_per_trigger)
+        split = read_split(self.settings, self.spark.sparkContext.defaultParallelism)
+        for option, value in split.items():
             reader = reader.option(option, value)
         stream_col = F.lit(None).cast("string")
         for stream, topic in topic_of.items():

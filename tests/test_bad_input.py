@@ -155,10 +155,12 @@ def test_replay_gives_every_line_the_validators_verdict(spark, settings, tmp_pat
 
 @pytest.mark.services
 @pytest.mark.spark
-# A batch of 8 read by one task, and by three (`live_read_task_rows` 3): a dead letter's
-# partition and offset come from its Kafka position (`seq`), not from where a task starts.
-@pytest.mark.parametrize("read_task_rows", ["25000", "3"])
-def test_poison_messages_do_not_stop_the_live_job(live, kafka_bootstrap, read_task_rows):
+# A batch of 8 read by one task (`live_read_tasks` 1), by one per core (the default) and by
+# three (`live_read_task_rows` 3): a dead letter's partition and offset come from its Kafka
+# position (`seq`), not from where a task starts.
+@pytest.mark.parametrize("read_split", [{"CEP_LIVE_READ_TASKS": "1"}, {},
+                                        {"CEP_LIVE_READ_TASK_ROWS": "3"}])
+def test_poison_messages_do_not_stop_the_live_job(live, kafka_bootstrap, read_split):
     from confluent_kafka import Producer
 
     from cep.delivery.kafka_sink import ensure_topics
@@ -175,7 +177,7 @@ def test_poison_messages_do_not_stop_the_live_job(live, kafka_bootstrap, read_ta
         producer.produce(f"{topic}-in", value=m)
     assert producer.flush(60) == 0
 
-    env = {**live["env"], "CEP_LIVE_READ_TASK_ROWS": read_task_rows}
+    env = {**live["env"], **read_split}
     proc = cep_run(env, ["--rules", str(live["rules"]), "--checkpoint", str(live["ck"]),
                          "--topic", f"transactions={topic}-in", "--once",
                          "--max-offsets-per-trigger", "8"], live["log"])

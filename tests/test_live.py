@@ -181,12 +181,14 @@ def _wait_for(cond, what: str, log: Path, timeout: float = 240, describe=None) -
 
 
 @pytest.mark.chaos
-# The killed run reads each batch of 400 in one task, or in three (`live_read_task_rows` 150);
-# the restart in one: the batch it plans again from the checkpoint is split differently, and
-# what counts (seq, alert ids, the offsets committed) does not depend on the split.
-@pytest.mark.parametrize("first_read_task_rows", ["25000", "150"])
+# The killed run reads each batch of 400 in one task (`live_read_tasks` 1), or in three
+# (`live_read_task_rows` 150); the restart in one per core (the default): the batch it plans
+# again from the checkpoint is split differently, and what counts (seq, alert ids, the offsets
+# committed) does not depend on the split.
+@pytest.mark.parametrize("first_read_split", [{"CEP_LIVE_READ_TASKS": "1"},
+                                              {"CEP_LIVE_READ_TASK_ROWS": "150"}])
 def test_kill_9_mid_stream_and_restart_loses_nothing_duplicates_nothing(
-        live, kafka_bootstrap, redis_client, first_read_task_rows):
+        live, kafka_bootstrap, redis_client, first_read_split):
     topic = live["topic"]
     _route_alerts_to(live["rules"], f"{topic}.alerts")
     # Three datasets one after the other in event time, so alerts come out over the run.
@@ -202,8 +204,7 @@ def test_kill_9_mid_stream_and_restart_loses_nothing_duplicates_nothing(
     args = ["--rules", str(live["rules"]), "--checkpoint", str(live["ck"]),
             "--topic", f"transactions={topic}-in", "--max-offsets-per-trigger", "400",
             "--trigger", "0.5"]
-    proc = cep_run({**live["env"], "CEP_LIVE_READ_TASK_ROWS": first_read_task_rows}, args,
-                   live["log"])
+    proc = cep_run({**live["env"], **first_read_split}, args, live["log"])
     # kill -9 the whole process group (driver and JVM) once some alerts are out.
     _wait_for(lambda: len(kcat_read(kafka_bootstrap, f"{topic}.alerts")) >= 1,
               "the first delivered alert", live["log"])

@@ -19,13 +19,20 @@ def _stage(sid: int, sub: int, end: int, tasks: int, run: int, cpu_ns: int, rows
                            "Number of Tasks": tasks, "Accumulables": acc}}
 
 
+def _task(sid: int, launch: int, finish: int) -> dict:
+    return {"Event": "SparkListenerTaskEnd", "Stage ID": sid,
+            "Task Info": {"Launch Time": launch, "Finish Time": finish}}
+
+
 def test_a_micro_batch_is_its_map_stage_then_its_stateful_stage(tmp_path: Path) -> None:
     log = tmp_path / "eventlog_v2_local-1"
     log.mkdir()
     first = [{"Event": "SparkListenerJobStart", "Job ID": 0, "Submission Time": 1000,
               "Stage IDs": [0, 1]},
+             # three read tasks on two cores: two at once, then the third alone
+             _task(0, 1010, 1200), _task(0, 1010, 1210), _task(0, 1200, 1400),
              _stage(0, 1010, 1400, 3, 900, 500_000_000, 60000)]
-    second = [_stage(1, 1405, 2100, 1, 690, 400_000_000, 0),
+    second = [_task(1, 1405, 2100), _stage(1, 1405, 2100, 1, 690, 400_000_000, 0),
               {"Event": "SparkListenerJobEnd", "Job ID": 0, "Completion Time": 2110},
               {"Event": "SparkListenerJobStart", "Job ID": 1, "Submission Time": 3000,
                "Stage IDs": [2]},
@@ -39,7 +46,14 @@ def test_a_micro_batch_is_its_map_stage_then_its_stateful_stage(tmp_path: Path) 
     assert rows == [{"job": 0, "rows": 60000, "job_ms": 1110, "map_ms": 390, "map_tasks": 3,
                      "map_run_ms": 900, "map_jvm_cpu_ms": 500, "between_ms": 5,
                      "stateful_ms": 695, "stateful_tasks": 1, "stateful_run_ms": 690,
-                     "stateful_jvm_cpu_ms": 400, "around_ms": 20}]
+                     "stateful_jvm_cpu_ms": 400, "around_ms": 20,
+                     # 2 cores x 390 ms, less the tasks' 190 + 200 + 200 ms
+                     "map_first_launch_ms": 0, "map_task_max_ms": 200, "map_task_min_ms": 190,
+                     "map_idle_ms": 190,
+                     "stateful_first_launch_ms": 0, "stateful_task_max_ms": 695,
+                     "stateful_task_min_ms": 695, "stateful_idle_ms": 695,
+                     # the tasks' 1,285 ms over 2 cores x the job's 1,110 ms
+                     "slots_busy": round(1285 / 2220, 3)}]
     s = summary(rows)
     assert (s["map_share"], s["stateful_share"], s["jobs"]) == (round(390 / 1110, 3),
                                                                  round(695 / 1110, 3), 1)

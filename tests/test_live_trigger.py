@@ -10,12 +10,15 @@ import pytest
 
 from cep.config import QUICK_JIT, Settings, load_settings
 from jobs.live import (
+    ARROW_BATCH_ROWS,
     CONTINUOUS,
+    LIVE_JAVA_OPTIONS,
     LiveOptions,
     arrow_batch_conf,
     live_jvm,
     live_trigger,
     live_worker_env,
+    local_shuffle_conf,
     read_split,
 )
 
@@ -42,7 +45,8 @@ def test_precedence(setting: str, seconds: float | None, once: bool,
 
 
 def test_the_live_jvm_runs_the_quick_jit_unless_options_are_given() -> None:
-    assert live_jvm(Settings()).java_options == QUICK_JIT
+    assert live_jvm(Settings()).java_options == LIVE_JAVA_OPTIONS
+    assert LIVE_JAVA_OPTIONS.startswith(QUICK_JIT)
     assert live_jvm(Settings(java_options="-Xmx4g")).java_options == "-Xmx4g"
 
 
@@ -55,16 +59,24 @@ def test_the_live_workers_run_mimalloc_without_huge_pages_unless_the_environment
     assert live_worker_env() == {"spark.executorEnv.MIMALLOC_ALLOW_THP": "1"}
 
 
-def test_a_big_batch_is_read_by_several_tasks_a_small_one_by_one() -> None:
-    """Spark's `maxRecordsPerPartition`: a micro-batch of more than `live_read_task_rows`
-    records is read by ceil(records / that) tasks; 0 leaves the split to `live_read_tasks`."""
-    assert read_split(Settings()) == {"maxRecordsPerPartition": 25000}
-    assert read_split(Settings(live_read_task_rows=0)) == {}
+def test_a_batch_is_read_by_one_task_per_core_unless_set_otherwise() -> None:
+    """Spark's `minPartitions`: by default the session's cores (a one-partition topic's batch
+    in that many equal tasks, whatever its size); `live_read_tasks` sets it, and
+    `live_read_task_rows` adds `maxRecordsPerPartition` (ceil(records / that) tasks)."""
+    assert read_split(Settings(), 2) == {"minPartitions": 2}
+    assert read_split(Settings(live_read_tasks=1), 2) == {"minPartitions": 1}
     env = {"CEP_LIVE_READ_TASK_ROWS": "50000"}
-    assert read_split(load_settings(env=env)) == {"maxRecordsPerPartition": 50000}
+    assert read_split(load_settings(env=env), 4) == {"minPartitions": 4,
+                                                     "maxRecordsPerPartition": 50000}
 
 
 def test_a_read_task_hands_its_rows_to_python_as_one_arrow_batch() -> None:
     assert arrow_batch_conf(Settings()) == {
+        "spark.sql.execution.arrow.maxRecordsPerBatch": str(ARROW_BATCH_ROWS)}
+    assert arrow_batch_conf(Settings(live_read_task_rows=25000)) == {
         "spark.sql.execution.arrow.maxRecordsPerBatch": "25000"}
-    assert arrow_batch_conf(Settings(live_read_task_rows=0)) == {}  # Spark's own (10,000)
+
+
+def test_a_local_job_does_not_compress_its_shuffle() -> None:
+    assert local_shuffle_conf(Settings()) == {"spark.shuffle.compress": "false"}
+    assert local_shuffle_conf(Settings(spark_master="spark://host:7077")) == {}

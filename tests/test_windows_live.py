@@ -43,12 +43,14 @@ def _view(a: dict) -> tuple:
             json.dumps(a["measures"], sort_keys=True))
 
 
-# A batch read by one task, and by many (`live_read_task_rows` 100: each topic's records over
-# several read tasks, so a key's events reach the operator from several map tasks and Arrow
-# batches of 100; the operator orders them by (ts, seq) whatever task they came from).
-@pytest.mark.parametrize("read_task_rows", ["25000", "100"])
+# A batch read by one task per topic (`live_read_tasks` 1), and by many
+# (`live_read_task_rows` 100: each topic's records over several read tasks, so a key's events
+# reach the operator from several map tasks and Arrow batches of 100; the operator orders them
+# by (ts, seq) whatever task they came from).
+@pytest.mark.parametrize("read_split", [{"CEP_LIVE_READ_TASKS": "1"},
+                                        {"CEP_LIVE_READ_TASK_ROWS": "100"}])
 def test_window_rules_in_cep_run_equal_the_embedded_engine(kafka_bootstrap, redis_url,
-                                                             tmp_path, topic, read_task_rows):
+                                                             tmp_path, topic, read_split):
     rules = tmp_path / "rules"
     rules.mkdir()
     for path in (RULES, FRAUD):
@@ -79,7 +81,7 @@ def test_window_rules_in_cep_run_equal_the_embedded_engine(kafka_bootstrap, redi
     env = {"CEP_KAFKA_BOOTSTRAP": kafka_bootstrap, "CEP_REDIS_URL": redis_url,
            "CEP_SHARDS": "8", "CEP_SHUFFLE_PARTITIONS": "2",
            "CEP_DEAD_LETTER_TOPIC": f"{topic}-dlq", "CEP_LATE_TOPIC": f"{topic}-late",
-           "CEP_LIVE_READ_TASK_ROWS": read_task_rows}
+           **read_split}
     log = tmp_path / "run.log"
     wait(cep_run(env, args, log), log)
 
