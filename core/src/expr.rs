@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use once_cell::race::OnceBox;
 use pyo3::prelude::*;
 use pyo3::types::{PyFrozenSet, PyList};
 use regex::Regex;
@@ -25,6 +26,8 @@ pub struct Ev {
     /// (`u32::MAX`: absent), shared by the rows of one column table. Fields are then read from
     /// the row in place and `vals` stays empty.
     pub pidx: Option<Arc<[u32]>>,
+    /// One pointer (a `OnceLock<Box<Lazy>>` takes two words): set once, by the first reader
+    /// to store its box (a racing one drops its own).
     lazy: OnceBox<Lazy>,
 }
 
@@ -34,52 +37,6 @@ struct Lazy {
     obj: std::sync::OnceLock<Py<PyAny>>,
     seq: std::sync::OnceLock<Py<PyAny>>,
     vals: std::sync::OnceLock<Vec<Value>>,
-}
-
-/// A box set at most once, in one pointer (a `OnceLock<Box<T>>` takes two words): the first
-/// `get_or_default` to store its box wins, a racing one drops its own. Send and Sync as a
-/// `Box<T>` is (the marker), not as the bare pointer.
-struct OnceBox<T>(std::sync::atomic::AtomicPtr<T>, std::marker::PhantomData<Box<T>>);
-
-impl<T: Default> OnceBox<T> {
-    fn new() -> Self {
-        OnceBox(std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()), std::marker::PhantomData)
-    }
-
-    fn get(&self) -> Option<&T> {
-        let p = self.0.load(std::sync::atomic::Ordering::Acquire);
-        // SAFETY: a non-null pointer is a leaked `Box<T>` stored once (below) and freed only
-        // in `drop`, which takes `&mut self`.
-        unsafe { p.as_ref() }
-    }
-
-    fn get_or_default(&self) -> &T {
-        if let Some(t) = self.get() {
-            return t;
-        }
-        use std::sync::atomic::Ordering::{AcqRel, Acquire};
-        let new = Box::into_raw(Box::<T>::default());
-        let p = match self.0.compare_exchange(std::ptr::null_mut(), new, AcqRel, Acquire) {
-            Ok(_) => new,
-            Err(other) => {
-                // SAFETY: `new` was never shared.
-                drop(unsafe { Box::from_raw(new) });
-                other
-            }
-        };
-        // SAFETY: as in `get`.
-        unsafe { &*p }
-    }
-}
-
-impl<T> Drop for OnceBox<T> {
-    fn drop(&mut self) {
-        let p = *self.0.get_mut();
-        if !p.is_null() {
-            // SAFETY: the box stored by `get_or_default`, not freed before.
-            drop(unsafe { Box::from_raw(p) });
-        }
-    }
 }
 
 /// The column names of an Arrow batch (shared by its rows).
@@ -115,7 +72,7 @@ impl Row {
 impl Ev {
     pub fn from_py(obj: Py<PyAny>, seq: Py<PyAny>, ts: i64) -> Ev {
         let ev = Ev { ts, seqi: 0, row: None, pidx: None, lazy: OnceBox::new() };
-        let l = ev.lazy.get_or_default();
+        let l = ev.lazy.get_or_init(Box::default);
         let _ = l.obj.set(obj);
         let _ = l.seq.set(seq);
         ev
@@ -126,7 +83,7 @@ impl Ev {
     pub fn from_row(row: Arc<Row>, seq: Option<Py<PyAny>>, seqi: i64, ts: i64, pidx: Arc<[u32]>) -> Ev {
         let ev = Ev { ts, seqi, row: Some(row), pidx: Some(pidx), lazy: OnceBox::new() };
         if let Some(s) = seq {
-            let _ = ev.lazy.get_or_default().seq.set(s);
+            let _ = ev.lazy.get_or_init(Box::default).seq.set(s);
         }
         ev
     }
@@ -138,7 +95,7 @@ impl Ev {
     }
 
     pub fn obj(&self, py: Python<'_>) -> PyResult<&Py<PyAny>> {
-        let l = self.lazy.get_or_default();
+        let l = self.lazy.get_or_init(Box::default);
         if let Some(o) = l.obj.get() {
             return Ok(o);
         }
@@ -151,7 +108,7 @@ impl Ev {
     }
 
     pub fn seq_obj(&self, py: Python<'_>) -> PyResult<&Py<PyAny>> {
-        let l = self.lazy.get_or_default();
+        let l = self.lazy.get_or_init(Box::default);
         if let Some(o) = l.seq.get() {
             return Ok(o);
         }
@@ -166,7 +123,7 @@ impl Ev {
 
     /// Set the values of the reading rule's fields (kept if already set).
     pub fn set_vals(&self, v: Vec<Value>) {
-        let _ = self.lazy.get_or_default().vals.set(v);
+        let _ = self.lazy.get_or_init(Box::default).vals.set(v);
     }
 }
 
