@@ -195,8 +195,6 @@ impl EngineState {
 
     /// Forget the events a failed call left in the keys' slots (each call starts with it).
     fn drop_new(&mut self) {
-        // Table removals a `finish` left deferred (only if it unwound past its own exits).
-        self.keys.settle();
         for id in std::mem::take(&mut self.arrived) {
             self.keys.val_mut(id).new.clear();
             self.release_if_empty(id);
@@ -862,9 +860,6 @@ impl Engine {
             st.keys.pop_due(max_ts, &mut due);
         }
         in_id_order(&mut due);
-        // The keys left empty give back their table entries together after the loop (with a
-        // mass expiry, one pass over the table instead of a miss per key).
-        st.keys.defer_removals();
         let matches = PyList::empty(py);
         let mut counts = Counts::default();
         let mut runs: Vec<(u32, Arc<str>, usize, usize)> = Vec::new();
@@ -898,7 +893,6 @@ impl Engine {
                 runs.push((self.rank[gi as usize], key, start, matches.len()));
             }
         }
-        st.keys.settle();
         Ok((in_key_order(py, matches, runs)?, counts))
     }
 
@@ -997,6 +991,9 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
     }
     if let Some(&id) = due.get(k + 8) {
         let s = st.keys.slot(id);
+        // The key's table line: a key left empty is released (e.g. every key whose deadlines
+        // all pass in the call).
+        st.keys.prefetch_entry(id);
         prefetch(Arc::as_ptr(&s.key).cast::<u8>());
         prefetch(s.val.new.as_ptr());
         if let Some(ks) = &s.val.state {

@@ -106,10 +106,6 @@ pub struct Keys<V> {
     /// Free ids below `slots.len()` (the lowest is handed out first; free slots at the tail are
     /// cut off, so the slab shrinks as keys go).
     free: FreeIds,
-    /// Released keys whose table entries are still to be removed (`defer_removals`): their
-    /// group and entry; their ids are free and not reused before `settle` removes them.
-    pending: Vec<(u32, Named)>,
-    deferring: bool,
     /// Per group, the ids of its keys by text (8 bytes a bucket; the texts are in the slots).
     by_text: Vec<Table>,
     hasher: foldhash::fast::RandomState,
@@ -131,8 +127,6 @@ impl<V: Default> Default for Keys<V> {
         Keys {
             slots: Vec::new(),
             free: FreeIds::default(),
-            pending: Vec::new(),
-            deferring: false,
             by_text: Vec::new(),
             hasher: Default::default(),
             buckets: BTreeMap::new(),
@@ -159,7 +153,6 @@ impl<V: Default> Keys<V> {
         if self.by_text.len() <= g {
             self.by_text.resize_with(g + 1, Table::default);
         }
-        self.settle();
         if let Some(id) = self.lookup(g, key, h) {
             return Ok(id);
         }
@@ -202,9 +195,7 @@ impl<V: Default> Keys<V> {
         if s.group == FREE {
             return;
         }
-        if self.deferring {
-            self.pending.push((s.group, Named { id, h: s.h }));
-        } else if let Some(t) = self.by_text.get_mut(s.group as usize) {
+        if let Some(t) = self.by_text.get_mut(s.group as usize) {
             if let Some(i) = t.find(s.h, |e| e == id) {
                 t.remove_at(i);
             }
@@ -220,44 +211,6 @@ impl<V: Default> Keys<V> {
         if self.slots.capacity() > 1024 && self.slots.len() < self.slots.capacity() / 4 {
             self.slots.shrink_to(self.slots.len() * 2);
         }
-    }
-
-    /// From now until `settle`, `release` leaves the key's table entry in place (its id is
-    /// free, and not reused: `intern` settles first): `Engine.finish`, which may release most
-    /// keys in one call, removes them together.
-    pub fn defer_removals(&mut self) {
-        self.deferring = true;
-    }
-
-    /// Remove the table entries of the keys released since `defer_removals`: a group that lost
-    /// many keys (at least 1/16 of its table) in one pass over its table, the others one by
-    /// one (docs/native-core.md, "Many keys: the mass expiry (session 16)").
-    pub fn settle(&mut self) {
-        self.deferring = false;
-        if self.pending.is_empty() {
-            return;
-        }
-        let pending = std::mem::take(&mut self.pending);
-        let (slots, free) = (self.slots.len(), &self.free);
-        for (g, t) in self.by_text.iter_mut().enumerate() {
-            let n = pending.iter().filter(|p| p.0 as usize == g).count();
-            if n > 0 && n * 16 >= t.e.len() {
-                // Every entry of a free id (or one past the slab) is one of those released.
-                t.retain(|id| (id as usize) < slots && !free.contains(id));
-            } else if n > 0 {
-                let mine: Vec<Named> = pending.iter().filter(|p| p.0 as usize == g).map(|p| p.1).collect();
-                for (k, n) in mine.iter().enumerate() {
-                    if let Some(a) = mine.get(k + 8) {
-                        prefetch(t.line(a.h));
-                    }
-                    if let Some(i) = t.find(n.h, |e| e == n.id) {
-                        t.remove_at(i);
-                    }
-                }
-            }
-        }
-        self.pending = pending;
-        self.pending.clear();
     }
 
     /// The text hash of a key: `intern` and `find` hash the same bytes (`prefetch_table`).
@@ -283,6 +236,14 @@ impl<V: Default> Keys<V> {
             prefetch(Arc::as_ptr(&s.key).cast::<u8>());
         } else {
             prefetch_slot(s);
+        }
+    }
+
+    /// Ask for the table line of the key `id` (what its release reads: its slot asked for
+    /// earlier).
+    pub fn prefetch_entry(&self, id: Id) {
+        if let Some(s) = self.slots.get(id as usize).filter(|s| s.group != FREE) {
+            self.prefetch_table(s.group, s.h);
         }
     }
 
@@ -634,19 +595,8 @@ pub(crate) mod tests {
                     if let Some(id) = model.remove(&(g, i)) {
                         k.release(id);
                     }
-                    // Now and then releases are deferred (as `Engine.finish` does) for a while:
-                    // an intern or a find below settles them first.
-                    if rng.next(500) == 0 {
-                        k.defer_removals();
-                    }
                 }
                 _ => {
-                    if rng.next(2) == 0 {
-                        k.settle();
-                    }
-                    if k.deferring {
-                        continue;
-                    }
                     let got = k.find(g, &format!("k{i}"));
                     assert_eq!(got, model.get(&(g, i)).copied(), "step {step}");
                     if let Some(id) = got {
@@ -809,38 +759,6 @@ pub(crate) mod tests {
         assert_eq!(k.waiting(), 10_000 - 99);
     }
 
-    /// Most keys released at once with their table removals deferred (`Engine.finish`'s mass
-    /// expiry): `settle` removes them in one pass over each group's table that lost many and
-    /// one by one from the others; the keys left are found, the released are not, and their
-    /// ids are reused lowest first.
-    #[test]
-    fn deferred_releases_settle_in_one_pass_or_one_by_one() {
-        let mut rng = Lcg(9);
-        let mut k: Keys<u64> = Keys::default();
-        let ids: Vec<(u32, u64, Id)> = (0..20_000u64)
-            .map(|i| {
-                let g = u32::from(i % 5 == 0);
-                (g, i, k.intern(g, &key(i)).unwrap())
-            })
-            .collect();
-        k.defer_removals();
-        // Group 0 loses ~90% of its keys (one pass), group 1 ~2% (one by one).
-        let gone: Vec<bool> = ids.iter().map(|&(g, _, _)| rng.next(100) < if g == 0 { 90 } else { 2 }).collect();
-        for (&(_, _, id), _) in ids.iter().zip(&gone).filter(|(_, &x)| x) {
-            k.release(id);
-        }
-        assert_eq!(k.pending.len(), gone.iter().filter(|&&x| x).count());
-        k.settle();
-        assert!(k.pending.is_empty() && !k.deferring);
-        for (&(g, i, id), &x) in ids.iter().zip(&gone) {
-            assert_eq!(k.find(g, &format!("k{i}")), (!x).then_some(id), "k{i}");
-        }
-        assert_eq!(k.by_text.iter().map(|t| t.len).sum::<usize>(), gone.iter().filter(|&&x| !x).count());
-        assert_eq!(k.len(), gone.iter().filter(|&&x| !x).count());
-        let lowest = ids.iter().zip(&gone).find(|(_, &x)| x).map(|(e, _)| e.2);
-        assert_eq!(k.intern(1, &key(99_999)).ok(), lowest, "the lowest free id first");
-    }
-
     /// Released keys give their slots back: the lowest free id is reused first, free slots at
     /// the tail are cut off, and the wake index is rebuilt from its entries (stale entries of
     /// ids past the slab's end are dropped, not followed).
@@ -878,5 +796,34 @@ pub(crate) mod tests {
         want.retain(|&id| id != ids[3] && id != ids[5]);
         assert_eq!(due, want);
         assert_eq!(k.next_due(), None);
+    }
+
+    /// The free-id bitmap against a `BTreeSet` (what it replaced): the same lowest id first,
+    /// through words and summary words emptied and filled again below and above `lo`.
+    #[test]
+    fn free_ids_agree_with_a_btreeset() {
+        let mut rng = Lcg(11);
+        let mut f = FreeIds::default();
+        let mut model = std::collections::BTreeSet::new();
+        for step in 0..200_000 {
+            let id = rng.next(if step % 2 == 0 { 300 } else { 9_000 }) as Id;
+            match rng.next(4) {
+                0 | 1 => {
+                    f.insert(id);
+                    model.insert(id);
+                }
+                2 => {
+                    f.remove(id);
+                    model.remove(&id);
+                }
+                _ => assert_eq!(f.pop_first(), model.pop_first(), "step {step}"),
+            }
+            assert_eq!(f.contains(id), model.contains(&id), "step {step}");
+            assert_eq!(f.n, model.len(), "step {step}");
+        }
+        while let Some(id) = model.pop_first() {
+            assert_eq!(f.pop_first(), Some(id));
+        }
+        assert!(f.is_empty() && f.pop_first().is_none());
     }
 }

@@ -111,32 +111,6 @@ impl Table {
         }
     }
 
-    /// Remove every entry for which `keep` is false, in one pass over the table (`Keys::settle`
-    /// after many keys were released): the emptied places are marked, then each entry left is
-    /// put again at the first empty place from its home, in table order from a place that was
-    /// empty before (no run crosses it), so entries move only back, near where they were.
-    pub fn retain(&mut self, mut keep: impl FnMut(Id) -> bool) {
-        let Some(start) = self.e.iter().position(|n| n.id == VACANT) else { return };
-        let m = self.mask();
-        for n in &mut self.e {
-            if n.id != VACANT && !keep(n.id) {
-                *n = Named { id: VACANT, h: 0 };
-                self.len -= 1;
-            }
-        }
-        for k in 1..self.e.len() {
-            let i = (start + k) & m;
-            let n = self.e[i];
-            if n.id != VACANT && n.h as usize & m != i {
-                self.e[i] = Named { id: VACANT, h: 0 };
-                self.put(n);
-            }
-        }
-        if self.e.len() > 64 && self.len * 16 < self.e.len() {
-            self.resize((self.len * 4).next_power_of_two().max(16));
-        }
-    }
-
     fn resize(&mut self, cap: usize) {
         let old = std::mem::replace(&mut self.e, vec![Named { id: VACANT, h: 0 }; cap]);
         for n in old.into_iter().filter(|n| n.id != VACANT) {
@@ -192,35 +166,5 @@ mod tests {
             }
         }
         assert!(t.e.len() <= 64 || t.len * 16 >= t.e.len(), "an emptied table shrinks");
-    }
-
-    /// `retain` (many entries removed in one pass) with hashes of a few bits, whose runs wrap
-    /// around the end: the entries kept are found at their place, the others are not, and a
-    /// table left almost empty shrinks.
-    #[test]
-    fn retain_agrees_with_a_map_through_runs_that_wrap() {
-        let mut rng = Lcg(5);
-        for round in 0..40u64 {
-            let mut t = Table::default();
-            let mut model: std::collections::HashMap<Id, u32> = Default::default();
-            for id in 0..(200 + rng.next(3_000)) as Id {
-                let h = match rng.next(3) {
-                    0 => rng.next(16) as u32,
-                    1 => u32::MAX - rng.next(16) as u32,
-                    _ => rng.next(1 << 32) as u32,
-                };
-                t.insert(Named { id, h });
-                model.insert(id, h);
-            }
-            let share = [2, 50, 95, 100][round as usize % 4];
-            let gone: std::collections::HashSet<Id> = model.keys().copied().filter(|_| rng.next(100) < share).collect();
-            t.retain(|id| !gone.contains(&id));
-            for (&id, &h) in &model {
-                assert_eq!(t.find(h, |e| e == id).is_some(), !gone.contains(&id), "round {round}, id {id}");
-            }
-            assert_eq!(t.len, model.len() - gone.len());
-            assert_eq!(t.e.iter().filter(|n| n.id != VACANT).count(), t.len);
-            assert!(t.e.len() <= 64 || t.len * 16 >= t.e.len(), "round {round}: a table left almost empty shrinks");
-        }
     }
 }

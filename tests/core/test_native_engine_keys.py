@@ -371,10 +371,10 @@ def _mass_expiry(seed: int) -> list[Event]:
 @pytest.mark.parametrize(("batch", "compact_from"), [(97, 65_536), (1_000, 0), (6_000, 65_536)])
 def test_many_keys_released_in_one_call_match_the_python_engine(batch: int,
                                                                compact_from: int) -> None:
-    """Most keys expire in one call (their table entries removed together, in one pass over
-    the table, `Keys::settle`) while others stay live and new keys, some under released texts,
-    arrive: results, late reports, keys with state, wake keys and next wake equal the Python
-    engine's call by call, at several batch sizes, and at the end of input."""
+    """Most keys expire in one call (their ids freed in `FreeIds`, the due ids put in order
+    through a bitmap) while others stay live and new keys, some under released texts and
+    reused ids, arrive: results, late reports, keys with state, wake keys and next wake equal
+    the Python engine's call by call, at several batch sizes, and at the end of input."""
     from cep import _core
 
     native = build_embedded_engine(native_bundled())
