@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 import zlib
@@ -51,6 +52,11 @@ class RowCache:
     KEEP = 16
     KEEP_BYTES = 8 << 20
     STALE_S = 600.0
+    # A file is not written when it would leave less than 1/FREE_PART of the file system free
+    # (or FREE_MAX, on a big one): tmpfs is the machine's memory, and a container's /dev/shm
+    # is often 64 MB that other programs need.
+    FREE_PART = 4
+    FREE_MAX = 1 << 30
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -64,7 +70,9 @@ class RowCache:
             return None
         base = base or default_base()
         try:
-            base.mkdir(parents=True, exist_ok=True)
+            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not _private(base):
+                return None  # not ours (another user made it first): neither read nor written
             root = base / query_id
             if not root.exists():
                 _drop_stale(base, cls.STALE_S)
@@ -82,14 +90,20 @@ class RowCache:
     def put(self, shard: Any, token: bytes, prev: bytes, start: int, blobs: list[bytes]) -> None:
         """The rows `blobs`, appended at row `start` onto `prev`, which made `token`."""
         d = self._dir(shard)
+        tmp = d / f".{token.hex()}.{os.getpid()}"
         try:
-            d.mkdir(exist_ok=True)
+            # (parents: another query may have removed this one's directory as stale)
+            d.mkdir(parents=True, exist_ok=True)
             parts = [MAGIC, len(prev).to_bytes(1, "little"), prev,
                      start.to_bytes(4, "little"), len(blobs).to_bytes(4, "little")]
             for b in blobs:
                 parts += [len(b).to_bytes(4, "little"), b]
-            tmp = d / f".{token.hex()}.{os.getpid()}"
-            tmp.write_bytes(b"".join(parts))
+            data = b"".join(parts)
+            fs = os.statvfs(d)
+            if fs.f_bavail * fs.f_frsize - len(data) < min(
+                    fs.f_blocks * fs.f_frsize // self.FREE_PART, self.FREE_MAX):
+                return  # the file system is nearly full (tmpfs is the machine's memory)
+            tmp.write_bytes(data)
             tmp.replace(d / token.hex())
             files = sorted(((p.stat(), p) for p in d.iterdir() if not p.name.startswith(".")),
                            key=lambda f: -f[0].st_mtime_ns)
@@ -98,15 +112,15 @@ class RowCache:
                 kept += st.st_size
                 if i >= self.KEEP or (i and kept > self.KEEP_BYTES):
                     p.unlink(missing_ok=True)
-        except OSError:
-            pass  # a cache: the next catch-up reads the state store
+        except OSError:  # a cache: the next catch-up reads the state store
+            tmp.unlink(missing_ok=True)  # (a write cut short: tmpfs full)
 
     def _read(self, shard: Any, token: bytes) -> tuple[bytes, int, list[bytes]] | None:
         try:
             raw = (self._dir(shard) / token.hex()).read_bytes()
         except OSError:
             return None
-        if not raw.startswith(MAGIC):
+        if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 9:
             return None
         at = len(MAGIC)
         n = raw[at]
@@ -146,14 +160,25 @@ class RowCache:
 
 
 def default_base() -> Path:
-    """`CEP_ROW_CACHE_DIR`, else tmpfs (/dev/shm) when writable, else the temp directory."""
+    """A directory of this user's (`_private`) in `CEP_ROW_CACHE_DIR`, else in tmpfs (/dev/shm)
+    when writable, else in the temp directory."""
     env = os.environ.get("CEP_ROW_CACHE_DIR")
-    if env:
-        return Path(env)
-    shm = Path("/dev/shm")  # noqa: S108 - a per-machine cache, files named by random tokens
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / f"cep-rows-{os.getuid()}"
-    return Path(tempfile.gettempdir()) / f"cep-rows-{os.getuid()}"
+    shm = Path("/dev/shm")  # noqa: S108 - a per-machine cache, in a directory only we can open
+    parent = Path(env) if env else shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(
+        tempfile.gettempdir())
+    return parent / f"cep-rows-{os.getuid()}"
+
+
+def _private(base: Path) -> bool:
+    """`base` is a directory of this user's that no one else can read or write (/dev/shm is
+    shared by the machine's users: another one could have made it first, to read the rows or
+    put rows of its own under the names it sees)."""
+    st = base.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return False
+    if st.st_mode & 0o077:
+        os.chmod(base, 0o700)  # ours, made before this check (or under another umask)
+    return True
 
 
 def _drop_stale(base: Path, stale_s: float) -> None:

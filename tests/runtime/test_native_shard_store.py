@@ -819,3 +819,50 @@ def test_a_layout_2_log_of_raw_rows_goes_on_as_layout_3() -> None:
     log.map[0] = (ROW_ZIP_MAGIC + b"\x10\x00\x00\x00garbage", log.map[0][1])
     with pytest.raises(ValueError, match="does not expand.*reset it or replay"):
         _run(engine, log, meta, {}, *batches[0])
+
+
+def test_the_row_cache_stays_private_and_leaves_a_nearly_full_file_system_alone(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/dev/shm is shared by the machine's users and is its memory: the cache's directory is
+    only ours (a link or another's directory: no cache), a write that would leave less than a
+    quarter free is not made, and a write that fails leaves no partial file behind."""
+    import os
+
+    from cep.runtime import row_cache
+    from cep.runtime.row_cache import RowCache
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    assert RowCache.for_query("q1", tmp_path / "link") is None
+    (tmp_path / "open").mkdir(mode=0o755)
+    (tmp_path / "open").chmod(0o777)
+    q = RowCache.for_query("q1", tmp_path / "open")
+    assert q is not None and (tmp_path / "open").stat().st_mode & 0o777 == 0o700
+    monkeypatch.setenv("CEP_ROW_CACHE_DIR", str(tmp_path / "env"))
+    assert row_cache.default_base() == tmp_path / "env" / f"cep-rows-{os.getuid()}"
+
+    real = os.statvfs
+
+    class Full:  # a container's 64 MB /dev/shm, a fifth free
+        f_frsize, f_blocks, f_bavail = 4096, 16384, 16384 // 5
+
+    monkeypatch.setattr(row_cache.os, "statvfs", lambda p: Full())
+    q.put(("s",), b"t1", b"", 0, [b"r0"])
+    assert not list((q.root / "s").iterdir())  # not written
+    Full.f_bavail = 16384 // 3
+    q.put(("s",), b"t0", b"", 0, [b"r0"])
+    assert [p.name for p in (q.root / "s").iterdir()] == [b"t0".hex()]  # a third free: written
+    (q.root / "s" / b"t0".hex()).unlink()
+    monkeypatch.setattr(row_cache.os, "statvfs", real)
+
+    def fail(self: Any, target: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(row_cache.Path, "replace", fail)
+    q.put(("s",), b"t1", b"", 0, [b"r0"])
+    assert not list((q.root / "s").iterdir())  # no partial file left
+    monkeypatch.undo()
+    q.put(("s",), b"t1", b"", 0, [b"r0"])
+    assert q.chain(("s",), b"", 0, b"t1", 1) == [b"r0"]
+    (q.root / "s" / b"t1".hex()).write_bytes(row_cache.MAGIC)  # a foreign or cut file
+    assert q.chain(("s",), b"", 0, b"t1", 1) is None
