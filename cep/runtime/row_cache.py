@@ -23,7 +23,9 @@ and row, is a miss: the rows are read from the state store as before.
 The files of a query live in one directory (`for_query`: its id, which a restart keeps), at
 most `KEEP` per shard and `KEEP_BYTES` (the newest always; older ones are deleted by the flush
 that writes a new one); a directory untouched for `STALE_S` is removed by the next query that
-opens the cache.
+opens the cache (nothing else removes them: a stopped or killed job's files stay in memory
+until then, or a reboot). The directory is the user's own (`_private`), and no file is written
+on a nearly full file system (`FREE_PART`).
 """
 
 from __future__ import annotations
