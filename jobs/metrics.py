@@ -97,7 +97,6 @@ class Metrics:
         with self._lock:
             for k in ("events", "late", "keys_touched", "keys_released", "state_writes",
                       "state_reads", "state_reloads", "state_catchups", "load_us", "read_us",
-                      "state_cached_rows",
                       "state_compactions", "python_us",
                       "rows_in_us", "prepare_us", "engine_us", "store_us", "timer_us",
                       "encode_us", "write_us"):

@@ -152,8 +152,7 @@ class NativeShardStore:
       as it is. When another process appended rows since (Spark gave the shard's last calls to
       another Python worker: with several stateful tasks per batch, most batches) and the first
       of them was appended onto this process's token, the held copy catches up by importing
-      those rows only (`_catch_up`: one state read per row, usually one or two; none when the
-      machine's row cache, `cep.runtime.row_cache`, holds them). Otherwise (no
+      those rows only (`_catch_up`: one state read per row, usually one or two). Otherwise (no
       copy held, a compaction or a rollback since, more than `CATCH_UP_ROWS` rows behind, the
       rules changed) the whole log is read back
       into a new `EngineState` (`Engine.import_blob`: keys stay raw bytes until an event or a
@@ -228,12 +227,8 @@ class NativeShardStore:
         return max(cls.KEEP_DECODED, cls.DECODED_PER_JOB // shards if shards else 0)
 
     def __init__(self, log: Any, meta: Any, held: dict[Any, Any],
-                 keep_decoded: int | None = None, old_log: Any = None,
-                 rows_cache: Any = None) -> None:
+                 keep_decoded: int | None = None, old_log: Any = None) -> None:
         self.keep_decoded = self.KEEP_DECODED if keep_decoded is None else keep_decoded
-        # The machine's copy of appended rows (`cep.runtime.row_cache.RowCache`; None: none):
-        # a catch-up takes its rows from it when they chain from the held token.
-        self.rows_cache = rows_cache
         self._log = log  # MapState: row number -> (blob, token it was appended onto)
         self._meta = meta
         self._old_log = old_log  # layout 1's ListState of blobs (read once, then cleared)
@@ -244,7 +239,6 @@ class NativeShardStore:
         self.catchups = 0  # calls whose held copy was behind and read only the rows since
         self.load_us = 0  # µs in `begin`: the record read, and any catch-up or reload
         self.read_us = 0  # µs of it in the state server's reads of log rows
-        self.cached = 0  # log rows a catch-up took from `rows_cache` instead of the store
         self.compactions = 0
         self.task = _TURNS.new_task()
         self.dropped = 0  # keys of rule groups that no longer exist, dropped on a reload
@@ -291,12 +285,6 @@ class NativeShardStore:
         than `CATCH_UP_ROWS` rows behind, False (reload)."""
         if not 0 < meta.rows - held.rows <= self.CATCH_UP_ROWS:
             return False
-        cached = None if self.rows_cache is None else self.rows_cache.chain(
-            self._shard, held.token, held.rows, meta.token, meta.rows)
-        if cached is not None:
-            self.cached += len(cached)
-            self._caught_up(held, meta, cached)
-            return True
         t0 = time.perf_counter()
         try:
             first = self._log.getValue((held.rows,))
@@ -310,17 +298,12 @@ class NativeShardStore:
                 blobs.append(got[0])
         finally:
             self.read_us += int(1e6 * (time.perf_counter() - t0))
-        self.reads += len(blobs)
-        self._caught_up(held, meta, blobs)
-        return True
-
-    def _caught_up(self, held: _Held, meta: _Meta, blobs: list[bytes]) -> None:
-        """Import the rows a held copy is behind by: it is then the store's."""
         dropped, records = self._import(held.engine, held.state, blobs)
         self.catchups += 1
         held.token, held.rows, held.size, held.due = meta.token, meta.rows, meta.size, meta.due
         held.records += records
         held.compact = held.compact or dropped > 0
+        return True
 
     def _reload(self, engine: Any, meta: _Meta) -> _Held:
         """A new `EngineState` from the whole log (rows in order)."""
@@ -328,9 +311,7 @@ class NativeShardStore:
 
         self.reloads += 1
         state = _core.EngineState(track_dirty=True, keep_decoded=self.keep_decoded)
-        blobs = self._log_blobs(meta)
-        self.reads += len(blobs)
-        dropped, records = self._import(engine, state, blobs)
+        dropped, records = self._import(engine, state, self._log_blobs(meta))
         # Records of dropped groups leave the store at the next write (a compaction), and so
         # does a layout 1 log (rewritten as rows: `migrate`).
         cur = _Held(meta.token, engine, state, meta.rows, meta.size, records,
@@ -344,6 +325,7 @@ class NativeShardStore:
         dropped rule groups and the records read."""
         dropped = records = 0
         for stored in blobs:
+            self.reads += 1
             blob = unzip_row(stored)
             # The core first: it checks the header and gives the clearer error (a blob of
             # another format version, a corrupt one).
@@ -394,8 +376,7 @@ class NativeShardStore:
             core = self._engine.core
             t0 = time.perf_counter()
             prev = cur.token
-            compacted = self._compact_turn(cur)
-            if compacted:
+            if self._compact_turn(cur):
                 blobs = core.export_blobs(cur.state, True)
                 t1 = time.perf_counter()
                 self._log.clear()
@@ -427,15 +408,12 @@ class NativeShardStore:
             zipped = time.perf_counter() - tz  # (encoding, not writing)
             for i, row in enumerate(rows):
                 self._log.updateValue((cur.rows + i,), (row, prev))
-            start = cur.rows
             cur.rows += len(blobs)
             cur.size += sum(len(b) for b in blobs)
             cur.records += sum(map(blob_records, blobs))
             self.writes += 1
             cur.token = os.urandom(8)
             self._write_meta(cur)
-            if self.rows_cache is not None and not compacted:  # (a compaction: reloaded)
-                self.rows_cache.put(self._shard, cur.token, prev, start, rows)
             self.encode_us += int(1e6 * (t1 - t0 + zipped))
             self.write_us += int(1e6 * (time.perf_counter() - t1 - zipped))
             self._held[self._shard] = cur
@@ -507,9 +485,10 @@ class _Held:
 
 UNKNOWN = object()  # NativeShardStore.timer when this process does not know it
 
-# The native store's layout (`_Meta`): 2 since session 15 (the log a MapState of rows by
-# number, the record prefixed with `META_MAGIC` and this number); 1 until then (a ListState, the
-# record a bare pickle), read once and rewritten as layout 2.
+# The native store's layout (`_Meta`): 3 since session 16 (layout 2's, the rows compressed);
+# 2 since session 15 (the log a MapState of rows by number, the record prefixed with `META_MAGIC`
+# and this number); 1 until then (a ListState, the record a bare pickle), read once and
+# rewritten.
 LOG_LAYOUT = 3
 # Layouts whose rows this build reads as they are: 3 (since session 16) stores rows compressed
 # (`zip_row`), 2 (session 15) stored them raw; `unzip_row` tells them apart by their magic, so a

@@ -24,7 +24,6 @@ from cep.engines import EngineFactory
 from cep.runtime.alerts import OUTPUT_SCHEMA
 from cep.runtime.bind import engine_kind
 from cep.runtime.engine import EOF_TS, Engine, Event, Output, content_seq
-from cep.runtime.row_cache import RowCache
 from cep.runtime.state_store import UNKNOWN, MapStateKeyStore, NativeShardStore
 from cep.spark.pipeline import DEAD_STREAM, EOF_STREAM, unpack
 
@@ -91,8 +90,7 @@ class CepProcessor(StatefulProcessor):
         return NativeShardStore(handle.getMapState("nrows", _ROW_SCHEMA, _LOG_ROW_SCHEMA),
                                 handle.getValueState("nshard", _BLOB_SCHEMA), _HELD,
                                 NativeShardStore.for_shards(self.shards),
-                                old_log=handle.getListState("nlog", _BLOB_SCHEMA),
-                                rows_cache=_rows_cache())
+                                old_log=handle.getListState("nlog", _BLOB_SCHEMA))
 
     def _begin(self, key: Any) -> None:
         if self.native:
@@ -250,14 +248,13 @@ class CepProcessor(StatefulProcessor):
             stats["state_catchups"] = nstore.catchups
             stats["load_us"] = nstore.load_us
             stats["read_us"] = nstore.read_us  # of `load_us`: reading log rows
-            stats["state_cached_rows"] = nstore.cached
             stats["state_compactions"] = nstore.compactions
             # `store_us` = `timer_us` + `encode_us` (the core) + `write_us` (state server), up
             # to the clock reads between them: both kinds of call report all four, each its own
             # flush's (the counters are reset here, once per call).
             stats["encode_us"], stats["write_us"] = nstore.encode_us, nstore.write_us
             nstore.reloads = nstore.compactions = nstore.encode_us = nstore.write_us = 0
-            nstore.catchups = nstore.load_us = nstore.read_us = nstore.cached = 0
+            nstore.catchups = nstore.load_us = nstore.read_us = 0
         self.store.writes = self.store.reads = 0
         rows.append(("stats", "", "", "", json.dumps(stats)))
         # From an object array: about half the cost of pandas' own row-tuple path, paid on
@@ -275,17 +272,6 @@ def _us(seconds: float) -> int:
 _ENGINES: dict[int, Engine] = {}
 # Per worker process: each shard's native state as this process last wrote it (NativeShardStore).
 _HELD: dict[Any, Any] = {}
-
-
-def _rows_cache() -> RowCache | None:
-    """The machine's cache of the native store's appended rows for this streaming query
-    (`cep.runtime.row_cache`; None outside a streaming query, e.g. a replay, a batch job:
-    no query id). Spark names the query in each task's local properties."""
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    return RowCache.for_query(None if ctx is None
-                              else ctx.getLocalProperty("sql.streaming.queryId"))
 
 
 def _cached_engine(factory: EngineFactory) -> Engine:

@@ -176,23 +176,9 @@ def stored_keys(engine: Any, log: DictLogState) -> int:
     return len(replayed)
 
 
-# The machine's row cache the stores of `_run` share (`rows_cache` fixture; None: none).
-_ROWS_CACHE: dict[str, Any] = {"cache": None}
-
-
-@pytest.fixture(params=[False, True], ids=["store", "row cache"])
-def rows_cache(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
-    """Each test twice: catch-ups read the state store, or the machine's row cache."""
-    from cep.runtime.row_cache import RowCache
-
-    _ROWS_CACHE["cache"] = RowCache(tmp_path) if request.param else None
-    yield _ROWS_CACHE["cache"]
-    _ROWS_CACHE["cache"] = None
-
-
 def _run(engine: Any, buckets: Any, meta: Any, held: dict[Any, Any], rb: Any, max_ts: int,
          ) -> tuple[list[dict[str, Any]], int | None]:
-    store = NativeShardStore(buckets, meta, held, rows_cache=_ROWS_CACHE["cache"])
+    store = NativeShardStore(buckets, meta, held)
     store.begin(("s",), engine)
     out = engine.ingest_batch(store, rb, max_ts)
     wake = engine.next_wake(store)
@@ -206,7 +192,7 @@ def _stream(n: int) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("how", ["rolled back", "another worker"])
-def test_a_stale_held_copy_is_never_used(how: str, rows_cache: Any) -> None:
+def test_a_stale_held_copy_is_never_used(how: str) -> None:
     """Batch 2 runs, then (rolled back) the state store goes back to before it and the batch
     runs again in the same process — or (another worker) a second process, holding its own
     copy from batch 1, runs batch 3 after this one ran batch 2. Both see what the store holds."""
@@ -235,7 +221,7 @@ def test_a_stale_held_copy_is_never_used(how: str, rows_cache: Any) -> None:
 
 @pytest.mark.parametrize("how", ["ahead after a rollback", "compacted by another",
                                  "held long ago", "rules changed"])
-def test_a_held_copy_catches_up_only_from_its_own_token(how: str, rows_cache: Any) -> None:
+def test_a_held_copy_catches_up_only_from_its_own_token(how: str) -> None:
     """Process A holds the shard; the store then changes behind its back: a failed batch A
     wrote is rolled back and re-run by B with other input (A's copy is ahead: its token is in
     no store), or B compacts the log (rows renumbered from 0) and appends after it so the log
@@ -721,74 +707,6 @@ def test_a_log_back_within_its_bounds_no_longer_waits() -> None:
     store.flush()
     assert store.compactions == 0 and held[("s",)].due == 0
     assert _Meta.read(meta.get()[0]).due == 0
-
-
-def test_a_moved_shard_catches_up_from_the_row_cache_with_no_state_read(tmp_path: Any) -> None:
-    """Two worker processes alternate over a shard (the live job's two stateful tasks), sharing
-    the machine's row cache: every catch-up after the first takes its rows from the cache (no
-    state read of a log row), and the alerts are those of one process that always held it. A
-    file that does not chain to the held token (here: removed) makes the catch-up read the
-    store again."""
-    from cep.runtime.row_cache import RowCache
-
-    engine = build_embedded_engine(RULES)
-    texts = _stream(200)
-    batches = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF)
-               for i in range(0, 200, 20)]
-    cache = RowCache(tmp_path)
-    log, meta, procs = DictLogState(), DictValueState(), ({}, {})
-    got = []
-    for n, (rb, m) in enumerate(batches):
-        held = procs[(n // 2) % 2]  # A, A, B, B, A, ...: each catch-up is two rows behind
-        if n == 6:
-            for f in (tmp_path / "s").iterdir():
-                f.unlink()
-        log.calls = 0
-        store = NativeShardStore(log, meta, held, rows_cache=cache)
-        store.begin(("s",), engine)
-        if n in (4, 8):  # A was two rows behind: both from the cache
-            assert (store.catchups, store.cached, store.reads, log.calls) == (1, 2, 0, 0)
-        if n == 6:  # the files are gone: the rows come from the store
-            assert (store.catchups, store.cached, store.reads, log.calls) == (1, 0, 2, 2)
-        got.append((_records(engine, engine.ingest_batch(store, rb, m)),
-                    engine.next_wake(store)))
-        store.flush()
-    ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
-    want = [_run(engine, ref_log, ref_meta, ref, rb, m) for rb, m in batches]
-    assert got == want and any(g[0] for g in got)
-    assert cache.hits == 4 and len(list((tmp_path / "s").iterdir())) <= RowCache.KEEP
-
-
-def test_the_row_cache_chains_only_from_the_held_token_and_row(tmp_path: Any) -> None:
-    from cep.runtime.row_cache import RowCache
-
-    c = RowCache(tmp_path)
-    c.put(("s",), b"t1", b"", 0, [b"r0"])
-    c.put(("s",), b"t2", b"t1", 1, [b"r1", b"r2"])
-    c.put(("s",), b"t3", b"t2", 3, [b"r3"])
-    assert c.chain(("s",), b"t1", 1, b"t3", 4) == [b"r1", b"r2", b"r3"]
-    assert c.chain(("s",), b"", 0, b"t3", 4) == [b"r0", b"r1", b"r2", b"r3"]
-    assert c.chain(("s",), b"t2", 3, b"t3", 4) == [b"r3"]
-    assert c.chain(("s",), b"tX", 3, b"t3", 4) is None  # another history (a rollback)
-    assert c.chain(("s",), b"t2", 2, b"t3", 4) is None  # rows that do not line up
-    assert c.chain(("s",), b"t1", 1, b"t9", 4) is None  # no file for the store's token
-    assert c.chain(("t",), b"t1", 1, b"t3", 4) is None  # another shard
-    c.KEEP = 4  # type: ignore[misc]
-    for i in range(4, 10):
-        c.put(("s",), f"u{i}".encode(), b"t3", 4, [b"x"])
-    assert len(list((tmp_path / "s").iterdir())) == 4  # the newest
-    assert c.chain(("s",), b"t3", 4, b"u9", 5) == [b"x"]
-    c.KEEP_BYTES = 1  # type: ignore[misc]
-    c.put(("s",), b"v", b"u9", 5, [b"y" * 10])
-    assert [p.name for p in (tmp_path / "s").iterdir()] == [b"v".hex()]  # the newest, always
-    (tmp_path / "s" / b"v".hex()).write_bytes(b"CEPRC\x01\x02")  # cut short
-    assert c.chain(("s",), b"u9", 5, b"v", 6) is None
-    assert RowCache.for_query(None, tmp_path) is None
-    assert RowCache.for_query("../x", tmp_path) is None
-    assert RowCache.for_query("..", tmp_path) is None
-    assert c._dir(("..",)).parent == c.root  # a shard's name never leaves the cache
-    q = RowCache.for_query("5d1c0a2e-0000-4000-8000-000000000001", tmp_path / "base")
-    assert q is not None and q.root.is_dir()
 
 
 def test_a_layout_2_log_of_raw_rows_goes_on_as_layout_3() -> None:
