@@ -590,10 +590,10 @@ def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
     out["job_cpu_cores"] = None if used is None or window <= 0 else round(used / window, 2)
     # What else ran on the machine's cores meanwhile (`bench_cpu_cores`: this process, i.e.
     # the producer; `services_cpu_cores`: the Kafka broker and Redis).
-    for name, samples in (others or {}).items():
-        got = _cpu_between(samples, ph.measure_from, ph.end)
-        out[f"{name}_cpu_cores"] = (None if got is None or window <= 0
-                                    else round(got / window, 2))
+    for name, used_by in (others or {}).items():
+        spent = _cpu_between(used_by, ph.measure_from, ph.end)
+        out[f"{name}_cpu_cores"] = (None if spent is None or window <= 0
+                                    else round(spent / window, 2))
     out["job_cpu_us_per_row"] = (None if used is None or not rows
                                  else round(1e6 * used / rows, 1))
     med = (out["batch_ms_p50"] or 0) / 1000

@@ -11,7 +11,8 @@ batch MARK under "stages").
     python -m bench.live_cpu 400000 20000 2 new=. base=/tmp/old "s4=.:ARGS=--shards 4"
 
 Each variant is name=checkout[:ENV=V,...] (ARGS: extra `cep run` arguments; CONF: Spark
-settings, "CONF=spark.a=1+spark.b=2"). MARK (default 3)
+settings, "CONF=spark.a=1+spark.b=2", through spark-submit: a setting the job makes itself,
+e.g. `spark.shuffle.compress` on a local master, wins over it). MARK (default 3)
 and END (default 19) are the batches; END must be a batch the run reaches. Session 13
 (bench/results/latency_live.md, "Session 13, live13t").
 """

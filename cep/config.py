@@ -166,6 +166,6 @@ def load_settings(
 
 
 def quick_jit_unless_set(settings: Settings) -> Settings:
-    """`settings` with `java_options` = QUICK_JIT when none are set (the demo and the live job;
-    docs/spark-runtime.md says why)."""
+    """`settings` with `java_options` = QUICK_JIT when none are set (`cep demo`; the live job
+    adds G1 regions of 16 MB, `jobs.live.live_jvm`; docs/spark-runtime.md says why)."""
     return settings if settings.java_options else replace(settings, java_options=QUICK_JIT)

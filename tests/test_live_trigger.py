@@ -1,8 +1,9 @@
 """The live job's trigger, JIT and read split (jobs/live.py, `live_trigger`, `live_jvm`,
 `read_split`): which Spark trigger a `cep run` gets from `--once`, the `trigger` setting and
 `--trigger`, which JIT its JVMs run, and how many records a Kafka read task takes at most.
-No Spark here: the choice is made before the query starts. What the defaults cost and save
-is measured in bench/results/latency_live.md, not here."""
+No Spark here (the choice is made before the query starts), but for one case that gives
+`read_split`'s options to Spark's own range calculation. What the defaults cost and save is
+measured in bench/results/latency_live.md, not here."""
 
 from __future__ import annotations
 
@@ -80,3 +81,47 @@ def test_a_read_task_hands_its_rows_to_python_as_one_arrow_batch() -> None:
 def test_a_local_job_does_not_compress_its_shuffle() -> None:
     assert local_shuffle_conf(Settings()) == {"spark.shuffle.compress": "false"}
     assert local_shuffle_conf(Settings(spark_master="spark://host:7077")) == {}
+
+
+def _spark_read_tasks(spark, split: dict[str, int], records: list[int]) -> list[int]:
+    """The read tasks (their sizes) Spark's Kafka source plans for a micro-batch of `records`
+    per topic partition under the options `split`: its own `KafkaOffsetRangeCalculator`."""
+    jvm = spark.sparkContext._jvm
+    kafka = jvm.org.apache.spark.sql.kafka010
+    options = jvm.java.util.HashMap()
+    for k, v in split.items():
+        options.put(k, str(v))
+    calc = kafka.KafkaOffsetRangeCalculator.apply(
+        jvm.org.apache.spark.sql.util.CaseInsensitiveStringMap(options))
+    ranges = jvm.java.util.ArrayList()
+    for p, n in enumerate(records):
+        ranges.add(kafka.KafkaOffsetRange.apply(jvm.org.apache.kafka.common.TopicPartition("t", p),
+                                                1000, 1000 + n, jvm.scala.Option.apply(None)))
+    seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(ranges).toSeq()
+    none = jvm.scala.jdk.javaapi.CollectionConverters.asScala(jvm.java.util.ArrayList()).toSeq()
+    got = jvm.scala.jdk.javaapi.CollectionConverters.asJava(calc.getRanges(seq, none))
+    return sorted((r.size() for r in got), reverse=True)
+
+
+@pytest.mark.spark
+def test_spark_plans_the_read_tasks_read_split_asks_for(spark) -> None:
+    """What `read_split`'s options give in Spark's own range calculation (one topic partition
+    unless said): the default, one task per core whatever the batch's size; session 15's
+    split (1 task, at most 25,000 records each); and a cap alone (1 task, at most 50,000):
+    one task for a small batch, two for 60k-100k records, three above 100k."""
+    default = read_split(Settings(), 2)
+    assert _spark_read_tasks(spark, default, [1_000]) == [500, 500]
+    assert _spark_read_tasks(spark, default, [60_000]) == [30_000, 30_000]
+    assert _spark_read_tasks(spark, default, [150_000]) == [75_000, 75_000]
+    assert _spark_read_tasks(spark, default, [7, 7]) == [7, 7]  # a task per topic partition
+    s15 = read_split(Settings(live_read_tasks=1, live_read_task_rows=25_000), 2)
+    assert _spark_read_tasks(spark, s15, [20_000]) == [20_000]
+    assert len(_spark_read_tasks(spark, s15, [60_000])) == 3
+    cap = read_split(load_settings(env={"CEP_LIVE_READ_TASKS": "1",
+                                        "CEP_LIVE_READ_TASK_ROWS": "50000"}), 2)
+    assert cap == {"minPartitions": 1, "maxRecordsPerPartition": 50_000}
+    assert _spark_read_tasks(spark, cap, [1_000]) == [1_000]
+    assert _spark_read_tasks(spark, cap, [50_000]) == [50_000]
+    assert _spark_read_tasks(spark, cap, [60_000]) == [30_000, 30_000]
+    assert _spark_read_tasks(spark, cap, [100_000]) == [50_000, 50_000]
+    assert len(_spark_read_tasks(spark, cap, [100_001])) == 3
