@@ -1592,7 +1592,9 @@ impl Engine {
                 };
                 // With many keys the row names its key by the key's own text (the slot's `Arc`),
                 // not the batch's copy: one string per key instead of one per event kept, and
-                // dropping the event reaches the text the key's slot brings in.
+                // dropping the event reaches the text the key's slot brings in. `keyed_row` did
+                // so for the groups of `ahead` (`pre`); this swap is for a keyed group past its
+                // four.
                 if let (false, None, Some(c)) = (ahead.is_empty(), pre, kf_col[gi as usize]) {
                     if let Some(Value::Str(s)) = row.as_mut().and_then(Arc::get_mut).map(|r| &mut r.vals[c]) {
                         let k = &st.keys.slot(id).key;
