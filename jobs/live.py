@@ -164,13 +164,9 @@ def live_jvm(settings: Settings) -> Settings:
     faster code pays that back over hours is not measured: `java_options` (e.g.
     "-XX:+TieredCompilation") brings the JVM's default back.
 
-    And G1 regions of 16 MB (`LIVE_JAVA_OPTIONS`): the job's big byte arrays (a shard's pack of
-    events, ~1 MB per read task at 60k-row batches; a state blob of up to 4 MB written through
-    the state server) are humongous objects in the 1 MB regions G1 picks for a 2 GB heap, each
-    allocated in regions of its own, and may set off concurrent marking cycles (the `G1 Conc`
-    threads at 1.8-2.2 µs per row in some runs, with the shuffle compressed); under 8 MB they
-    are ordinary young objects. A small gain, ~0.3 µs per row of JVM CPU on a quiet machine
-    (docs/spark-runtime.md, session 16)."""
+    And G1 regions of 16 MB (`LIVE_JAVA_OPTIONS`): the job's byte arrays of 1-4 MB (packs, state
+    blobs) are then young objects, not humongous ones in G1's 1 MB regions (docs/spark-runtime.md,
+    "The read split and the cores": ~0.3 µs per row of JVM CPU on a quiet machine)."""
     if settings.java_options:
         return settings
     return replace(settings, java_options=LIVE_JAVA_OPTIONS)

@@ -8,6 +8,7 @@ so it is tested with dicts (tests/runtime/test_bucket_store.py) and the Spark op
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import time
@@ -578,18 +579,17 @@ ROW_ZIP_MAGIC = b"CEPNZ"
 _ZSTD_LEVEL = 1
 
 
+@functools.cache
 def _zstd() -> Any:
+    """The process's zstd codec (pyarrow's wheels are built with zstd; a pyarrow without it
+    fails here, at the first row)."""
     import pyarrow as pa
 
     return pa.Codec("zstd", compression_level=_ZSTD_LEVEL)
 
 
 def zip_row(blob: bytes) -> bytes:
-    """A log row's stored bytes: `blob` compressed (raw when pyarrow has no zstd)."""
-    import pyarrow as pa
-
-    if not pa.Codec.is_available("zstd"):
-        return blob
+    """A log row's stored bytes: `blob` compressed."""
     return (ROW_ZIP_MAGIC + len(blob).to_bytes(4, "little")
             + _zstd().compress(blob, asbytes=True))
 
