@@ -124,6 +124,10 @@ pub struct Core {
     pub acts: Vec<Act>,
     /// The vectors of ended runs, for the runs `spawn` starts.
     pub pool: Pool,
+    /// Grow the state's vectors to their length only (set by the engine while it compacts the
+    /// keys' states, `COMPACT_FROM`): what `MState::compact` would shrink again is not made
+    /// (docs/native-core.md, "Many keys: exact vectors (session 17)").
+    pub exact: bool,
 }
 
 /// Vectors of ended runs kept for new ones (fraud starts a run at most events and ends one as
@@ -169,7 +173,7 @@ impl Pool {
 
     /// Captures holding `cap` alone (a kept vector, or a new one with room for four), `fold`
     /// applied to them before they are shared.
-    pub(crate) fn caps_of(&mut self, cap: Cap, fold: impl FnOnce(&mut CapVec)) -> Caps {
+    pub(crate) fn caps_of(&mut self, cap: Cap, exact: bool, fold: impl FnOnce(&mut CapVec)) -> Caps {
         if let Some(mut c) = self.caps.pop() {
             if let Some(v) = Arc::get_mut(&mut c) {
                 v.v.clear();
@@ -179,7 +183,7 @@ impl Pool {
                 return c;
             }
         }
-        let mut v = Vec::with_capacity(4);
+        let mut v = Vec::with_capacity(if exact { 1 } else { 4 });
         v.push(cap);
         let mut c = CapVec::from(v);
         fold(&mut c);
@@ -307,8 +311,11 @@ impl Core {
                 if out.capacity() == 0 {
                     out = pool.entries.pop().unwrap_or_default();
                 }
+                if self.exact {
+                    out.reserve_exact(nxt.len());
+                }
                 let cap = Cap { var: *var as u32, row, ev: ev.clone() };
-                let caps = pool.caps_of(cap, |c| c.fold_last(&self.cx(py, local.rows)));
+                let caps = pool.caps_of(cap, self.exact, |c| c.fold_last(&self.cx(py, local.rows)));
                 push_next(&mut out, nxt, caps, |pos, caps| Entry { pos, caps });
             }
         }
@@ -378,7 +385,13 @@ impl Core {
                 }
             }
         }
-        *spare = std::mem::replace(entries, out);
+        if self.exact && out.len() <= entries.capacity() {
+            // The run keeps its own (compacted) vector; `out` stays the spare.
+            entries.append(&mut out);
+            *spare = out;
+        } else {
+            *spare = std::mem::replace(entries, out);
+        }
         Ok(())
     }
 
@@ -492,6 +505,9 @@ impl Core {
                 self.acts = acts;
                 let spawned = spawned?;
                 if !spawned.is_empty() {
+                    if self.exact {
+                        s.runs.reserve_exact(1);
+                    }
                     s.runs.push(Run { start: row, entries: spawned, tpart: None, matched: false });
                 }
                 (row, s.runs)

@@ -556,3 +556,51 @@ def test_key_cells_of_two_streams_sharing_a_key_column_match_the_python_engine(
     n_late, n_results = _call_by_call(native, _core.EngineState(compact_from=0), events, batch,
                                       ruleset=ruleset)
     assert n_results > 0 and n_late > 0
+
+
+_GROWING = """
+STREAM s (ts INT, card STRING, amount FLOAT, country STRING) TIME BY ts LATENESS 5s;
+RULE star FROM s PARTITION BY card
+  PATTERN (A B* C) DEFINE A AS A.amount < 100, B AS B.amount < 500, C AS C.amount >= 500
+  WITHIN 10m EMIT 'star';
+RULE alt FROM s PARTITION BY card
+  PATTERN ((A | B) C{2,3}) DEFINE A AS A.country = 'NL', B AS B.amount > 50, C AS C.amount > 20
+  WITHIN 5m EMIT 'alt';
+RULE every FROM s PARTITION BY card
+  PATTERN (A C+) DEFINE C AS C.amount > A.amount WITHIN 3m ALL MATCHES EMIT 'every';
+RULE travel FROM s PARTITION BY card
+  PATTERN (A B) DEFINE B AS B.country <> A.country WITHIN 1h EMIT 'travel';
+"""
+
+
+@pytest.mark.parametrize("batch", [1, 29, 400])
+def test_exact_vectors_of_many_keys_match_the_python_engine(batch: int) -> None:
+    """With many keys (`compact_from=0` here) the matcher grows a key's vectors to their length
+    only (`Core::exact`, docs/native-core.md "Many keys: exact vectors (session 17)"): runs
+    added to a key's runs, entries that grow past their vector or shrink into it (a run keeps
+    its own vector), several start variables and next positions, captures grown in place and
+    shared by several entries (ALL MATCHES), keys with one to four live rules: the Python
+    engine's results, late reports, keys and wakes, call by call; and the same with the
+    default `compact_from` (vectors grown as before)."""
+    from cep import _core
+    from cep.compile import compile_rules
+
+    ruleset = compile_rules(_GROWING, "growing")
+    rng = random.Random(batch)
+    events, seq = [], 0
+    for i in range(240):
+        t = (i // 40) * HOUR + rng.randrange(15 * 60_000)
+        for _ in range(rng.choice([1, 2, 3, 5, 8])):
+            row = {"ts": t, "card": f"c{i % 80}", "amount": rng.choice([10.0, 30.0, 80.0, 300.0, 900.0]),
+                   "country": rng.choice(["NL", "NL", "DE"])}
+            events.append(Event("s", t, seq, row))
+            seq += 1
+            t += rng.choice([3_000, 20_000, 70_000, 5 * 60_000])
+    events.sort(key=lambda e: (e.ts, e.seq))
+    for k in range(25, len(events) - 80, 113):
+        events.insert(k + 80, events.pop(k))
+    for compact_from in (0, 65_536):
+        native = build_embedded_engine(ruleset, use_native=True)
+        n_late, n_results = _call_by_call(native, _core.EngineState(compact_from=compact_from),
+                                          events, batch, ruleset=ruleset)
+        assert n_results > 0 and n_late > 0
