@@ -677,7 +677,7 @@ fn run_rules(
     eof: bool,
     matches: &Bound<'_, PyList>,
 ) -> PyResult<Ran> {
-    let out = Out::lazy(matches.clone(), key.clone());
+    let out = Out::lazy(matches.clone(), key);
     // One `Ev` per released event, shared by every rule of the group (one field table).
     let (mut evs, mut shared) = std::mem::take(&mut st.scratch);
     evs.reserve(released.len());
@@ -724,7 +724,7 @@ fn run_rules(
                 ran.resize(fams.0.len(), false);
                 ran[fi] = true;
                 let fam = &fams.0[fi];
-                let fout = fout.get_or_insert_with(|| FOut::new(py, key.clone()));
+                let fout = fout.get_or_insert_with(|| FOut::new(py, key));
                 let track = partials.is_some();
                 // Regrouping reads the key's bytes: inside the boundary too (a panic on corrupt
                 // state becomes an error naming the rule).

@@ -83,7 +83,7 @@ pub struct FOut<'py> {
 }
 
 impl<'py> FOut<'py> {
-    pub fn new(py: Python<'py>, key: Arc<str>) -> Self {
+    pub fn new(py: Python<'py>, key: &'py str) -> Self {
         FOut { out: Out::lazy(PyList::empty(py), key), tags: Vec::new() }
     }
 

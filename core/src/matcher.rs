@@ -213,8 +213,10 @@ pub enum Act {
 pub struct Out<'py> {
     pub list: Bound<'py, PyList>,
     key: Option<Py<PyAny>>,
-    /// The engine's key as text: made a Python str only when a result needs it.
-    key_text: Option<Arc<str>>,
+    /// The engine's key as text: made a Python str only when a result needs it. Borrowed
+    /// from the caller's key (no reference count written per due key: docs/native-core.md,
+    /// "Many keys: exact vectors (session 17)").
+    key_text: Option<&'py str>,
     key_cell: std::cell::OnceCell<Py<PyAny>>,
 }
 
@@ -224,7 +226,7 @@ impl<'py> Out<'py> {
     }
 
     /// Results reported under `key` (a str, built on first use).
-    pub fn lazy(list: Bound<'py, PyList>, key: Arc<str>) -> Self {
+    pub fn lazy(list: Bound<'py, PyList>, key: &'py str) -> Self {
         Out { list, key: None, key_text: Some(key), key_cell: std::cell::OnceCell::new() }
     }
 }
@@ -822,7 +824,7 @@ impl Core {
         if let Some(k) = &out.key {
             return Ok(k.clone_ref(py));
         }
-        if let Some(t) = &out.key_text {
+        if let Some(t) = out.key_text {
             return Ok(out.key_cell.get_or_init(|| PyString::new(py, t).into_any().unbind()).clone_ref(py));
         }
         match &self.key_field {
