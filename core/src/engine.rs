@@ -109,8 +109,8 @@ const COMPACT_FROM: usize = 1 << 16;
 impl KeyState {
     /// Give back the spare room of the state's vectors (`MState::compact`).
     fn compact(&mut self) {
-        self.buffer.shrink_to_fit();
-        self.parts.shrink_to_fit();
+        crate::matcher::fit(&mut self.buffer);
+        crate::matcher::fit(&mut self.parts);
         for p in &mut self.parts {
             p.state.compact();
         }

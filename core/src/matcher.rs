@@ -42,9 +42,9 @@ impl MState {
     /// "Compact key state (session 14)"). Vectors from the pool or grown by doubling keep up to
     /// 4-8x their length otherwise.
     pub fn compact(&mut self) {
-        self.runs.shrink_to_fit();
+        fit(&mut self.runs);
         for r in &mut self.runs {
-            r.entries.shrink_to_fit();
+            fit(&mut r.entries);
             for e in &mut r.entries {
                 compact_caps(&mut e.caps);
             }
@@ -63,9 +63,26 @@ fn compact_caps(c: &mut Caps) {
     }
     if Arc::strong_count(c) == 1 {
         if let Some(v) = Arc::get_mut(c) {
-            v.v.shrink_to_fit();
-            v.acc.shrink_to_fit();
+            fit(&mut v.v);
+            fit(&mut v.acc);
         }
+    }
+}
+
+/// `v` in a block of its length: `shrink_to_fit` is a `realloc`, which mimalloc answers in
+/// place (the block kept whole) when the length still takes half the block; a vector grown by
+/// one (`Core::exact`) and shrunk by one again would keep its larger block (+45 MB at 1M cards,
+/// docs/native-core.md "Many keys: exact vectors (session 17)").
+pub(crate) fn fit<T>(v: &mut Vec<T>) {
+    if v.capacity() > v.len() {
+        *v = match v.len() {
+            0 => Vec::new(),
+            n => {
+                let mut exact = Vec::with_capacity(n);
+                exact.append(v);
+                exact
+            }
+        };
     }
 }
 
