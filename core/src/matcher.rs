@@ -914,3 +914,27 @@ impl Core {
         out.list.append(t)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::fit;
+
+    #[test]
+    fn fit_moves_a_vector_into_a_block_of_its_length() {
+        for (len, cap) in [(0, 0), (0, 4), (1, 2), (2, 4), (3, 3), (5, 8)] {
+            let mut v: Vec<u64> = Vec::with_capacity(cap);
+            v.extend((0..len).map(|i| i * 7 + 1));
+            fit(&mut v);
+            assert_eq!(v.capacity(), len as usize, "no spare room left ({len} of {cap})");
+            assert_eq!(v, (0..len).map(|i| i * 7 + 1).collect::<Vec<_>>(), "the elements stay, in order");
+        }
+        // A vector shrunk by one keeps its elements in a new block (mimalloc's realloc would
+        // have answered the shrink in place).
+        let mut v: Vec<[u8; 48]> = Vec::with_capacity(2);
+        v.push([3; 48]);
+        let before = v.as_ptr();
+        fit(&mut v);
+        assert_eq!((v.len(), v.capacity(), v[0]), (1, 1, [3; 48]));
+        assert_ne!(v.as_ptr(), before, "a new block");
+    }
+}
