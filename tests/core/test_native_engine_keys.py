@@ -86,16 +86,19 @@ def test_keys_in_waves_match_the_python_engine_call_by_call(batch: int) -> None:
     assert peak >= 30, "many keys are live at once"
 
 
+def _engines() -> tuple[Any, Any]:
+    """The Python and the native engine of the bundled rules."""
+    ruleset = native_bundled()
+    return build_engine(ruleset, use_native=False), build_embedded_engine(ruleset)
+
+
 def test_a_state_exported_and_imported_mid_stream_continues_the_same() -> None:
     """The Spark operator's round trip, with keys held as bytes past a small decoded budget:
     every call's changed keys are exported and logged; at the middle of the stream a new
     EngineState reads the log back and goes on. Results equal an uninterrupted Python run."""
     from cep import _core
 
-    events = _waves(600, seed=11)
-    ruleset = native_bundled()
-    python = build_engine(ruleset, use_native=False)
-    native = build_embedded_engine(ruleset)
+    events, python, native = _waves(600, seed=11), *_engines()
     core = native.core
     py_store, max_ts = MemoryKeyStore(), NEG_INF
     state = _core.EngineState(track_dirty=True, keep_decoded=2_000)
@@ -134,10 +137,7 @@ def test_a_shard_moving_between_two_states_every_call_continues_the_same(max_byt
     log read into a new state holds every key with the same bytes as the last state."""
     from cep import _core
 
-    events = _waves(600, seed=5)
-    ruleset = native_bundled()
-    python = build_engine(ruleset, use_native=False)
-    native = build_embedded_engine(ruleset)
+    events, python, native = _waves(600, seed=5), *_engines()
     core = native.core
     py_store, max_ts = MemoryKeyStore(), NEG_INF
     states = [_core.EngineState(track_dirty=True, keep_decoded=2_000) for _ in range(2)]
