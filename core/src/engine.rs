@@ -1798,14 +1798,20 @@ impl Engine {
         // Over the budget: keys not changed in this call are held as bytes first.
         let mut over = st.enc.values().map(Vec::len).sum::<usize>().saturating_sub(st.keep_decoded);
         if over > 0 {
-            let (old, new): (Vec<Id>, Vec<Id>) = st.enc.keys().partition(|id| !st.dirty.contains(*id));
+            // Unchanged keys in the map's order, then changed ones, until enough: passes that
+            // stop there (until session 17 the whole map was partitioned first, on every export
+            // of a state past its budget: the live job's shards are, once their keys grow).
             let mut evict = Vec::new();
-            for id in old.into_iter().chain(new) {
-                if over == 0 {
-                    break;
+            for changed in [false, true] {
+                for (&id, b) in &st.enc {
+                    if over == 0 {
+                        break;
+                    }
+                    if st.dirty.contains(&id) == changed {
+                        over = over.saturating_sub(b.len());
+                        evict.push(id);
+                    }
                 }
-                over = over.saturating_sub(st.enc[&id].len());
-                evict.push(id);
             }
             for id in evict {
                 st.put_state(id, None);
