@@ -1845,8 +1845,8 @@ impl Engine {
             put_str(&mut head, &g.gid);
         }
         // The records' sizes first, so that each blob is written once, straight into its bytes
-        // object: grown by doubling in a vector and then copied, it was ~40% of the export's
-        // samples (perf, bench.state_moves: ~300 KB per call of the live ceiling's input).
+        // object: grown by doubling in a vector and then copied, it was a third of the export's
+        // samples (perf, bench.state_moves: ~180-300 KB a call at the live ceiling's input).
         let bytes_of = |id: Id| st.enc.get(&id).or_else(|| st.raw.get(&id)).map_or(&[][..], Vec::as_slice);
         let wakes: Vec<i64> = keys.iter().map(|&id| st.keys.wake_of(id).unwrap_or(AT_END)).collect();
         let mut blobs: Vec<(usize, usize)> = Vec::new(); // (records up to, bytes)
