@@ -90,7 +90,7 @@ def run(calls: int, per_call: int) -> dict[str, float]:
     for c in range(calls):
         rb, at, last = _batch(at, per_call)
         # The shard moves in every other call (about half the batches of the live job).
-        store = NativeShardStore(log, meta, procs[(c // 2) % 2 if c % 4 else c % 2],
+        store = NativeShardStore(log, meta, procs[(c // 2) % 2],
                                  keep_decoded=NativeShardStore.for_shards(6))
         store.begin(("s",), engine)
         engine.ingest_batch(store, rb, wm)
