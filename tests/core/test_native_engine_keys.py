@@ -86,16 +86,19 @@ def test_keys_in_waves_match_the_python_engine_call_by_call(batch: int) -> None:
     assert peak >= 30, "many keys are live at once"
 
 
+def _engines() -> tuple[Any, Any]:
+    """The Python and the native engine of the bundled rules."""
+    ruleset = native_bundled()
+    return build_engine(ruleset, use_native=False), build_embedded_engine(ruleset)
+
+
 def test_a_state_exported_and_imported_mid_stream_continues_the_same() -> None:
     """The Spark operator's round trip, with keys held as bytes past a small decoded budget:
     every call's changed keys are exported and logged; at the middle of the stream a new
     EngineState reads the log back and goes on. Results equal an uninterrupted Python run."""
     from cep import _core
 
-    events = _waves(600, seed=11)
-    ruleset = native_bundled()
-    python = build_engine(ruleset, use_native=False)
-    native = build_embedded_engine(ruleset)
+    events, python, native = _waves(600, seed=11), *_engines()
     core = native.core
     py_store, max_ts = MemoryKeyStore(), NEG_INF
     state = _core.EngineState(track_dirty=True, keep_decoded=2_000)
@@ -123,6 +126,56 @@ def test_a_state_exported_and_imported_mid_stream_continues_the_same() -> None:
     assert _records(native, got) == _records(python, want)
     assert len(state) == 0 and state.wake_len() == 0
 
+
+
+@pytest.mark.parametrize("max_bytes", [1, 300, 4 << 20])
+def test_a_shard_moving_between_two_states_every_call_continues_the_same(max_bytes: int) -> None:
+    """The live job's two stateful workers: a shard's calls alternate between two
+    EngineStates, each catching up first by importing the blobs the other exported since it
+    last ran (keys decoded in it are replaced by the other's bytes), blobs cut at `max_bytes`
+    (1: a blob per record). Results equal an uninterrupted Python run, call by call; and the
+    log read into a new state holds every key with the same bytes as the last state."""
+    from cep import _core
+
+    events, python, native = _waves(600, seed=5), *_engines()
+    core = native.core
+    py_store, max_ts = MemoryKeyStore(), NEG_INF
+    states = [_core.EngineState(track_dirty=True, keep_decoded=2_000) for _ in range(2)]
+    log: list[bytes] = []
+    seen = [0, 0]  # blobs of the log each state has applied
+    sizes, alerts = [], 0
+    for call, i in enumerate(range(0, len(events), 150)):
+        w = call % 2
+        for blob in log[seen[w]:]:
+            assert core.import_blob(states[w], blob) == 0
+        chunk = events[i:i + 150]
+        want = python.ingest(py_store, chunk, max_ts).matches
+        got, *_ = core.ingest_arrow(states[w], _batch(chunk, False), max_ts)
+        assert _records(native, got) == _records(python, want)
+        alerts += len(want)
+        blobs = core.export_blobs(states[w], max_bytes=max_bytes)
+        sizes += [len(b) for b in blobs]
+        log += blobs
+        seen[w] = len(log)
+        assert len(states[w]) == len(py_store.states)
+        max_ts = max(max_ts, max(e.ts for e in chunk))
+    if max_bytes == 1:
+        assert all(int.from_bytes(b[7:11], "little") == 1 for b in log)
+    assert len(log) > 2 and max(sizes) > 1
+    last = states[call % 2]
+    replayed = _core.EngineState()
+    for blob in log:
+        core.import_blob(replayed, blob)
+    keys = core.keys(last)
+    assert core.keys(replayed) == keys and len(keys) > 20
+    assert all(core.key_bytes(replayed, g, k) == core.key_bytes(last, g, k) for g, k in keys)
+    w = (call + 1) % 2
+    for blob in log[seen[w]:]:
+        core.import_blob(states[w], blob)
+    want = python.advance(py_store, max_ts, end_of_input=max_ts).matches
+    got, *_ = core.ingest_arrow(states[w], _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
+    assert _records(native, got) == _records(python, want)
+    assert alerts + len(want) > 10, "the stream raises alerts"
 
 def _blob(gid: str, key: str, wake: int, data: bytes) -> bytes:
     """One key record in `export_blobs`' format (magic, version, count, no tables, one group)."""
