@@ -10,7 +10,6 @@ shard, and turns the engine's output into rows.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +26,6 @@ from cep.runtime.bind import engine_kind
 from cep.runtime.engine import EOF_TS, Engine, Event, Output, content_seq
 from cep.runtime.state_store import UNKNOWN, MapStateKeyStore, NativeShardStore
 from cep.spark.pipeline import DEAD_STREAM, EOF_STREAM, unpack
-from cep.spark.state_pipe import PipedMapState, PipedValueState, StatePipe
 
 _OUT_COLUMNS = ["kind", "rule_id", "key", "id", "payload"]
 _BUCKET_SCHEMA = StructType([StructField("bucket", IntegerType())])
@@ -70,11 +68,6 @@ class CepProcessor(StatefulProcessor):
         kind = engine_kind(self.engine)
         self.native = kind == "native"
         self.mixed = kind == "mixed"
-        # The native loop's writes and timers are sent without waiting for each reply, and the
-        # record of a held shard is asked for early (`cep.spark.state_pipe`); the other loops'
-        # stores make their calls one by one (a pipe needs every call of the task through it).
-        self.pipe = StatePipe.of(handle) if self.native else None
-        self.meta: PipedValueState | None = None
         if self.native:
             self.store: Any = self._native_store(handle)
         elif self.mixed:
@@ -94,12 +87,8 @@ class CepProcessor(StatefulProcessor):
         """The native store over the shard's log rows and record; `nlog`, layout 1's log (a
         ListState, until session 14), stays declared: a checkpoint written so is read from it
         once (and Spark keeps a query's state variables)."""
-        log: Any = handle.getMapState("nrows", _ROW_SCHEMA, _LOG_ROW_SCHEMA)
-        meta: Any = handle.getValueState("nshard", _BLOB_SCHEMA)
-        if self.pipe is not None:
-            log, meta = PipedMapState(self.pipe, log), PipedValueState(self.pipe, meta)
-            self.meta = meta
-        return NativeShardStore(log, meta, _HELD,
+        return NativeShardStore(handle.getMapState("nrows", _ROW_SCHEMA, _LOG_ROW_SCHEMA),
+                                handle.getValueState("nshard", _BLOB_SCHEMA), _HELD,
                                 NativeShardStore.for_shards(self.shards),
                                 old_log=handle.getListState("nlog", _BLOB_SCHEMA))
 
@@ -117,19 +106,9 @@ class CepProcessor(StatefulProcessor):
                         timerValues: Any) -> Iterator[pd.DataFrame]:
         """`rows`: packed events (`cep.spark.pipeline.packed`: a `pack` column of Arrow IPC
         streams), read back as one Arrow batch; no pandas object per event."""
-        started = time.perf_counter()
-        if self.meta is not None and tuple(key) in _HELD:
-            self.meta.prefetch()  # served while the input is read and unpacked (`begin`)
-        try:
-            frame = self._input_rows(key, rows, timerValues, started)
-        finally:
-            self._drain_quietly()  # (a failed call: the socket stays in step for PySpark)
-        yield frame
-
-    def _input_rows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any,
-                    started: float) -> pd.DataFrame:
         import pyarrow.compute as pc
 
+        started = time.perf_counter()
         packs = [p for frame in rows for p in frame["pack"]]
         got = time.perf_counter()  # includes waiting for Spark to hand the rows over
         table = unpack(packs)
@@ -153,18 +132,17 @@ class CepProcessor(StatefulProcessor):
             self._reset_timer()
             timed = time.perf_counter()
             self.store.flush()
-            self._push()
         except BaseException:
             self._abandon()
             raise
         done = time.perf_counter()
         # Where the call's time went, in µs: rows in (Spark → pandas), events out of them and
         # the state read, the engine, the state write and timer (`python_us`: all of it).
-        return self._frame(out, {"events": primary, "rows": n, "max_ts": max_ts,
-                                 "rows_in_us": _us(got - started), "prepare_us": _us(ran - got),
-                                 "engine_us": _us(stored - ran), "store_us": _us(done - stored),
-                                 "timer_us": _us(timed - stored)},
-                           started, dead)
+        yield self._frame(out, {"events": primary, "rows": n, "max_ts": max_ts,
+                                "rows_in_us": _us(got - started), "prepare_us": _us(ran - got),
+                                "engine_us": _us(stored - ran), "store_us": _us(done - stored),
+                                "timer_us": _us(timed - stored)},
+                          started, dead)
 
     @staticmethod
     def _events(pdf: pd.DataFrame) -> list[Event]:
@@ -196,13 +174,6 @@ class CepProcessor(StatefulProcessor):
 
     def handleExpiredTimer(self, key: Any, timerValues: Any,
                            expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
-        try:
-            frame = self._expired(key, timerValues)
-        finally:
-            self._drain_quietly()
-        yield frame
-
-    def _expired(self, key: Any, timerValues: Any) -> pd.DataFrame:
         started = time.perf_counter()
         self._begin(key)
         try:
@@ -211,40 +182,15 @@ class CepProcessor(StatefulProcessor):
             self._reset_timer(expired=True)
             timed = time.perf_counter()
             self.store.flush()
-            self._push()
         except BaseException:
             self._abandon()
             raise
         done = time.perf_counter()
         # `store_us` and `timer_us` as in `handleInputRows`: this call's flush adds to
         # `encode_us` / `write_us` too (`_frame`).
-        return self._frame(out, {"events": 0, "rows": 0, "max_ts": None,
-                                 "store_us": _us(done - stored), "timer_us": _us(timed - stored)},
-                           started)
-
-    def _push(self) -> None:
-        if self.pipe is not None:
-            self.pipe.push()
-
-    def _settle(self, stats: dict[str, Any]) -> None:
-        """Read the replies to the call's piped requests (its writes and timers): a failed one
-        fails the call, and the shard's held copy is dropped (re-read next time)."""
-        if self.pipe is None:
-            return
-        t0 = time.perf_counter()
-        try:
-            self.pipe.drain()
-        except BaseException:
-            self._abandon()
-            raise
-        stats["wait_us"] = _us(time.perf_counter() - t0)
-        stats["piped"], self.pipe.sent = self.pipe.sent, 0
-
-    def _drain_quietly(self) -> None:
-        """After a failed call: read what is pending (its own failure is the call's error)."""
-        if self.pipe is not None:
-            with contextlib.suppress(Exception):
-                self.pipe.drain()
+        yield self._frame(out, {"events": 0, "rows": 0, "max_ts": None,
+                                "store_us": _us(done - stored), "timer_us": _us(timed - stored)},
+                          started)
 
     def _abandon(self) -> None:
         if self.native:
@@ -271,21 +217,16 @@ class CepProcessor(StatefulProcessor):
         known = self.store.timer if self.native else UNKNOWN
         if expired and known is not UNKNOWN:
             known = None  # Spark removed the timer that fired (the only one)
-        timers: Any = self.handle
-        if self.pipe is not None:
-            self.pipe.drain()  # (`listTimers` reads)
-            timers = _PipedTimers(self.pipe)
         if known is UNKNOWN:
             for t in list(self.handle.listTimers()):
-                timers.deleteTimer(t)
+                self.handle.deleteTimer(t)
             if want is not None:
-                timers.registerTimer(want)
+                self.handle.registerTimer(want)
         elif known != want:
             if known is not None:
-                timers.deleteTimer(known)
+                self.handle.deleteTimer(known)  # type: ignore[arg-type]
             if want is not None:
-                timers.registerTimer(want)
-            self._push()  # served while the store encodes its row
+                self.handle.registerTimer(want)
         if self.native:
             self.store.timer = want
 
@@ -293,7 +234,6 @@ class CepProcessor(StatefulProcessor):
                dead: list[str] | None = None) -> pd.DataFrame:
         rows = self.to_rows(self.engine, out)
         rows += [("dead", "", "", "", d) for d in dead or ()]
-        self._settle(stats)
         stats.update(late=len(out.late), keys_touched=out.keys_touched,
                      keys_released=out.keys_released, state_writes=self.store.writes,
                      state_reads=self.store.reads,
@@ -323,14 +263,6 @@ class CepProcessor(StatefulProcessor):
 
     def close(self) -> None:
         pass
-
-
-class _PipedTimers:
-    """The timer calls of a `StatePipe`, with the handle's names."""
-
-    def __init__(self, pipe: StatePipe) -> None:
-        self.deleteTimer = pipe.delete_timer  # noqa: N815 - PySpark's names
-        self.registerTimer = pipe.register_timer  # noqa: N815
 
 
 def _us(seconds: float) -> int:
