@@ -251,10 +251,14 @@ def test_mixed_rule_set_through_the_operator_equals_embedded(batch: int) -> None
 
 
 @pytest.mark.parametrize("layout1_log", [True, False])
-def test_layout_1s_log_is_declared_only_when_the_state_may_hold_it(layout1_log: bool) -> None:
+def test_layout_1s_log_is_declared_only_when_the_state_may_hold_it(
+        layout1_log: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """`nlog` (a ListState, the native store's log until session 14) is declared in each task
-    only when the checkpoint may hold it; without it the alerts are the same."""
+    only when the checkpoint may hold it (the native loop's store)."""
     from bench.operator import Handle, ShardState
+
+    monkeypatch.setenv("CEP_ENGINE", "native")
+    monkeypatch.setattr(op, "_ENGINES", {})  # (another test's engine loop is cached there)
 
     class Declared(Handle):
         def getListState(self, name: str = "", *args: Any) -> Any:  # noqa: N802
