@@ -48,7 +48,7 @@ from bench.latency import BENCH_RULES, COUNTRIES, ROOT, Services, _tree_cpu_s, p
 from cep.config import Settings
 
 CARD_GAP_S = 20.0
-_OP_US = ("python_us", "engine_us", "store_us", "timer_us", "encode_us", "write_us",
+_OP_US = ("python_us", "engine_us", "store_us", "timer_us", "encode_us", "write_us", "init_us",
           "prepare_us", "load_us", "read_us")
 
 NOOP_JOB = r'''

@@ -297,14 +297,39 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
             log.info("checkpoint %s was started with %d shards: keeping them (the setting, "
                      "%d, applies to a new checkpoint)", ck, n, wanted)
         return n
-    offsets = ck / "alerts" / "offsets"
-    n = LEGACY_SHARDS if offsets.is_dir() and any(offsets.iterdir()) else wanted
+    n = LEGACY_SHARDS if offsets_seen(ck) else wanted
     if n != wanted:
         log.info("checkpoint %s has state from before its shard count was recorded: %d "
                  "shards (the setting, %d, applies to a new checkpoint)", ck, n, wanted)
     ck.mkdir(parents=True, exist_ok=True)
-    _write_atomic(record, json.dumps({"shards": n}))
+    # A new query's state is written by this build: the native store's layout 1 log can never
+    # be in it, so the operator does not declare it (`checkpoint_layout1_log`).
+    _write_atomic(record, json.dumps({"shards": n, **({} if offsets_seen(ck) else
+                                                       {LAYOUT1_LOG: False})}))
     return n
+
+
+# The field of `shards.json` that says whether the query's state may hold the native store's
+# layout 1 log (`nlog`, a ListState written until session 14). The operator declares it in each
+# stateful task, a round trip in which the JVM builds its encoders, so a checkpoint that cannot
+# hold it (a query started since session 17: `false`) leaves it undeclared; a record without
+# the field (a checkpoint started by an older build, whatever its layout) keeps declaring it.
+LAYOUT1_LOG = "layout1_log"
+
+
+def offsets_seen(ck: Path) -> bool:
+    """Whether the live query of checkpoint `ck` has run a micro-batch (its offset log)."""
+    offsets = ck / "alerts" / "offsets"
+    return offsets.is_dir() and any(offsets.iterdir())
+
+
+def checkpoint_layout1_log(ck: Path) -> bool:
+    """Whether checkpoint `ck`'s state may hold the native store's layout 1 log: unless its
+    record (`checkpoint_shards` writes it first) says it cannot."""
+    try:
+        return json.loads((ck / SHARDS_FILE).read_text()).get(LAYOUT1_LOG, True) is not False
+    except (OSError, ValueError, AttributeError):
+        return True
 
 
 class LiveJob:
@@ -316,6 +341,7 @@ class LiveJob:
         self.ck = Path(options.checkpoint)
         claim_checkpoint(self.ck, "cep run", {})
         self.shards = checkpoint_shards(self.ck, settings.live_shards)
+        self.layout1_log = checkpoint_layout1_log(self.ck)
         self.snapshot = str(self.ck / "rules-snapshot.json")
         self.watcher = RulesWatcher(rules_source(settings, options.rules), self.snapshot)
         self._logged_rules: dict[str, Any] | None = None
@@ -500,7 +526,7 @@ class LiveJob:
         rows = live_packed(self._source(), self.plan, ("topic", "partition", "offset"),
                            MAX_BYTES, topics={s.name: self._topic(s) for s in self.plan.streams})
         factory = SnapshotEngineFactory(self.snapshot, self.opts.max_partial_matches)
-        out = match_packed(rows, self.plan, factory)
+        out = match_packed(rows, self.plan, factory, layout1_log=self.layout1_log)
         alerts_ck = str(self.ck / "alerts")
         deliver = BatchDelivery(self.settings, "alerts", alerts_ck, self.router,
                                 on_batch=self._on_batch("alerts"))

@@ -16,6 +16,7 @@ from jobs.live import (
     LiveJob,
     LiveJobError,
     LiveOptions,
+    checkpoint_layout1_log,
     checkpoint_shards,
 )
 
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_new_checkpoint_records_the_setting(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     assert checkpoint_shards(ck, 8) == 8
-    assert json.loads((ck / SHARDS_FILE).read_text()) == {"shards": 8}
+    assert json.loads((ck / SHARDS_FILE).read_text()) == {"shards": 8, "layout1_log": False}
 
 
 def test_restart_keeps_the_recorded_count(tmp_path: Path) -> None:
@@ -33,7 +34,7 @@ def test_restart_keeps_the_recorded_count(tmp_path: Path) -> None:
     assert checkpoint_shards(ck, 16) == 16
     assert checkpoint_shards(ck, 8) == 16       # the setting changed: the checkpoint wins
     assert checkpoint_shards(ck, 64) == 16
-    assert json.loads((ck / SHARDS_FILE).read_text()) == {"shards": 16}
+    assert json.loads((ck / SHARDS_FILE).read_text()) == {"shards": 16, "layout1_log": False}
 
 
 def test_state_from_before_the_record_uses_the_old_default(tmp_path: Path) -> None:
@@ -43,6 +44,25 @@ def test_state_from_before_the_record_uses_the_old_default(tmp_path: Path) -> No
     assert checkpoint_shards(ck, 8) == LEGACY_SHARDS == 64
     assert checkpoint_shards(ck, 8) == 64       # and it is recorded
     assert json.loads((ck / SHARDS_FILE).read_text()) == {"shards": 64}
+
+
+def test_only_a_query_started_here_leaves_layout_1s_log_undeclared(tmp_path: Path) -> None:
+    """The operator declares the native store's layout 1 log (`nlog`) in every task unless the
+    checkpoint's record says its state cannot hold it: a query this build started."""
+    new = tmp_path / "new"
+    checkpoint_shards(new, 6)
+    assert checkpoint_layout1_log(new) is False
+    old = tmp_path / "old"  # offsets committed before the record existed (any older build)
+    (old / "alerts" / "offsets").mkdir(parents=True)
+    (old / "alerts" / "offsets" / "0").write_text("v1\n")
+    checkpoint_shards(old, 6)
+    assert checkpoint_layout1_log(old) is True
+    older = tmp_path / "older"  # the record as sessions 15-16 wrote it
+    older.mkdir()
+    (older / SHARDS_FILE).write_text('{"shards": 6}')
+    assert checkpoint_shards(older, 6) == 6
+    assert checkpoint_layout1_log(older) is True
+    assert checkpoint_layout1_log(tmp_path / "none") is True
 
 
 def test_a_query_dir_without_offsets_is_new(tmp_path: Path) -> None:

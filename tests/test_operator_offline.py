@@ -132,6 +132,10 @@ def test_operator_alerts_equal_embedded_whatever_the_batching(engine_loop: str, 
     assert sum(r.info["events"] for r in got if isinstance(r, StatsRow)) == len(events)
     assert sorted(r.info["reason"] for r in got if isinstance(r, DeadRow)) == [
         "bad 0", "bad 1", "bad 2"]
+    # One processor (one Spark task): its `init` (the state variables' declarations) is
+    # reported once, with its first call.
+    inits = [r.info["init_us"] for r in got if isinstance(r, StatsRow) and "init_us" in r.info]
+    assert len(inits) == 1 and inits[0] > 0
     if engine_loop == "native":
         assert op._HELD  # the native loop held its shards' state between calls
         # Every call, an expired timer's too (no rows), reports its flush's split; the encode
@@ -244,3 +248,26 @@ def test_mixed_rule_set_through_the_operator_equals_embedded(batch: int) -> None
     proc = op.CepProcessor(RulesEngineFactory.from_path("rules"), output_rows, DELAY)
     proc.init(Handle(ShardState()))  # type: ignore[arg-type]
     assert isinstance(proc.store, MixedShardStore)
+
+
+@pytest.mark.parametrize("layout1_log", [True, False])
+def test_layout_1s_log_is_declared_only_when_the_state_may_hold_it(
+        layout1_log: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`nlog` (a ListState, the native store's log until session 14) is declared in each task
+    only when the checkpoint may hold it (the native loop's store)."""
+    from bench.operator import Handle, ShardState
+
+    monkeypatch.setenv("CEP_ENGINE", "native")
+    monkeypatch.setattr(op, "_ENGINES", {})  # (another test's engine loop is cached there)
+
+    class Declared(Handle):
+        def getListState(self, name: str = "", *args: Any) -> Any:  # noqa: N802
+            names.append(name)
+            return super().getListState(name, *args)
+
+    names: list[str] = []
+    proc = op.CepProcessor(RulesEngineFactory.from_path(RULES), output_rows, DELAY,
+                           layout1_log=layout1_log)
+    proc.init(Declared(ShardState()))  # type: ignore[arg-type]
+    assert names == (["nlog"] if layout1_log else [])
+    assert (proc.store._old_log is not None) is layout1_log

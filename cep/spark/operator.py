@@ -44,8 +44,13 @@ class CepProcessor(StatefulProcessor):
 
     def __init__(self, engine_factory: EngineFactory, to_rows: RowsFromOutput,
                  watermark_delay_ms: int, end_of_input: int | None = None,
-                 shards: int | None = None) -> None:
+                 shards: int | None = None, layout1_log: bool = True) -> None:
         self.engine_factory = engine_factory
+        # Whether the native store's state may hold layout 1's log (`nlog`, a ListState; until
+        # session 14), which is then declared in every task (`_native_store`); False for a
+        # query whose state was started by a build that never wrote it (the live job records
+        # that in its checkpoint: `jobs.live.checkpoint_layout1_log`).
+        self.layout1_log = layout1_log
         # The job's shard count (None: unknown): the native store's decoded-keys budget per
         # shard (`NativeShardStore.for_shards`).
         self.shards = shards
@@ -58,6 +63,7 @@ class CepProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.engine = _cached_engine(self.engine_factory)
+        started = time.perf_counter()
         # The job's metrics show each rule's live partial matches (the console's Rules view).
         self.engine.track_partials = True
         # The two engines keep differently shaped state, under different names: a rules change
@@ -82,15 +88,23 @@ class CepProcessor(StatefulProcessor):
                 handle.getMapState("buckets", _BUCKET_SCHEMA, _BLOB_SCHEMA),
                 handle.getValueState("shard", _BLOB_SCHEMA),
             )
+        # PySpark calls `init` once per task: the state variables' declarations (a round trip
+        # each, in which the JVM builds the variable's encoders) are a fixed cost of every
+        # stateful task, reported with the task's first call (`init_us`; the rules' compile,
+        # once per worker process, is not in it).
+        self._init_us = _us(time.perf_counter() - started)
 
     def _native_store(self, handle: StatefulProcessorHandle) -> NativeShardStore:
         """The native store over the shard's log rows and record; `nlog`, layout 1's log (a
-        ListState, until session 14), stays declared: a checkpoint written so is read from it
-        once (and Spark keeps a query's state variables)."""
+        ListState, until session 14), is declared when the state may hold it (`layout1_log`):
+        a checkpoint written so is read from it once (and Spark keeps a query's state
+        variables). Each declaration costs every task a round trip in which the JVM builds the
+        variable's encoders (docs/spark-runtime.md, "The stateful stage's steady call")."""
         return NativeShardStore(handle.getMapState("nrows", _ROW_SCHEMA, _LOG_ROW_SCHEMA),
                                 handle.getValueState("nshard", _BLOB_SCHEMA), _HELD,
                                 NativeShardStore.for_shards(self.shards),
-                                old_log=handle.getListState("nlog", _BLOB_SCHEMA))
+                                old_log=(handle.getListState("nlog", _BLOB_SCHEMA)
+                                         if self.layout1_log else None))
 
     def _begin(self, key: Any) -> None:
         if self.native:
@@ -256,6 +270,8 @@ class CepProcessor(StatefulProcessor):
             nstore.reloads = nstore.compactions = nstore.encode_us = nstore.write_us = 0
             nstore.catchups = nstore.load_us = nstore.read_us = 0
         self.store.writes = self.store.reads = 0
+        if self._init_us:
+            stats["init_us"], self._init_us = self._init_us, 0
         rows.append(("stats", "", "", "", json.dumps(stats)))
         # From an object array: about half the cost of pandas' own row-tuple path, paid on
         # every call (shards x batches).
