@@ -493,7 +493,7 @@ pub fn blake2b_64(data: &[u8]) -> i64 {
 
 /// One record: `Some((ts, keys, content seq))` when the fast path accepts it.
 fn check(raw: &[u8], tf: &str, keys: &[String], fields: Option<&[(String, Ty)]>,
-         max_bytes: usize) -> Option<(i64, Vec<String>, i64)> {
+         max_bytes: usize, content_seq: bool) -> Option<(i64, Vec<String>, i64)> {
     if raw.is_empty() || raw.len() > max_bytes || std::str::from_utf8(raw).is_err() {
         return None;
     }
@@ -535,6 +535,9 @@ fn check(raw: &[u8], tf: &str, keys: &[String], fields: Option<&[(String, Ty)]>,
             return None;
         }
     }
+    if !content_seq {
+        return Some((ts, out, 0));
+    }
     let mut text = String::with_capacity(raw.len() + 16);
     dump(&value, &mut text);
     Some((ts, out, blake2b_64(text.as_bytes())))
@@ -545,9 +548,10 @@ fn check(raw: &[u8], tf: &str, keys: &[String], fields: Option<&[(String, Ty)]>,
 /// empty name gives an empty key) and content seq. Returns `(ok, ts, seq, key_offsets,
 /// key_data)` as bytes: one u8 per record, i64 (native order) per record, and the keys as an
 /// Arrow string array's int32 offsets and data, `len(key_order)` per record (empty for a
-/// record left to Python).
+/// record left to Python). `content_seq` false (the live job, which orders by Kafka position)
+/// leaves out the canonical text and its hash: every seq is then 0, the rest is the same.
 #[pyfunction]
-#[pyo3(signature = (values, time_field, key_order, fields, max_bytes))]
+#[pyo3(signature = (values, time_field, key_order, fields, max_bytes, content_seq=true))]
 pub fn validate_fast<'py>(
     py: Python<'py>,
     values: &Bound<'py, PyList>,
@@ -555,6 +559,7 @@ pub fn validate_fast<'py>(
     key_order: Vec<String>,
     fields: Option<Bound<'py, PyAny>>,
     max_bytes: usize,
+    content_seq: bool,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let fields = fields.map(|f| fields_of(&f)).transpose()?;
     let n = values.len();
@@ -570,7 +575,7 @@ pub fn validate_fast<'py>(
             None
         } else {
             let raw = item.downcast::<PyBytes>()?.as_bytes();
-            check(raw, time_field, &key_order, fields.as_deref(), max_bytes)
+            check(raw, time_field, &key_order, fields.as_deref(), max_bytes, content_seq)
         };
         let (t, q) = match got {
             Some((t, keys, q)) => {
