@@ -498,7 +498,8 @@ fn check(raw: &[u8], tf: &str, keys: &[String], fields: Option<&[(String, Ty)]>,
         return None;
     }
     // Python walks the values only when these scans cannot rule a problem out: leave those.
-    if raw.windows(2).any(|w| w == b"\\u")
+    // (`contains` first: a memchr, where the pairwise scan was a tenth of the validator's time)
+    if (raw.contains(&b'\\') && raw.windows(2).any(|w| w == b"\\u"))
         || raw.iter().filter(|&&c| c == b'{' || c == b'[').count() > MAX_DEPTH
     {
         return None;
