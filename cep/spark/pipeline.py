@@ -281,7 +281,7 @@ def fast_validated(values: Any, time_field: str, key_order: list[str], fields: A
     the indices of the records it accepted, and for those their times (int64 array), content
     seqs (numpy int64) and keys (`list<string>`, in `key_order`). The rest is for Python.
     `content_seq` False (the live pass: its seq is the Kafka position) skips the canonical text
-    and hash of each record, ~a third of the validator's time; the seqs are then zeros."""
+    and hash of each record, ~a third of the validator's time; the seqs are then None."""
     import numpy as np
     import pyarrow as pa
 
@@ -298,8 +298,8 @@ def fast_validated(values: Any, time_field: str, key_order: list[str], fields: A
         flat = flat.take(pa.array((rows[:, None] * k + np.arange(k)).reshape(-1)))
     keys = pa.ListArray.from_arrays(pa.array(np.arange(0, len(rows) * k + 1, k,
                                                        dtype=np.int32)), flat)
-    return (rows, pa.array(np.frombuffer(ts_b, np.int64)[rows]),
-            np.frombuffer(seq_b, np.int64)[rows], keys)
+    seqs = None if seq_b is None else np.frombuffer(seq_b, np.int64)[rows]
+    return rows, pa.array(np.frombuffer(ts_b, np.int64)[rows]), seqs, keys
 
 
 def accepted_text(value: Any) -> Any:
