@@ -123,6 +123,23 @@ def test_whatever_the_fast_path_accepts_python_accepts_the_same_way(
             assert fast == python_side(raw, schema, key_order), raw
 
 
+@settings(max_examples=examples(300), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(st.lists(records(), min_size=1, max_size=12), st.sampled_from(SCHEMAS))
+def test_without_content_seqs_it_accepts_the_same_records_with_the_same_times_and_keys(
+        raws: list[bytes], which: Any) -> None:
+    """`content_seq=False` (the live pass, whose seq is the Kafka position) skips only the
+    canonical text and its hash: the same records accepted, the same times and keys, no seqs."""
+    schema, key_order = which
+    full = _core.validate_fast([*raws, None], schema.time_field, key_order, schema.fields,
+                               MAX_BYTES)
+    lean = _core.validate_fast([*raws, None], schema.time_field, key_order, schema.fields,
+                               MAX_BYTES, False)
+    n = len(raws) + 1
+    assert lean[0] == full[0] and lean[1] == full[1] and lean[3:] == full[3:]
+    assert lean[2] is None and len(full[2]) == 8 * n
+
+
 @settings(max_examples=examples(300), deadline=None)
 @given(st.dictionaries(text, values, max_size=6))
 def test_content_seq_of_any_object_equals_pythons(obj: dict[str, Any]) -> None:
