@@ -32,11 +32,11 @@ T0 = 1_700_000_000_000  # the input's first event time
 
 def pack_frame(rows: list[tuple[Any, ...]]) -> Any:
     """Fan-out rows `(shard, stream, ts, seq, data, key_field, primary)` of one shard as the
-    operator receives them in Spark: a frame of packs (`cep.spark.pipeline.pack_rows`)."""
+    operator receives them in Spark: a frame of packs (`cep.spark.pipeline.packed_batch`)."""
     import pandas as pd
     import pyarrow as pa
 
-    from cep.spark.pipeline import pack_rows
+    from cep.spark.pipeline import packed_batch
 
     cols = list(zip(*rows, strict=True))
     batch = pa.RecordBatch.from_arrays(
@@ -45,7 +45,7 @@ def pack_frame(rows: list[tuple[Any, ...]]) -> Any:
          pa.array(cols[4], pa.string()), pa.array(cols[5], pa.string()),
          pa.array(cols[6], pa.bool_()), pa.array(cols[2], pa.int64())],
         names=["shard", "stream", "ts", "seq", "data", "key_field", "primary", "wm"])
-    return pd.DataFrame({"pack": [p for _, _, p in pack_rows(batch)]})
+    return pd.DataFrame({"pack": packed_batch(batch).column("pack").to_pylist()})
 
 
 class ShardState:

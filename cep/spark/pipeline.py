@@ -281,7 +281,7 @@ def fast_validated(values: Any, time_field: str, key_order: list[str], fields: A
     the indices of the records it accepted, and for those their times (int64 array), content
     seqs (numpy int64) and keys (`list<string>`, in `key_order`). The rest is for Python.
     `content_seq` False (the live pass: its seq is the Kafka position) skips the canonical text
-    and hash of each record, ~a third of the validator's time; the seqs are then None."""
+    and hash of each record, a third to a half of the validator's time; the seqs are then None."""
     import numpy as np
     import pyarrow as pa
 
@@ -383,9 +383,12 @@ def _pack_schema() -> Any:
                       ("primary", pa.bool_())])
 
 
-def pack_rows(batch: Any) -> Iterator[tuple[int, int, bytes]]:
+def packed_batch(rows: Any) -> Any:
     """Fan-out rows (an Arrow batch or table with `shard`, `wm` — the row's watermark time in
-    ms — and the operator's columns) → one `(shard, max wm, Arrow IPC stream)` per shard in it.
+    ms — and the operator's columns) → one `shard, wm, pack` batch, a row per shard in them:
+    the largest `wm` of that shard's rows and the rows as an Arrow IPC stream; None for no
+    rows. The packs are written one after the other into one buffer, the `pack` column's data
+    (no copy per pack).
 
     Why: transformWithStateInPandas hands a group's rows to Python one row at a time (PySpark
     4.3's worker turns each Arrow batch into pandas, walks it with `itertuples` to split it by
@@ -394,28 +397,14 @@ def pack_rows(batch: Any) -> Iterator[tuple[int, int, bytes]]:
     per-event work to Arrow: the operator reads the packed events back as one Arrow batch
     (`unpack`), which the native engine ingests as it is. The watermark is the same (Spark takes
     the maximum of `wm` over the rows, which is the maximum over the events)."""
-    got = _pack_streams(batch)
-    if got is None:
-        return
-    shards, wms, offsets, data = got
-    for i, (shard, wm) in enumerate(zip(shards, wms, strict=True)):
-        yield shard, wm, data[offsets[i]:offsets[i + 1]].to_pybytes()
-
-
-def _pack_streams(batch: Any) -> tuple[list[int], list[int], list[int], Any] | None:
-    """`pack_rows`' packs written one after the other into one buffer: (shards, max wms,
-    offsets (one more than packs), the buffer), or None for no rows. `packed_batch` makes its
-    binary column of the buffer as it is (no copy per pack)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if batch.num_rows == 0:
+    if rows.num_rows == 0:
         return None
     schema = _pack_schema()
-    shard = batch.column("shard")
-    order = pc.sort_indices(shard)
-    ordered = batch.take(order)
+    ordered = rows.take(pc.sort_indices(rows.column("shard")))
     shards = ordered.column("shard").to_numpy(zero_copy_only=False)
     wms = ordered.column("wm").to_numpy(zero_copy_only=False)
     cols = [ordered.column(f.name).cast(f.type) for f in schema]
@@ -431,12 +420,16 @@ def _pack_streams(batch: Any) -> tuple[list[int], list[int], list[int], Any] | N
         with pa.ipc.new_stream(sink, schema) as w:  # closing it ends this pack's stream
             w.write_batch(body.slice(s, e - s))
         offsets.append(sink.tell())
-    return (shards[starts].tolist(), np.maximum.reduceat(wms, starts).tolist(), offsets,
-            sink.getvalue())
+    pack = pa.Array.from_buffers(pa.binary(), len(starts), [
+        None, pa.array(offsets, pa.int32()).buffers()[1], sink.getvalue()])
+    return pa.RecordBatch.from_arrays(
+        [pa.array(shards[starts], pa.int32()),
+         pa.array(np.maximum.reduceat(wms, starts), pa.int64()), pack],
+        names=["shard", "wm", "pack"])
 
 
 def unpack(packs: Iterable[bytes]) -> Any:
-    """`pack_rows`' packs → one Arrow RecordBatch of their rows (the operator's columns)."""
+    """`packed_batch`'s packs → one Arrow RecordBatch of their rows (the operator's columns)."""
     import pyarrow as pa
 
     tables = [pa.ipc.open_stream(p).read_all() for p in packs]
@@ -445,22 +438,6 @@ def unpack(packs: Iterable[bytes]) -> Any:
     table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
     batches = table.combine_chunks().to_batches()
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=_pack_schema())
-
-
-def packed_batch(rows: Any) -> Any:
-    """Fan-out rows packed per shard (`pack_rows`) as one `shard, wm, pack` batch, or None
-    when there is nothing to pack."""
-    import pyarrow as pa
-
-    got = _pack_streams(rows)
-    if got is None:
-        return None
-    shard, wm, offsets, data = got
-    pack = pa.Array.from_buffers(pa.binary(), len(shard),
-                                 [None, pa.array(offsets, pa.int32()).buffers()[1], data])
-    return pa.RecordBatch.from_arrays(
-        [pa.array(shard, pa.int32()), pa.array(wm, pa.int64()), pack],
-        names=["shard", "wm", "pack"])
 
 
 class Pack:
@@ -474,7 +451,7 @@ class Pack:
 
 
 def packed(rows: DataFrame) -> DataFrame:
-    """`fan_out`'s rows, packed per shard (`pack_rows`), with the watermark's `event_time`: the
+    """`fan_out`'s rows, packed per shard (`packed_batch`), with the watermark's `event_time`: the
     stateful operator's input."""
     return (rows.select("shard", "stream", "ts", "seq", "data", "key_field", "primary",
                         F.unix_millis(F.col("event_time")).alias("wm"))

@@ -22,7 +22,7 @@ def match_rules(good: DataFrame, plan: Plan, factory: EngineFactory,
     """Good (validated) events → the operator's output rows: alerts, timeouts, late events,
     dropped partial matches and a stats row per call. `end_of_input`: replay's last event
     time (the live job has none)."""
-    # One row per (shard, input batch), not per event (`cep.spark.pipeline.pack_rows`).
+    # One row per (shard, input batch), not per event (`cep.spark.pipeline.packed_batch`).
     return match_packed(packed(fan_out(good, plan)), plan, factory, end_of_input)
 
 
