@@ -779,7 +779,6 @@ fn run_rules(
             _ => 0,
         };
         let core = &mut rule.core;
-        core.exact = compact;
         let shared = &mut shared;
         let r = catch_unwind(AssertUnwindSafe(|| -> PyResult<Option<MState>> {
             let mut s = mstate;
@@ -813,9 +812,6 @@ fn run_rules(
         if let Some(m) = s {
             if let Some(d) = m.deadline {
                 due = Some(due.map_or(d, |x| x.min(d)));
-            }
-            if compact {
-                kept.reserve_exact(1);
             }
             kept.push(Part { fp: rule.fp, state: m });
         }

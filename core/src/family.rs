@@ -373,7 +373,7 @@ impl Family {
                     out = sc.entries.pop().unwrap_or_default();
                 }
                 let cap = Cap { var: *var as u32, row, ev: ev.clone() };
-                let caps = sc.pool.caps_of(cap, false, |c| c.fold_last(&rep.cx(py, t.loc.rows)));
+                let caps = sc.pool.caps_of(cap, |c| c.fold_last(&rep.cx(py, t.loc.rows)));
                 push_next(&mut out, nxt, caps, |pos, caps| FEntry { pos, mask: m, caps });
             }
         }

@@ -220,7 +220,6 @@ pub fn build_core(py: Python<'_>, program: &Bound<'_, PyAny>, max_partial_matche
         spare: Vec::new(),
         pool: Default::default(),
         acts: Vec::new(),
-        exact: false,
         p,
     })
 }

@@ -69,20 +69,15 @@ fn compact_caps(c: &mut Caps) {
     }
 }
 
-/// `v` in a block of its length: `shrink_to_fit` is a `realloc`, which mimalloc answers in
-/// place (the block kept whole) when the length still takes half the block; a vector grown by
-/// one (`Core::exact`) and shrunk by one again would keep its larger block (+45 MB at 1M cards,
-/// docs/native-core.md "Many keys: exact vectors (session 17)").
+/// `v` in a block of its length (none when empty; its elements moved in order, the old block
+/// freed). Not `shrink_to_fit`: that is a `realloc`, which mimalloc answers in place, keeping
+/// the whole block, while the length takes at least half of it (26-29 MB at 1M cards,
+/// docs/native-core.md "Many keys: compaction into blocks of the length (session 17)").
 pub(crate) fn fit<T>(v: &mut Vec<T>) {
     if v.capacity() > v.len() {
-        *v = match v.len() {
-            0 => Vec::new(),
-            n => {
-                let mut exact = Vec::with_capacity(n);
-                exact.append(v);
-                exact
-            }
-        };
+        let mut exact = Vec::with_capacity(v.len());
+        exact.append(v);
+        *v = exact;
     }
 }
 
@@ -141,10 +136,6 @@ pub struct Core {
     pub acts: Vec<Act>,
     /// The vectors of ended runs, for the runs `spawn` starts.
     pub pool: Pool,
-    /// Grow the state's vectors to their length only (set by the engine while it compacts the
-    /// keys' states, `COMPACT_FROM`): what `MState::compact` would shrink again is not made
-    /// (docs/native-core.md, "Many keys: exact vectors (session 17)").
-    pub exact: bool,
 }
 
 /// Vectors of ended runs kept for new ones (fraud starts a run at most events and ends one as
@@ -190,7 +181,7 @@ impl Pool {
 
     /// Captures holding `cap` alone (a kept vector, or a new one with room for four), `fold`
     /// applied to them before they are shared.
-    pub(crate) fn caps_of(&mut self, cap: Cap, exact: bool, fold: impl FnOnce(&mut CapVec)) -> Caps {
+    pub(crate) fn caps_of(&mut self, cap: Cap, fold: impl FnOnce(&mut CapVec)) -> Caps {
         if let Some(mut c) = self.caps.pop() {
             if let Some(v) = Arc::get_mut(&mut c) {
                 v.v.clear();
@@ -200,7 +191,7 @@ impl Pool {
                 return c;
             }
         }
-        let mut v = Vec::with_capacity(if exact { 1 } else { 4 });
+        let mut v = Vec::with_capacity(4);
         v.push(cap);
         let mut c = CapVec::from(v);
         fold(&mut c);
@@ -231,8 +222,7 @@ pub struct Out<'py> {
     pub list: Bound<'py, PyList>,
     key: Option<Py<PyAny>>,
     /// The engine's key as text: made a Python str only when a result needs it. Borrowed
-    /// from the caller's key (no reference count written per due key: docs/native-core.md,
-    /// "Many keys: exact vectors (session 17)").
+    /// from the caller's key (no reference count written per due key).
     key_text: Option<&'py str>,
     key_cell: std::cell::OnceCell<Py<PyAny>>,
 }
@@ -330,11 +320,8 @@ impl Core {
                 if out.capacity() == 0 {
                     out = pool.entries.pop().unwrap_or_default();
                 }
-                if self.exact {
-                    out.reserve_exact(nxt.len());
-                }
                 let cap = Cap { var: *var as u32, row, ev: ev.clone() };
-                let caps = pool.caps_of(cap, self.exact, |c| c.fold_last(&self.cx(py, local.rows)));
+                let caps = pool.caps_of(cap, |c| c.fold_last(&self.cx(py, local.rows)));
                 push_next(&mut out, nxt, caps, |pos, caps| Entry { pos, caps });
             }
         }
@@ -404,13 +391,7 @@ impl Core {
                 }
             }
         }
-        if self.exact && out.len() <= entries.capacity() {
-            // The run keeps its own (compacted) vector; `out` stays the spare.
-            entries.append(&mut out);
-            *spare = out;
-        } else {
-            *spare = std::mem::replace(entries, out);
-        }
+        *spare = std::mem::replace(entries, out);
         Ok(())
     }
 
@@ -524,9 +505,6 @@ impl Core {
                 self.acts = acts;
                 let spawned = spawned?;
                 if !spawned.is_empty() {
-                    if self.exact {
-                        s.runs.reserve_exact(1);
-                    }
                     s.runs.push(Run { start: row, entries: spawned, tpart: None, matched: false });
                 }
                 (row, s.runs)
@@ -936,5 +914,9 @@ mod tests {
         fit(&mut v);
         assert_eq!((v.len(), v.capacity(), v[0]), (1, 1, [3; 48]));
         assert_ne!(v.as_ptr(), before, "a new block");
+        // Zero-sized elements: no block, the length kept.
+        let mut z = vec![(); 3];
+        fit(&mut z);
+        assert_eq!(z.len(), 3);
     }
 }

@@ -627,14 +627,14 @@ RULE travel FROM s PARTITION BY card
 
 
 @pytest.mark.parametrize("batch", [1, 29, 400])
-def test_exact_vectors_of_many_keys_match_the_python_engine(batch: int) -> None:
-    """With many keys (`compact_from=0` here) the matcher grows a key's vectors to their length
-    only (`Core::exact`, docs/native-core.md "Many keys: exact vectors (session 17)"): runs
-    added to a key's runs, entries that grow past their vector or shrink into it (a run keeps
-    its own vector), several start variables and next positions, captures grown in place and
-    shared by several entries (ALL MATCHES), keys with one to four live rules: the Python
+def test_compacted_vectors_of_many_keys_match_the_python_engine(batch: int) -> None:
+    """With many keys (`compact_from=0` here) a key's vectors are moved into blocks of their
+    length each time its state is put back (`matcher::fit`, docs/native-core.md "Many keys:
+    compaction into blocks of the length (session 17)"): runs added to a key's runs, entries
+    that grow and shrink, several start variables and next positions, captures grown in place
+    and shared by several entries (ALL MATCHES), keys with one to four live rules: the Python
     engine's results, late reports, keys and wakes, call by call; and the same with the
-    default `compact_from` (vectors grown as before)."""
+    default `compact_from` (no compaction)."""
     from cep import _core
     from cep.compile import compile_rules
 
