@@ -90,6 +90,17 @@ Path(out).write_text(json.dumps({"events": events[0], "progress": progress}))
 '''
 
 
+def card_event(i: int, t0: int, rate: int) -> tuple[str, int, str]:
+    """The input's event `i` (from event time `t0`, `rate` a second): its card, event time
+    and JSON text. Each card is seen every `CARD_GAP_S` of event time (bench/state_moves.py
+    reads the same input without Kafka)."""
+    n_cards = max(1000, int(rate * CARD_GAP_S))
+    card, ts = f"b-{i % n_cards}", t0 + i * 1000 // rate
+    return card, ts, (f'{{"ts":{ts},"card":"{card}","amount":'
+                      f'{5 + (i * 7919) % 29500 / 100:.2f},"merchant":"m-{i % 500:03d}",'
+                      f'"country":"{COUNTRIES[(i % n_cards) % 10]}"}}')
+
+
 def load_topic(bootstrap: str, topic: str, events: int, rate: int) -> None:
     """`events` records in one partition, event time advancing `rate` per second."""
     from confluent_kafka import Producer
@@ -100,13 +111,9 @@ def load_topic(bootstrap: str, topic: str, events: int, rate: int) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "1",
                   "enable.idempotence": False, "queue.buffering.max.messages": 2_000_000,
                   "queue.buffering.max.kbytes": 1_048_576, "batch.num.messages": 10_000})
-    n_cards = max(1000, int(rate * CARD_GAP_S))
     t0 = int(time.time() * 1000) - int(1000 * events / rate) - 60_000
     for i in range(events):
-        card = f"b-{i % n_cards}"
-        body = (f'{{"ts":{t0 + i * 1000 // rate},"card":"{card}","amount":'
-                f'{5 + (i * 7919) % 29500 / 100:.2f},"merchant":"m-{i % 500:03d}",'
-                f'"country":"{COUNTRIES[(i % n_cards) % 10]}"}}')
+        card, _, body = card_event(i, t0, rate)
         while True:
             try:
                 p.produce(topic, body.encode(), card.encode())

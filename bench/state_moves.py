@@ -27,9 +27,10 @@ import sys
 import time
 from typing import Any
 
+from bench.live_ceiling import card_event
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RATE, CARD_GAP_S = 20_000, 20.0
-COUNTRIES = ("NL", "DE", "FR", "BE", "ES", "IT", "GB", "US", "BR", "JP")
+RATE = 20_000
 
 
 def _batch(start: int, n: int, shards: int = 6) -> Any:
@@ -37,17 +38,14 @@ def _batch(start: int, n: int, shards: int = 6) -> Any:
     (every `shards`-th card, as the live job's hash spreads them)."""
     import pyarrow as pa
 
-    n_cards = int(RATE * CARD_GAP_S)
     t0 = 1_700_000_000_000
     ts, data = [], []
     i = start
     while len(data) < n:
-        card = i % n_cards
-        if card % shards == 0:
-            ts.append(t0 + i * 1000 // RATE)
-            data.append(f'{{"ts":{ts[-1]},"card":"b-{card}","amount":'
-                        f'{5 + (i * 7919) % 29500 / 100:.2f},"merchant":"m-{i % 500:03d}",'
-                        f'"country":"{COUNTRIES[card % 10]}"}}')
+        card, t, body = card_event(i, t0, RATE)
+        if int(card[2:]) % shards == 0:
+            ts.append(t)
+            data.append(body)
         i += 1
     return pa.RecordBatch.from_pydict({
         "stream": ["transactions"] * n, "ts": pa.array(ts, pa.int64()),

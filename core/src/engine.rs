@@ -553,6 +553,27 @@ fn prefetch_row(ev: &Ev) {
     }
 }
 
+/// The decoded keys `export_blobs` holds as bytes when their bytes (`enc`) are `over` past the
+/// budget: the keys not changed in this call in the map's order, then the changed ones, until
+/// enough. Passes that stop there (until session 17 the whole map was partitioned first, on
+/// every export of a state past its budget: the live job's shards are, once their keys grow);
+/// the same keys in the same order (test below).
+fn to_evict(enc: &HashMap<Id, Vec<u8>>, dirty: &HashSet<Id>, mut over: usize) -> Vec<Id> {
+    let mut evict = Vec::new();
+    for changed in [false, true] {
+        for (&id, b) in enc {
+            if over == 0 {
+                return evict;
+            }
+            if dirty.contains(&id) == changed {
+                over = over.saturating_sub(b.len());
+                evict.push(id);
+            }
+        }
+    }
+    evict
+}
+
 /// `Engine._advance`: add the key's new events, release what is safe, fire deadlines up to
 /// `safe`, end of input, keep or release the key's state.
 #[allow(clippy::too_many_arguments)]
@@ -1746,12 +1767,8 @@ impl Engine {
             if bytes.is_empty() {
                 st.forget(id);
             } else {
-                // Only a decoded key has bytes in `enc`: a new key or one held as bytes (most
-                // records of a catch-up) skips that map.
-                if st.keys.slot(id).val.state.is_some() {
-                    st.put_state(id, None);
-                    st.enc.remove(&id);
-                }
+                st.put_state(id, None);
+                st.enc.remove(&id);
                 st.put_raw(id, bytes.to_vec());
                 st.keys.set_wake(id, wake);
             }
@@ -1796,24 +1813,9 @@ impl Engine {
             st.dirty.iter().copied().filter(|id| was.get(id).is_none_or(|b| st.enc.get(id) != Some(b))).collect()
         };
         // Over the budget: keys not changed in this call are held as bytes first.
-        let mut over = st.enc.values().map(Vec::len).sum::<usize>().saturating_sub(st.keep_decoded);
+        let over = st.enc.values().map(Vec::len).sum::<usize>().saturating_sub(st.keep_decoded);
         if over > 0 {
-            // Unchanged keys in the map's order, then changed ones, until enough: passes that
-            // stop there (until session 17 the whole map was partitioned first, on every export
-            // of a state past its budget: the live job's shards are, once their keys grow).
-            let mut evict = Vec::new();
-            for changed in [false, true] {
-                for (&id, b) in &st.enc {
-                    if over == 0 {
-                        break;
-                    }
-                    if st.dirty.contains(&id) == changed {
-                        over = over.saturating_sub(b.len());
-                        evict.push(id);
-                    }
-                }
-            }
-            for id in evict {
+            for id in to_evict(&st.enc, &st.dirty, over) {
                 st.put_state(id, None);
                 if let Some(b) = st.enc.remove(&id) {
                     st.put_raw(id, b);
@@ -2087,6 +2089,36 @@ mod tests {
         for (name, size, max) in sizes {
             assert!(size <= max, "{name} grew to {size} B (was {max} B): if meant, say so here and in the docs");
         }
+    }
+
+    /// `to_evict` picks what session 16's export did (the whole `enc` map partitioned into
+    /// unchanged and changed keys, then taken in that order until enough): the same keys in
+    /// the same order, whether the unchanged keys are enough or the changed ones are needed too.
+    #[test]
+    fn to_evict_picks_the_keys_the_whole_partition_picked() {
+        let partitioned = |enc: &HashMap<Id, Vec<u8>>, dirty: &HashSet<Id>, mut over: usize| {
+            let (old, new): (Vec<Id>, Vec<Id>) = enc.keys().partition(|id| !dirty.contains(*id));
+            let mut evict = Vec::new();
+            for id in old.into_iter().chain(new) {
+                if over == 0 {
+                    break;
+                }
+                over = over.saturating_sub(enc[&id].len());
+                evict.push(id);
+            }
+            evict
+        };
+        let enc: HashMap<Id, Vec<u8>> = (0..300).map(|id| (id * 7, vec![0; 1 + (id as usize * 37) % 50])).collect();
+        let dirty: HashSet<Id> = (0..300).filter(|id| id % 3 == 0).map(|id| id * 7).chain([1, 2]).collect();
+        let total: usize = enc.values().map(Vec::len).sum();
+        let unchanged: usize = enc.iter().filter(|(id, _)| !dirty.contains(*id)).map(|(_, b)| b.len()).sum();
+        for over in [1, 2, 50, 51, 999, unchanged - 1, unchanged, unchanged + 1, total - 1, total, total + 9] {
+            let got = to_evict(&enc, &dirty, over);
+            assert_eq!(got, partitioned(&enc, &dirty, over), "over {over}");
+            assert_eq!(got.iter().any(|id| dirty.contains(id)), over > unchanged, "over {over}");
+        }
+        assert_eq!(to_evict(&enc, &dirty, total).len(), enc.len());
+        assert!(to_evict(&HashMap::default(), &dirty, 5).is_empty());
     }
 
     /// `KeyState::compact` gives back the spare room of the buffer, parts, runs, entries and of

@@ -127,7 +127,6 @@ def test_a_state_exported_and_imported_mid_stream_continues_the_same() -> None:
     assert len(state) == 0 and state.wake_len() == 0
 
 
-
 @pytest.mark.parametrize("max_bytes", [1, 300, 4 << 20])
 def test_a_shard_moving_between_two_states_every_call_continues_the_same(max_bytes: int) -> None:
     """The live job's two stateful workers: a shard's calls alternate between two
@@ -176,6 +175,7 @@ def test_a_shard_moving_between_two_states_every_call_continues_the_same(max_byt
     got, *_ = core.ingest_arrow(states[w], _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
     assert _records(native, got) == _records(python, want)
     assert alerts + len(want) > 10, "the stream raises alerts"
+
 
 def _blob(gid: str, key: str, wake: int, data: bytes) -> bytes:
     """One key record in `export_blobs`' format (magic, version, count, no tables, one group)."""
