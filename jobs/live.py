@@ -297,15 +297,17 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
             log.info("checkpoint %s was started with %d shards: keeping them (the setting, "
                      "%d, applies to a new checkpoint)", ck, n, wanted)
         return n
-    n = LEGACY_SHARDS if offsets_seen(ck) else wanted
+    offsets = ck / "alerts" / "offsets"
+    started = offsets.is_dir() and any(offsets.iterdir())  # by a build before the record
+    n = LEGACY_SHARDS if started else wanted
     if n != wanted:
         log.info("checkpoint %s has state from before its shard count was recorded: %d "
                  "shards (the setting, %d, applies to a new checkpoint)", ck, n, wanted)
     ck.mkdir(parents=True, exist_ok=True)
     # A new query's state is written by this build: the native store's layout 1 log can never
     # be in it, so the operator does not declare it (`checkpoint_layout1_log`).
-    _write_atomic(record, json.dumps({"shards": n, **({} if offsets_seen(ck) else
-                                                       {LAYOUT1_LOG: False})}))
+    _write_atomic(record, json.dumps({"shards": n} if started else
+                                     {"shards": n, LAYOUT1_LOG: False}))
     return n
 
 
@@ -315,12 +317,6 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
 # hold it (a query started since session 17: `false`) leaves it undeclared; a record without
 # the field (a checkpoint started by an older build, whatever its layout) keeps declaring it.
 LAYOUT1_LOG = "layout1_log"
-
-
-def offsets_seen(ck: Path) -> bool:
-    """Whether the live query of checkpoint `ck` has run a micro-batch (its offset log)."""
-    offsets = ck / "alerts" / "offsets"
-    return offsets.is_dir() and any(offsets.iterdir())
 
 
 def checkpoint_layout1_log(ck: Path) -> bool:
