@@ -274,6 +274,12 @@ SHARDS_FILE = "shards.json"
 # The live job's only shard count before the checkpoint recorded it (Settings.shards' default
 # until session 9): a checkpoint with query state and no record was started with it.
 LEGACY_SHARDS = 64
+# The field of `shards.json` that says whether the query's state may hold the native store's
+# layout 1 log (`nlog`, a ListState written until session 14). The operator declares it in each
+# stateful task, a round trip in which the JVM builds its encoders, so a checkpoint that cannot
+# hold it (a query started since session 17: `false`) leaves it undeclared; a record without
+# the field (a checkpoint started by an older build, whatever its layout) keeps declaring it.
+LAYOUT1_LOG = "layout1_log"
 
 
 def checkpoint_shards(ck: Path, wanted: int) -> int:
@@ -309,14 +315,6 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
     _write_atomic(record, json.dumps({"shards": n} if started else
                                      {"shards": n, LAYOUT1_LOG: False}))
     return n
-
-
-# The field of `shards.json` that says whether the query's state may hold the native store's
-# layout 1 log (`nlog`, a ListState written until session 14). The operator declares it in each
-# stateful task, a round trip in which the JVM builds its encoders, so a checkpoint that cannot
-# hold it (a query started since session 17: `false`) leaves it undeclared; a record without
-# the field (a checkpoint started by an older build, whatever its layout) keeps declaring it.
-LAYOUT1_LOG = "layout1_log"
 
 
 def checkpoint_layout1_log(ck: Path) -> bool:
