@@ -33,9 +33,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RATE = 20_000
 
 
-def _batch(start: int, n: int, shards: int = 6) -> Any:
+def _batch(start: int, n: int, shards: int = 6) -> tuple[Any, int, int]:
     """The events of one shard's call: `n` of the bench input's events from event `start`
-    (every `shards`-th card, as the live job's hash spreads them)."""
+    (every `shards`-th card, as the live job's hash spreads them), the next call's `start`
+    and the last event's time."""
     import pyarrow as pa
 
     t0 = 1_700_000_000_000
@@ -53,11 +54,11 @@ def _batch(start: int, n: int, shards: int = 6) -> Any:
         "route": ["card"] * n}), i, ts[-1]
 
 
-def run(calls: int, per_call: int) -> dict[str, float]:
+def run(calls: int, per_call: int) -> dict[str, Any]:
     from cep import _core
     from cep.compile import compile_rules
     from cep.runtime.bind import build_embedded_engine
-    from cep.runtime.state_store import NativeShardStore
+    from cep.runtime.state_store import NativeShardStore, unzip_row
     from tests.runtime.test_bucket_store import DictValueState
     from tests.runtime.test_native_shard_store import DictLogState
 
@@ -84,7 +85,7 @@ def run(calls: int, per_call: int) -> dict[str, float]:
     log, meta = DictLogState(), DictValueState()
     procs: list[dict[Any, Any]] = [{}, {}]
     load = encode = 0
-    at, wm, records = 0, -(2**62), 0
+    at, wm = 0, -(2**62)
     for c in range(calls):
         rb, at, last = _batch(at, per_call)
         # The shard moves in every other call (about half the batches of the live job).
@@ -96,11 +97,8 @@ def run(calls: int, per_call: int) -> dict[str, float]:
         wm = last - 5_000
         load += store.load_us
         encode += store.encode_us
-    records = len(log.rows)
     # A reload: the whole log into a new state.
     engine.core = core
-    from cep.runtime.state_store import unzip_row
-
     blobs = [unzip_row(r[0]) for r in log.rows]
     digest = hashlib.sha256(b"".join(blobs)).hexdigest()[:16]  # the same across builds
     c0 = time.process_time()
@@ -109,7 +107,7 @@ def run(calls: int, per_call: int) -> dict[str, float]:
         core.import_blob(state, b)
     reload_s = time.process_time() - c0
     return {"import_s": t["import_s"], "export_s": t["export_s"], "load_s": load / 1e6,
-            "encode_s": encode / 1e6, "reload_s": reload_s, "rows": records,
+            "encode_s": encode / 1e6, "reload_s": reload_s, "rows": len(log.rows),
             "keys": len(state), "blobs_sha256": digest}
 
 
