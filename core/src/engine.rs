@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::arrow::{read_batch, Batch};
-use crate::evcodec::{iv_len, put_iv, put_str, put_uv, uv_len, Dec as EvDec};
+use crate::evcodec::{put_iv, put_str, put_uv, Dec as EvDec};
 use crate::json::{parse_row, ColsCache};
 use crate::expr::{Cols, Ev, Row};
 use crate::value::Value;
@@ -1846,11 +1846,13 @@ impl Engine {
         for g in &self.groups {
             put_str(&mut head, &g.gid);
         }
-        // The records' sizes first, so that each blob is written once, straight into its bytes
-        // object: grown by doubling in a vector and then copied, it was a third of the export's
-        // samples (perf, bench.state_moves: ~180-300 KB a call at the live ceiling's input).
+        // The records' heads first (each blob's wake deltas start from 0), so that each blob's
+        // size is known and the blob is written once, straight into its bytes object: grown by
+        // doubling in a vector and then copied, it was a third of the export's samples (perf,
+        // bench.state_moves: ~180-300 KB a call at the live ceiling's input).
         let bytes_of = |id: Id| st.enc.get(&id).or_else(|| st.raw.get(&id)).map_or(&[][..], Vec::as_slice);
-        let wakes: Vec<i64> = keys.iter().map(|&id| st.keys.wake_of(id).unwrap_or(AT_END)).collect();
+        let mut heads: Vec<u8> = Vec::new();
+        let mut ends: Vec<usize> = Vec::with_capacity(keys.len()); // each record's head's end
         let mut blobs: Vec<(usize, usize)> = Vec::new(); // (records up to, bytes)
         let (mut size, mut wake) = (0, 0i64);
         for (i, &id) in keys.iter().enumerate() {
@@ -1859,41 +1861,35 @@ impl Engine {
             }
             let slot = st.keys.slot(id);
             let n = bytes_of(id).len();
-            size += uv_len(u64::from(slot.group)) + uv_len(slot.key.len() as u64) + slot.key.len();
-            size += iv_len(wakes[i].wrapping_sub(wake)) + uv_len(n as u64) + n;
-            wake = wakes[i];
+            let w = st.keys.wake_of(id).unwrap_or(AT_END);
+            let at = heads.len();
+            put_uv(&mut heads, u64::from(slot.group));
+            put_str(&mut heads, &slot.key);
+            put_iv(&mut heads, w.wrapping_sub(wake));
+            put_uv(&mut heads, n as u64);
+            ends.push(heads.len());
+            wake = w;
+            size += heads.len() - at + n;
             if size >= max_bytes || i + 1 == keys.len() {
                 blobs.push((i + 1, size));
                 size = 0;
             }
         }
         let mut out = Vec::with_capacity(blobs.len());
-        let mut rec: Vec<u8> = Vec::new();
         let mut from = 0;
         for (to, size) in blobs {
             let blob = PyBytes::new_with(py, size, |buf| {
                 buf[..head.len()].copy_from_slice(&head);
                 buf[7..11].copy_from_slice(&((to - from) as u32).to_le_bytes());
                 let mut at = head.len();
-                let mut wake = 0i64;
-                for (&id, &w) in keys[from..to].iter().zip(&wakes[from..to]) {
-                    let slot = st.keys.slot(id);
-                    let bytes = bytes_of(id);
-                    rec.clear();
-                    put_uv(&mut rec, u64::from(slot.group));
-                    put_str(&mut rec, &slot.key);
-                    put_iv(&mut rec, w.wrapping_sub(wake));
-                    put_uv(&mut rec, bytes.len() as u64);
-                    wake = w;
-                    for part in [&rec[..], bytes] {
-                        let end = at + part.len();
-                        buf.get_mut(at..end).ok_or_else(|| CoreError::new_err("export_blobs: a blob outgrew its size"))?.copy_from_slice(part);
-                        at = end;
+                for i in from..to {
+                    let h = &heads[if i == 0 { 0 } else { ends[i - 1] }..ends[i]];
+                    for part in [h, bytes_of(keys[i])] {
+                        buf[at..at + part.len()].copy_from_slice(part);
+                        at += part.len();
                     }
                 }
-                if at != size {
-                    return Err(CoreError::new_err("export_blobs: a blob came out shorter than its size"));
-                }
+                debug_assert_eq!(at, size);
                 Ok(())
             })?;
             out.push(blob.into_any().unbind());

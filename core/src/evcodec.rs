@@ -52,21 +52,7 @@ pub fn put_uv(b: &mut Vec<u8>, mut v: u64) {
 
 /// A signed varint (zigzag, then LEB128).
 pub fn put_iv(b: &mut Vec<u8>, v: i64) {
-    put_uv(b, zigzag(v));
-}
-
-fn zigzag(v: i64) -> u64 {
-    ((v << 1) ^ (v >> 63)) as u64
-}
-
-/// The bytes `put_uv` writes for `v`.
-pub fn uv_len(v: u64) -> usize {
-    (70 - (v | 1).leading_zeros() as usize) / 7
-}
-
-/// The bytes `put_iv` writes for `v`.
-pub fn iv_len(v: i64) -> usize {
-    uv_len(zigzag(v))
+    put_uv(b, ((v << 1) ^ (v >> 63)) as u64);
 }
 
 fn put_u32(b: &mut Vec<u8>, v: u32) {
@@ -302,27 +288,4 @@ pub fn decode_events(py: Python<'_>, d: &mut Dec<'_>) -> PyResult<Vec<(i64, EvOw
         }));
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn uv_len_and_iv_len_are_what_put_uv_and_put_iv_write() {
-        let mut vs: Vec<u64> = vec![0, u64::MAX];
-        for bit in 0..64 {
-            vs.extend([(1u64 << bit) - 1, 1 << bit, (1 << bit) + 1]);
-        }
-        for v in vs {
-            let mut b = Vec::new();
-            put_uv(&mut b, v);
-            assert_eq!(uv_len(v), b.len(), "{v}");
-            for i in [v as i64, (v as i64).wrapping_neg()] {
-                b.clear();
-                put_iv(&mut b, i);
-                assert_eq!(iv_len(i), b.len(), "{i}");
-            }
-        }
-    }
 }

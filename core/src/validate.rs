@@ -571,7 +571,7 @@ pub fn validate_fast<'py>(
     let k = key_order.len();
     let mut ok = vec![0u8; n];
     let mut ts = Vec::with_capacity(8 * n);
-    let mut seq = Vec::with_capacity(if content_seq { 8 * n } else { 0 });
+    let mut seq = content_seq.then(|| Vec::with_capacity(8 * n));
     let mut offsets: Vec<u8> = Vec::with_capacity(4 * (n * k + 1));
     let mut data: Vec<u8> = Vec::new();
     offsets.extend_from_slice(&0i32.to_ne_bytes());
@@ -604,22 +604,12 @@ pub fn validate_fast<'py>(
             }
         };
         ts.extend_from_slice(&t.to_ne_bytes());
-        if content_seq {
+        if let Some(seq) = &mut seq {
             seq.extend_from_slice(&q.to_ne_bytes());
         }
     }
-    let seq = if content_seq {
-        PyBytes::new(py, &seq).into_any()
-    } else {
-        py.None().into_bound(py)
-    };
-    PyTuple::new(py, [
-        PyBytes::new(py, &ok).into_any(),
-        PyBytes::new(py, &ts).into_any(),
-        seq,
-        PyBytes::new(py, &offsets).into_any(),
-        PyBytes::new(py, &data).into_any(),
-    ])
+    let bytes = |b: &[u8]| PyBytes::new(py, b);
+    (bytes(&ok), bytes(&ts), seq.as_deref().map(bytes), bytes(&offsets), bytes(&data)).into_pyobject(py)
 }
 
 /// `content_seq_of(text)`: the fast path's content seq of one JSON object's text, or None when
