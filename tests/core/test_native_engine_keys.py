@@ -644,7 +644,8 @@ def test_compacted_vectors_of_many_keys_match_the_python_engine(batch: int) -> N
     for i in range(240):
         t = (i // 40) * HOUR + rng.randrange(15 * 60_000)
         for _ in range(rng.choice([1, 2, 3, 5, 8])):
-            row = {"ts": t, "card": f"c{i % 80}", "amount": rng.choice([10.0, 30.0, 80.0, 300.0, 900.0]),
+            row = {"ts": t, "card": f"c{i % 80}",
+                   "amount": rng.choice([10.0, 30.0, 80.0, 300.0, 900.0]),
                    "country": rng.choice(["NL", "NL", "DE"])}
             events.append(Event("s", t, seq, row))
             seq += 1
