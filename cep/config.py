@@ -165,7 +165,8 @@ def load_settings(
     return settings.with_overrides(overrides or {})
 
 
-def quick_jit_unless_set(settings: Settings) -> Settings:
-    """`settings` with `java_options` = QUICK_JIT when none are set (`cep demo`; the live job
-    adds G1 regions of 16 MB, `jobs.live.live_jvm`; docs/spark-runtime.md says why)."""
-    return settings if settings.java_options else replace(settings, java_options=QUICK_JIT)
+def quick_jit_unless_set(settings: Settings, options: str = QUICK_JIT) -> Settings:
+    """`settings` with `java_options` = `options` (the quick JIT, and for the live job G1
+    regions of 16 MB too: `jobs.live.live_jvm`) when none are set (`cep demo`, the live job;
+    docs/spark-runtime.md says why)."""
+    return settings if settings.java_options else replace(settings, java_options=options)

@@ -36,11 +36,11 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cep.config import QUICK_JIT, Settings, parse_trigger
+from cep.config import QUICK_JIT, Settings, parse_trigger, quick_jit_unless_set
 from cep.delivery.dead_letters import dead_letter_record
 from cep.delivery.kafka_sink import ensure_topics
 from cep.delivery.preflight import claim_checkpoint, one_line, require_redis, require_topics
@@ -167,9 +167,7 @@ def live_jvm(settings: Settings) -> Settings:
     And G1 regions of 16 MB (`LIVE_JAVA_OPTIONS`): the job's byte arrays of 1-4 MB (packs, state
     blobs) are then young objects, not humongous ones in G1's 1 MB regions (docs/spark-runtime.md,
     "The read split and the cores": ~0.3 µs per row of JVM CPU on a quiet machine)."""
-    if settings.java_options:
-        return settings
-    return replace(settings, java_options=LIVE_JAVA_OPTIONS)
+    return quick_jit_unless_set(settings, LIVE_JAVA_OPTIONS)
 
 
 # The live job's checkpoint is a local directory (`--checkpoint`); Spark writes a few files to it
