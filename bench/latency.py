@@ -446,7 +446,10 @@ class MetricsMonitor(threading.Thread):
                 consumed = _consumed(q.get("sources"))
                 self.batches[b] = {**q, "seen": time.time(), "consumed": consumed,
                                    # cumulative: the operator's stats summed up to this batch
-                                   "counters": dict(m.get("counters") or {})}
+                                   "counters": dict(m.get("counters") or {}),
+                                   # ... and the job's CPU seconds when the batch was seen
+                                   "cpu_s": (None if self.job.proc is None else
+                                             _tree_cpu_s(self.job.proc.pid))}
                 if consumed is not None and consumed > self.consumed:
                     self.consumed = consumed
                     self.job.progressed(f"micro-batch {b} read input up to offset {consumed}")
@@ -609,20 +612,26 @@ def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
 # The operator's per-call stats (summed over a batch's calls, from the job's counters).
 _OP_COUNTERS = ("events", "python_us", "rows_in_us", "prepare_us", "engine_us", "store_us",
                 "timer_us", "encode_us", "write_us", "state_writes", "state_reads",
-                "state_reloads", "state_compactions", "keys_touched")
+                "state_reloads", "state_compactions", "keys_touched", "load_us", "read_us",
+                "state_catchups", "init_us")
 
 
 def _batch_detail(batches: dict[int, dict[str, Any]],
                   in_phase: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per batch of the phase: rows, Spark's durationMs and the operator's time (the change of
-    the job's counters since the previous batch seen)."""
+    """Per batch of the phase: rows, Spark's durationMs, the operator's time (the change of
+    the job's counters since the previous batch seen) and the job's CPU seconds meanwhile
+    (`job_cpu_s`: its process tree's, between the monitor's sightings of the previous batch and
+    this one; None when the monitor missed the previous batch)."""
     out = []
     for b in sorted(in_phase, key=lambda x: x["batch"]):
         prev = batches.get(b["batch"] - 1)
         now_c, prev_c = b.get("counters") or {}, (prev or {}).get("counters")
         op = ({k: int(now_c.get(k, 0)) - int(prev_c.get(k, 0)) for k in _OP_COUNTERS}
               if prev_c is not None else None)
+        cpu0, cpu1 = (prev or {}).get("cpu_s"), b.get("cpu_s")
         out.append({"batch": b["batch"], "input_rows": b.get("input_rows"),
+                    "job_cpu_s": (None if cpu0 is None or cpu1 is None
+                                  else round(cpu1 - cpu0, 2)),
                     "durations_ms": b.get("durations_ms"), "operator": op,
                     "state_ms": b.get("state_ms"), "state_custom": b.get("state_custom"),
                     "delivery": {k: v for k, v in (b.get("last_delivery") or {}).items()
