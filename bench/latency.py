@@ -587,6 +587,12 @@ def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
         "lag_events_start": lag_start, "lag_events_end": lag_end,
         "batch_detail": _batch_detail(batches, in_phase),
     }
+    # Keys the engine ran per event (each event's key twice, buffered then released, unless
+    # one call does both; more while an earlier rate's cards wake at their deadlines).
+    ops = [b["operator"] for b in out["batch_detail"] if b["operator"]]
+    events = sum(o["events"] for o in ops)
+    out["keys_touched_per_event"] = (round(sum(o["keys_touched"] for o in ops) / events, 2)
+                                     if events else None)
     # The job's CPU over the window, per input row of the batches that ended in it.
     used = _cpu_between(cpu or [], ph.measure_from, ph.end)
     out["job_cpu_s"] = None if used is None else round(used, 2)
@@ -862,7 +868,7 @@ def _warm_up(job: LiveJob, producer: Producer, monitor: MetricsMonitor, variant:
             caught_up = False
             break
         _sleep(0.5, job, producer)
-    out = {"first_batch_s": round(prewarm, 1), "s": round(time.time() - t0, 1),
+    out = {"first_batch_s": round(prewarm, 1), "rate_set_at": t0, "s": round(time.time() - t0, 1),
            "batches": len(done), "caught_up": caught_up,
            "lag_events": lag}
     log(f"[latency] {job.variant.name}: warm-up {out}")
@@ -941,7 +947,13 @@ def run_variant(services: Services, work: Path, variant: Variant,
     stats = [phase_stats(ph, producer, reader, monitor.batches, drained_at, monitor.cpu, others)
              for ph in phases]
     logged = logged_batches(job.log_tail(10**8))
-    for ph, st in zip(phases, stats, strict=True):
+    for i, (ph, st) in enumerate(zip(phases, stats, strict=True)):
+        # When this rate's cards were first sent (each rate has cards of its own) and its
+        # window, wall clock: a rate's cards stop when the next rate starts, and their partial
+        # matches' deadlines then wake each key once more about a minute later, with no event
+        # (docs/spark-runtime.md, "Falling behind at 64,000 events/s").
+        st["cards_from"] = warm.get("rate_set_at") if i == 0 else ph.start
+        st["window"] = [ph.measure_from, ph.end]
         rows = alert_breakdown(producer, reader, logged, lateness_ms(variant.lateness),
                                ph.measure_from, ph.end)
         st["breakdown"] = breakdown_summary(rows)
@@ -957,6 +969,7 @@ def run_variant(services: Services, work: Path, variant: Variant,
             f"{s['alerts_arrived']}/{s['alerts_expected']} alerts, "
             f"p50 {s['latency_s']['p50']}, p99 {s['latency_s']['p99']}, "
             f"batch p50 {s['batch_ms_p50']} ms, lag {s['lag_s_end']} s, kept up {s['kept_up']}, "
+            f"keys touched per event {s['keys_touched_per_event']}, "
             f"job CPU {s['job_cpu_cores']} cores = {s['job_cpu_us_per_row']} us/row, "
             f"beside it the producer's process {s.get('bench_cpu_cores')} and Kafka + Redis "
             f"{s.get('services_cpu_cores')} cores")

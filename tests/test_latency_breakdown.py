@@ -22,11 +22,13 @@ from bench.latency import (
     BENCH_LATENESS,
     BENCH_RULES,
     LatencyBenchError,
+    Phase,
     alert_breakdown,
     breakdown_summary,
     emitting_batches,
     lateness_ms,
     logged_batches,
+    phase_stats,
     rules_lateness,
     rules_with_lateness,
 )
@@ -112,6 +114,32 @@ def test_the_batches_that_emitted_a_phases_alerts_with_the_operators_time_in_eac
     assert by[3]["collect_ms"] == 7
     assert emitting_batches(logged_batches(log), [{}]) == {"batches": [], "median_ms": None,
                                                            "long": []}
+
+
+def test_a_phases_batches_with_the_jobs_cpu_and_the_keys_per_event() -> None:
+    """Per batch of a rate's window (`batch_detail`): the job's CPU between the monitor's
+    sightings of the batch before and this one, the operator's counters' change (reloads'
+    `load_us` among them); over the window, the keys the engine ran per event. A batch whose
+    predecessor the monitor missed has neither."""
+    def batch(n: int, seen: float, cpu: float, events: int, touched: int, load_us: int,
+              ) -> dict[str, object]:
+        return {"batch": n, "seen": seen, "batch_ms": 900, "input_rows": 1000, "consumed": None,
+                "cpu_s": cpu, "counters": {"events": events, "keys_touched": touched,
+                                           "load_us": load_us, "state_reloads": n // 3}}
+    batches = {1: batch(1, 99.5, 10.0, 1000, 2000, 5_000),
+               2: batch(2, 100.5, 11.5, 2000, 4000, 6_000),
+               3: batch(3, 101.5, 13.5, 3000, 7000, 906_000),
+               5: batch(5, 103.5, 17.0, 5000, 11_000, 907_000)}
+    producer = SimpleNamespace(produced=[(99.0, 0), (104.0, 5000)], completing={})
+    reader = SimpleNamespace(arrived={})
+    st = phase_stats(Phase(1000, 99.0, 100.0, 104.0), producer, reader,  # type: ignore[arg-type]
+                     batches, 104.0)
+    by = {b["batch"]: b for b in st["batch_detail"]}
+    assert sorted(by) == [2, 3, 5]
+    assert by[2]["job_cpu_s"] == 1.5 and by[3]["job_cpu_s"] == 2.0
+    assert by[3]["operator"]["load_us"] == 900_000 and by[3]["operator"]["state_reloads"] == 1
+    assert by[5]["job_cpu_s"] is None and by[5]["operator"] is None  # batch 4 was missed
+    assert st["keys_touched_per_event"] == 2.5  # (2000 + 3000) keys / (1000 + 1000) events
 
 
 def test_lateness_in_ms() -> None:
