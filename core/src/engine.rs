@@ -278,10 +278,10 @@ impl EngineState {
         self.keys.slot(id).val.state.is_some() || self.raw.contains_key(&id)
     }
 
-    fn take_state(&mut self, id: Id) -> Option<KeyState> {
+    fn take_state(&mut self, id: Id) -> Option<Held> {
         let ks = self.keys.val_mut(id).state.take();
         self.count_decoded(0, usize::from(ks.is_some()));
-        ks.map(Held::into_live)
+        ks
     }
 
     fn put_state(&mut self, id: Id, ks: Option<KeyState>) {
@@ -660,7 +660,22 @@ fn advance_key(
     } else if !st.enc.is_empty() {
         st.enc.remove(&id);
     }
-    let KeyState { mut buffer, parts, fams: fstates } = loaded.unwrap_or_default();
+    // A packed key due by time or at the end of input whose rules report nothing and keep
+    // nothing (the mass expiry of many keys): released from its words, not unpacked
+    // (`Packed::ends_quietly`; docs/native-core.md, "Many keys: the packed key (session 18)").
+    if let (None, None, true, Some(Held::Packed(p))) = (&new, &partials, fams.0.is_empty(), &loaded) {
+        let core_of = |fp| g.rules.iter().map(|&ri| &rules[ri]).find(|r| r.fp == fp).map(|r| &r.core);
+        if let Some(reset) = p.ends_quietly(core_of, (!eof).then_some(safe)) {
+            counts.reset += reset;
+            counts.touched += 1;
+            counts.released += 1;
+            drop(loaded);
+            st.keys.discard_wake(id);
+            st.release_if_empty(id);
+            return Ok(());
+        }
+    }
+    let KeyState { mut buffer, parts, fams: fstates } = loaded.map(Held::into_live).unwrap_or_default();
     let mut fstates = fstates.into_vec();
     // The handed-in vector of new events, once emptied into a non-empty buffer, holds the events
     // released from it (its room is kept: it is handed back to the slot after the call).

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use crate::expr::{Cap, CapVec, Caps, Ev};
-use crate::matcher::{Entry, MState, Run};
+use crate::matcher::{Core, Entry, MState, Run};
+use crate::program::DONE;
 
 /// Distinct capture vectors or events past which a key stays live (the lookups that share them
 /// are linear: a few per fraud card).
@@ -19,7 +20,7 @@ const MATCHED: u64 = 1 << 32;
 const HAS_TPART: u64 = 1 << 33;
 
 /// Matcher states packed: `words` holds, in order, a header (number of parts | number of
-/// capture vectors << 32); per capture vector its length, then per capture (var | event index
+/// capture vectors << 32); per capture vector its length | its uses << 32, then per capture (var | event index
 /// << 32, row); per part (fp | runs << 32 | `HAS_DEADLINE`, row, deadline); per run (start,
 /// entries | `MATCHED` | `HAS_TPART` | tpart's vector << 34); per entry (pos as u32 | vector
 /// << 32). Captures shared between entries (or with a `tpart`) are one vector, an event
@@ -29,15 +30,17 @@ pub struct Packed {
     evs: Box<[Arc<Ev>]>,
 }
 
-/// The index of `x` in `seen` by pointer, added when new; None past `MAX_SHARED`.
-fn index_of<T>(seen: &mut Vec<Arc<T>>, x: &Arc<T>) -> Option<u64> {
-    if let Some(i) = seen.iter().position(|s| Arc::ptr_eq(s, x)) {
+/// The index of `x` in `seen` by pointer, added when new (with a count of 1, else counted
+/// once more); None past `MAX_SHARED`. Borrowed: no reference count written while packing.
+fn index_of<'a, T>(seen: &mut Vec<(&'a Arc<T>, u64)>, x: &'a Arc<T>) -> Option<u64> {
+    if let Some(i) = seen.iter().position(|s| Arc::ptr_eq(s.0, x)) {
+        seen[i].1 += 1;
         return Some(i as u64);
     }
     if seen.len() == MAX_SHARED {
         return None;
     }
-    seen.push(x.clone());
+    seen.push((x, 1));
     Some(seen.len() as u64 - 1)
 }
 
@@ -45,8 +48,8 @@ impl Packed {
     /// The states `parts` (fingerprint, state) packed, or None when one of them keeps running
     /// aggregates (`CapVec::acc`) or shares more than `MAX_SHARED` vectors or events.
     pub fn pack<'a>(parts: impl Iterator<Item = (u32, &'a MState)> + Clone) -> Option<Packed> {
-        let mut cvs: Vec<Caps> = Vec::new();
-        let mut evs: Vec<Arc<Ev>> = Vec::new();
+        let mut cvs: Vec<(&Caps, u64)> = Vec::new();
+        let mut evs: Vec<(&Arc<Ev>, u64)> = Vec::new();
         let mut nparts = 0u64;
         let mut tail = Vec::new();
         for (fp, m) in parts {
@@ -64,20 +67,21 @@ impl Packed {
                 }
             }
         }
-        if (nparts >> 32) != 0 || cvs.iter().any(|c| !c.acc.is_empty()) {
+        if (nparts >> 32) != 0 || cvs.iter().any(|c| !c.0.acc.is_empty()) {
             return None;
         }
-        let ncaps: usize = cvs.iter().map(|c| 1 + 2 * c.v.len()).sum();
+        let ncaps: usize = cvs.iter().map(|c| 1 + 2 * c.0.v.len()).sum();
         let mut words = Vec::with_capacity(1 + ncaps + tail.len());
         words.push(nparts | (cvs.len() as u64) << 32);
-        for c in &cvs {
-            words.push(c.v.len() as u64);
+        for &(c, uses) in &cvs {
+            words.push(c.v.len() as u64 | uses << 32);
             for cap in c.v.iter() {
                 words.extend([u64::from(cap.var) | index_of(&mut evs, &cap.ev)? << 32, cap.row as u64]);
             }
         }
         words.extend(tail);
-        Some(Packed { words: words.into_boxed_slice(), evs: evs.into_boxed_slice() })
+        let evs = evs.into_iter().map(|e| e.0.clone()).collect();
+        Some(Packed { words: words.into_boxed_slice(), evs })
     }
 
     /// The states again, each made into a `P` by `mk` (fingerprint, state): vectors of their
@@ -86,17 +90,27 @@ impl Packed {
         let w = &self.words;
         let (nparts, ncv) = ((w[0] & 0xffff_ffff) as usize, (w[0] >> 32) as usize);
         let mut at = 1;
-        let mut cvs: Vec<Caps> = Vec::with_capacity(ncv);
+        // Each vector with the uses left: its last use takes it (no count written and dropped).
+        let mut cvs: Vec<(Option<Caps>, u64)> = Vec::with_capacity(ncv);
         for _ in 0..ncv {
-            let n = w[at] as usize;
+            let (n, uses) = ((w[at] & 0xffff_ffff) as usize, w[at] >> 32);
             at += 1;
             let v = w[at..at + 2 * n]
                 .chunks_exact(2)
                 .map(|c| Cap { var: c[0] as u32, row: c[1] as i64, ev: self.evs[(c[0] >> 32) as usize].clone() })
                 .collect();
             at += 2 * n;
-            cvs.push(Arc::new(CapVec { v, acc: Vec::new() }));
+            cvs.push((Some(Arc::new(CapVec { v, acc: Vec::new() })), uses));
         }
+        let mut take = |i: u64| {
+            let c = &mut cvs[i as usize];
+            c.1 -= 1;
+            match c.1 {
+                0 => c.0.take(),
+                _ => c.0.clone(),
+            }
+            .expect("pack.rs: a capture vector used as often as counted")
+        };
         let mut out = Vec::with_capacity(nparts);
         for _ in 0..nparts {
             let (head, row, deadline) = (w[at], w[at + 1] as i64, w[at + 2] as i64);
@@ -107,9 +121,9 @@ impl Packed {
                 let (start, flags) = (w[at] as i64, w[at + 1]);
                 at += 2;
                 let n = (flags & 0xffff_ffff) as usize;
-                let entries = w[at..at + n].iter().map(|&e| Entry { pos: e as u32 as i32, caps: cvs[(e >> 32) as usize].clone() }).collect();
+                let entries = w[at..at + n].iter().map(|&e| Entry { pos: e as u32 as i32, caps: take(e >> 32) }).collect();
                 at += n;
-                let tpart = (flags & HAS_TPART != 0).then(|| cvs[(flags >> 34) as usize].clone());
+                let tpart = (flags & HAS_TPART != 0).then(|| take(flags >> 34));
                 runs.push(Run { start, entries, tpart, matched: flags & MATCHED != 0 });
             }
             let deadline = (head & HAS_DEADLINE != 0).then_some(deadline);
@@ -123,7 +137,7 @@ impl Packed {
         let w = &self.words;
         let mut at = 1;
         for _ in 0..(w[0] >> 32) {
-            at += 1 + 2 * w[at] as usize;
+            at += 1 + 2 * (w[at] & 0xffff_ffff) as usize;
         }
         let mut out = Vec::new();
         for _ in 0..(w[0] & 0xffff_ffff) {
@@ -137,6 +151,67 @@ impl Packed {
             }
         }
         out
+    }
+
+    /// Whether advancing the key without new events reports nothing and leaves nothing, at
+    /// the end of input (`by` None) or by time up to `by`: each part's rule (by fingerprint,
+    /// `core_of`) wants no timeouts, no run holds a timed-out part (`tpart`), no entry is
+    /// complete (`DONE`, a match waiting to be decided) or at an absence (`-> NOT`, completed
+    /// by the end or by time), and by time every entry's deadline (`Core::deadline`, from its
+    /// captures' times) is at most `by`. `Core::advance` then drops every entry and
+    /// `Core::settle` every run, silently (`Core::on_end` at the end of input the same).
+    /// Some(the parts of no rule of the key's group: dropped as reset), else None.
+    pub fn ends_quietly<'c>(&self, core_of: impl Fn(u32) -> Option<&'c Core>, by: Option<i64>) -> Option<usize> {
+        let w = &self.words;
+        let ncv = (w[0] >> 32) as usize;
+        // Where each capture vector's length word is (at most `MAX_SHARED` vectors).
+        let mut cv_at = [0usize; MAX_SHARED];
+        let mut at = 1;
+        for c in cv_at.iter_mut().take(ncv) {
+            *c = at;
+            at += 1 + 2 * (w[at] & 0xffff_ffff) as usize;
+        }
+        let ts_of = |cap_word: u64| self.evs[(cap_word >> 32) as usize].ts;
+        let mut reset = 0;
+        for _ in 0..(w[0] & 0xffff_ffff) {
+            let head = w[at];
+            at += 3;
+            let core = core_of(head as u32);
+            reset += usize::from(core.is_none());
+            if core.is_some_and(|c| c.want_timeouts) {
+                return None;
+            }
+            for _ in 0..((head >> 32) & 0x7fff_ffff) {
+                let flags = w[at + 1];
+                let n = (flags & 0xffff_ffff) as usize;
+                if let Some(c) = core {
+                    let loud = |&e: &u64| {
+                        let pos = e as u32 as i32;
+                        if pos == DONE || c.p.table[pos as usize].absence {
+                            return true;
+                        }
+                        let Some(by) = by else { return false };
+                        let cv = cv_at[(e >> 32) as usize];
+                        let len = (w[cv] & 0xffff_ffff) as usize;
+                        if len == 0 {
+                            return true;
+                        }
+                        let within = c.p.within.map(|x| ts_of(w[cv + 1]).saturating_add(x));
+                        let step = c.p.step.map(|x| ts_of(w[cv + 2 * len - 1]).saturating_add(x));
+                        let deadline = match (within, step) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                        deadline.is_none_or(|d| d > by)
+                    };
+                    if flags & HAS_TPART != 0 || w[at + 2..at + 2 + n].iter().any(loud) {
+                        return None;
+                    }
+                }
+                at += 2 + n;
+            }
+        }
+        Some(reset)
     }
 
     /// The two blocks' first lines and the events' (`prefetch_ahead`), as pointers.

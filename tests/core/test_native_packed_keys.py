@@ -161,3 +161,57 @@ def test_packed_keys_exported_and_read_back_continue_the_same(keep_decoded: int)
     got, *_ = core.ingest_arrow(state, _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
     assert _records(native, got) == _records(python, want)
     assert len(state) == 0 and peak > 0
+
+
+_AT_END = """
+STREAM s (ts INT, card STRING, amount FLOAT, country STRING) TIME BY ts LATENESS 5s;
+RULE quiet FROM s PARTITION BY card
+  PATTERN (A B) DEFINE A AS A.amount > 100, B AS B.country <> A.country WITHIN 1h EMIT 'quiet';
+RULE timed FROM s PARTITION BY card
+  PATTERN (A B) DEFINE A AS A.amount > 200, B AS B.amount > A.amount WITHIN 30m
+  EMIT 'timed' ON TIMEOUT EMIT 'timed_out';
+RULE absent FROM s PARTITION BY card
+  PATTERN (A -> NOT B) DEFINE A AS A.amount > 500, B AS B.amount < 20 WITHIN 2h EMIT 'absent';
+RULE star FROM s PARTITION BY card
+  PATTERN (A B* C) DEFINE A AS A.amount < 100, B AS B.amount < 500, C AS C.amount >= 900
+  WITHIN 3h EMIT 'star';
+"""
+
+
+@pytest.mark.parametrize("rules", [slice(0, 1), slice(0, 2), slice(2, 3), slice(3, 4), slice(0, 4)],
+                         ids=["quiet", "quiet+timed", "absent", "star", "all"])
+def test_packed_keys_at_the_end_of_input_match_the_python_engine(rules: slice) -> None:
+    """A packed key due by time (no new event) or at the end of input is released from its
+    words, without an unpack, when its rules report and keep nothing (`Packed::ends_quietly`):
+    every entry's deadline passed, a rule without ON TIMEOUT, no complete match waiting; not
+    when a rule reports timeouts, a pattern ends in an absence (`-> NOT`, completed by time or
+    the end), or some entry's deadline is still ahead (kept: unpacked and advanced). Each rule
+    alone and all together (keys with both kinds of parts): the Python engine's results, keys
+    and wakes at every call and at the end of input.
+
+        card:  |--1-3 charges, 20 s to 40 min apart--|...WITHIN (30 m-3 h) passes: released
+    """
+    import random
+
+    from cep import _core
+    from cep.compile import compile_rules
+    from cep.nfa import RuleSet
+
+    every = compile_rules(_AT_END, "at_end")
+    ruleset = RuleSet(every.rules[rules], every.streams)
+    rng = random.Random(rules.start * 10 + rules.stop)
+    events, seq = [], 0
+    for i in range(300):
+        t = rng.randrange(4 * 3_600_000)
+        for _ in range(rng.choice([1, 2, 3])):
+            row = {"ts": t, "card": f"c{i}", "amount": rng.choice([10.0, 50.0, 150.0, 300.0, 600.0, 950.0]),
+                   "country": rng.choice(["NL", "NL", "DE"])}
+            events.append(Event("s", t, seq, row))
+            seq += 1
+            t += rng.choice([20_000, 5 * 60_000, 40 * 60_000])
+    events.sort(key=lambda e: (e.ts, e.seq))
+    native = build_embedded_engine(ruleset, use_native=True)
+    state = _core.EngineState(compact_from=0)
+    peak, after = _packed_peak(state)
+    _, n_results = _call_by_call(native, state, events, 50, after, ruleset=ruleset)
+    assert n_results > 0 and peak[0] > 0
