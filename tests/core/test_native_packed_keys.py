@@ -18,6 +18,7 @@ from tests.core.test_native_engine import _batch, native_bundled
 from tests.core.test_native_engine_keys import (
     _GROWING,
     _call_by_call,
+    _growing_events,
     _records,
     _waves,
 )
@@ -50,22 +51,8 @@ def test_packed_shared_captures_match_the_python_engine(batch: int) -> None:
     from cep import _core
     from cep.compile import compile_rules
 
-    from tests.core.test_native_engine_keys import HOUR
-
     ruleset = compile_rules(_GROWING, "growing")
-    import random
-    rng = random.Random(batch)
-    events, seq = [], 0
-    for i in range(240):
-        t = (i // 40) * HOUR + rng.randrange(15 * 60_000)
-        for _ in range(rng.choice([1, 2, 3, 5, 8])):
-            row = {"ts": t, "card": f"c{i % 80}",
-                   "amount": rng.choice([10.0, 30.0, 80.0, 300.0, 900.0]),
-                   "country": rng.choice(["NL", "NL", "DE"])}
-            events.append(Event("s", t, seq, row))
-            seq += 1
-            t += rng.choice([3_000, 20_000, 70_000, 5 * 60_000])
-    events.sort(key=lambda e: (e.ts, e.seq))
+    events = _growing_events(batch)
     native = build_embedded_engine(ruleset, use_native=True)
     state = _core.EngineState(compact_from=0)
     peak, after = _packed_peak(state)
@@ -204,7 +191,8 @@ def test_packed_keys_at_the_end_of_input_match_the_python_engine(rules: slice) -
     for i in range(300):
         t = rng.randrange(4 * 3_600_000)
         for _ in range(rng.choice([1, 2, 3])):
-            row = {"ts": t, "card": f"c{i}", "amount": rng.choice([10.0, 50.0, 150.0, 300.0, 600.0, 950.0]),
+            row = {"ts": t, "card": f"c{i}",
+                   "amount": rng.choice([10.0, 50.0, 150.0, 300.0, 600.0, 950.0]),
                    "country": rng.choice(["NL", "NL", "DE"])}
             events.append(Event("s", t, seq, row))
             seq += 1
