@@ -24,6 +24,7 @@ use crate::expr::{Cols, Ev, Row};
 use crate::value::Value;
 use crate::family::{self, FOut, FState, Family};
 use crate::matcher::{Core, MState, Out, NO_CID};
+use crate::pack::Packed;
 use crate::keycodec::{self, KeyEnc, Known, Src};
 use crate::keys::{prefetch, Id, Keys, TooManyKeys};
 use crate::{build_core, panic_message, CoreError};
@@ -117,11 +118,61 @@ impl KeyState {
     }
 }
 
+/// A key's decoded state: live (the matcher's types), or packed at rest (`pack.rs`: with many
+/// keys, a key without buffered events or family states, put back after it ran;
+/// docs/native-core.md, "Many keys: the packed key (session 18)").
+enum Held {
+    Live(KeyState),
+    Packed(Packed),
+}
+
+impl Held {
+    /// `ks` packed when it can be (no buffered event, no family state, `Packed::pack`), else
+    /// compacted (`KeyState::compact`).
+    fn pack(mut ks: KeyState) -> Held {
+        if ks.buffer.is_empty() && ks.fams.is_empty() {
+            if let Some(p) = Packed::pack(ks.parts.iter().map(|p| (p.fp, &p.state))) {
+                return Held::Packed(p);
+            }
+        }
+        ks.compact();
+        Held::Live(ks)
+    }
+
+    fn into_live(self) -> KeyState {
+        match self {
+            Held::Live(ks) => ks,
+            Held::Packed(p) => p.unpack_key(),
+        }
+    }
+
+    /// `f` of the live state (a packed one unpacked for it: `encode_key`, `wake_of`).
+    fn with_live<R>(&self, f: impl FnOnce(&KeyState) -> R) -> R {
+        match self {
+            Held::Live(ks) => f(ks),
+            Held::Packed(p) => f(&p.unpack_key()),
+        }
+    }
+
+    fn live(&self) -> Option<&KeyState> {
+        match self {
+            Held::Live(ks) => Some(ks),
+            Held::Packed(_) => None,
+        }
+    }
+}
+
+impl Packed {
+    fn unpack_key(&self) -> KeyState {
+        KeyState { parts: self.unpack(|fp, state| Part { fp, state }), ..KeyState::default() }
+    }
+}
+
 /// A key's slot in `EngineState::keys`: its decoded state (None while the key is held as bytes
 /// in `raw`, or has no state yet) and the events the current call brought it.
 #[derive(Default)]
 struct KeySlot {
-    state: Option<KeyState>,
+    state: Option<Held>,
     new: Vec<Item>,
 }
 
@@ -227,13 +278,17 @@ impl EngineState {
         self.keys.slot(id).val.state.is_some() || self.raw.contains_key(&id)
     }
 
-    fn take_state(&mut self, id: Id) -> Option<KeyState> {
+    fn take_state(&mut self, id: Id) -> Option<Held> {
         let ks = self.keys.val_mut(id).state.take();
         self.count_decoded(0, usize::from(ks.is_some()));
         ks
     }
 
     fn put_state(&mut self, id: Id, ks: Option<KeyState>) {
+        self.put_held(id, ks.map(Held::Live));
+    }
+
+    fn put_held(&mut self, id: Id, ks: Option<Held>) {
         let now = usize::from(ks.is_some());
         let was = std::mem::replace(&mut self.keys.val_mut(id).state, ks);
         self.count_decoded(now, usize::from(was.is_some()));
@@ -307,6 +362,11 @@ impl EngineState {
     /// The number of keys with state.
     fn __len__(&self) -> usize {
         self.decoded + self.raw.len()
+    }
+
+    /// The number of keys whose state is packed at rest (`pack.rs`; tests).
+    fn packed_len(&self) -> usize {
+        self.keys.ids().filter(|&id| matches!(self.keys.slot(id).val.state, Some(Held::Packed(_)))).count()
     }
 
     /// The number of keys in the wake index.
@@ -600,7 +660,22 @@ fn advance_key(
     } else if !st.enc.is_empty() {
         st.enc.remove(&id);
     }
-    let KeyState { mut buffer, parts, fams: fstates } = loaded.unwrap_or_default();
+    // A packed key due by time or at the end of input whose rules report nothing and keep
+    // nothing (the mass expiry of many keys): released from its words, not unpacked
+    // (`Packed::ends_quietly`; docs/native-core.md, "Many keys: the packed key (session 18)").
+    if let (None, None, true, Some(Held::Packed(p))) = (&new, &partials, fams.0.is_empty(), &loaded) {
+        let core_of = |fp| g.rules.iter().map(|&ri| &rules[ri]).find(|r| r.fp == fp).map(|r| &r.core);
+        if let Some(reset) = p.ends_quietly(core_of, (!eof).then_some(safe)) {
+            counts.reset += reset;
+            counts.touched += 1;
+            counts.released += 1;
+            drop(loaded);
+            st.keys.discard_wake(id);
+            st.release_if_empty(id);
+            return Ok(());
+        }
+    }
+    let KeyState { mut buffer, parts, fams: fstates } = loaded.map(Held::into_live).unwrap_or_default();
     let mut fstates = fstates.into_vec();
     // The handed-in vector of new events, once emptied into a non-empty buffer, holds the events
     // released from it (its room is kept: it is handed back to the slot after the call).
@@ -657,11 +732,8 @@ fn advance_key(
         counts.released += 1;
         return Ok(());
     }
-    let mut ks = KeyState { buffer, parts: kept, fams: kept_fams.into_boxed_slice() };
-    if compact {
-        ks.compact();
-    }
-    st.put_state(id, Some(ks));
+    let ks = KeyState { buffer, parts: kept, fams: kept_fams.into_boxed_slice() };
+    st.put_held(id, Some(if compact { Held::pack(ks) } else { Held::Live(ks) }));
     let when = match due {
         None => AT_END,
         Some(d) => d.saturating_add(g.lateness).saturating_add(1),
@@ -1017,10 +1089,31 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
         st.keys.prefetch_entry(id);
         prefetch(Arc::as_ptr(&s.key).cast::<u8>());
         prefetch(s.val.new.as_ptr());
-        if let Some(ks) = &s.val.state {
-            prefetch(ks.buffer.as_ptr());
-            prefetch(ks.parts.as_ptr());
+        match &s.val.state {
+            Some(Held::Live(ks)) => {
+                prefetch(ks.buffer.as_ptr());
+                prefetch(ks.parts.as_ptr());
+            }
+            Some(Held::Packed(p)) => {
+                // A packed key: its words (the fraud card's 80 bytes span two lines) and events.
+                let (w, evs) = p.blocks();
+                prefetch(w);
+                prefetch(w.wrapping_add(8));
+                prefetch(evs.as_ptr());
+            }
+            None => {}
         }
+    }
+    // A packed key's events, their rows, the rows' values: three stages where a live key's
+    // captures are six (`parts_of` below).
+    if let Some(&id) = due.get(k + 6) {
+        packed_evs(st, id).for_each(prefetch_arc);
+    }
+    if let Some(&id) = due.get(k + 4) {
+        packed_evs(st, id).filter_map(|e| e.row.as_ref()).for_each(|r| prefetch(Arc::as_ptr(r)));
+    }
+    if let Some(&id) = due.get(k + 2) {
+        packed_evs(st, id).for_each(|e| prefetch_row(e));
     }
     // A key's partial matches, a level per stage: runs, their entries, the first entry's
     // captures, their vector, its first event (what `advance` reads for the deadline, and what
@@ -1078,9 +1171,18 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
     }
 }
 
-/// The parts of the key's decoded state (none while it is held as bytes).
+/// The parts of the key's live state (none while it is packed or held as bytes).
 fn parts_of(st: &EngineState, id: Id) -> &[Part] {
-    st.keys.slot(id).val.state.as_ref().map_or(&[], |ks| &ks.parts)
+    st.keys.slot(id).val.state.as_ref().and_then(Held::live).map_or(&[], |ks| &ks.parts)
+}
+
+/// The captured events of the key's packed state (`prefetch_ahead`: a few per key).
+fn packed_evs(st: &EngineState, id: Id) -> impl Iterator<Item = &Arc<Ev>> {
+    let evs = match &st.keys.slot(id).val.state {
+        Some(Held::Packed(p)) => p.blocks().1,
+        _ => &[],
+    };
+    evs.iter().take(AHEAD_EVENTS)
 }
 
 /// The runs of the key's parts (`prefetch_ahead`: a few per key).
@@ -1162,7 +1264,9 @@ impl Engine {
     fn wake_again(&self, st: &EngineState, id: Id) -> Option<i64> {
         let slot = st.keys.slot(id);
         match &slot.val.state {
-            Some(ks) => Some(self.wake_of(slot.group, ks)),
+            Some(Held::Live(ks)) => Some(self.wake_of(slot.group, ks)),
+            // No buffered event: the parts' deadlines, read from the words.
+            Some(Held::Packed(p)) => Some(self.wake_at(slot.group, p.deadlines().into_iter().min())),
             None => st.raw.contains_key(&id).then(|| st.keys.last_wake(id)),
         }
     }
@@ -1172,6 +1276,11 @@ impl Engine {
         for d in ks.parts.iter().map(|p| p.state.deadline).chain(ks.fams.iter().map(|f| f.1.deadline)).flatten() {
             due = Some(due.map_or(d, |x| x.min(d)));
         }
+        self.wake_at(gi, due)
+    }
+
+    /// When a key of group `gi` with work at `due` (buffered event or deadline) is due.
+    fn wake_at(&self, gi: u32, due: Option<i64>) -> i64 {
         match due {
             None => AT_END,
             Some(d) => d.saturating_add(self.groups[gi as usize].lateness).saturating_add(1),
@@ -1682,7 +1791,7 @@ impl Engine {
         let Some(id) = st.keys.find(gi, key) else { return Ok(None) };
         let buf = match (&st.keys.slot(id).val.state, st.enc.get(&id).or_else(|| st.raw.get(&id))) {
             (_, Some(raw)) => raw.clone(),
-            (Some(ks), None) => encode_key(py, ks, key, [&self.known, &st.imported], &self.families, &self.rules)?,
+            (Some(h), None) => h.with_live(|ks| encode_key(py, ks, key, [&self.known, &st.imported], &self.families, &self.rules))?,
             (None, None) => return Ok(None),
         };
         Ok(Some(PyBytes::new(py, &buf).into_any().unbind()))
@@ -1802,8 +1911,8 @@ impl Engine {
         for (k, &id) in fresh.iter().enumerate() {
             prefetch_encode(st, &fresh, k);
             let slot = st.keys.slot(id);
-            let Some(ks) = &slot.val.state else { continue };
-            let bytes = encode_key(py, ks, &slot.key, [&self.known, &st.imported], &self.families, &self.rules)?;
+            let Some(h) = &slot.val.state else { continue };
+            let bytes = h.with_live(|ks| encode_key(py, ks, &slot.key, [&self.known, &st.imported], &self.families, &self.rules))?;
             st.enc.insert(id, bytes);
         }
         let was = std::mem::take(&mut st.was);
@@ -1953,7 +2062,7 @@ fn prefetch_encode(st: &EngineState, ids: &[Id], k: usize) {
     if let Some(&id) = ids.get(k + 8) {
         st.keys.prefetch(id);
     }
-    let state = |i: usize| ids.get(k + i).and_then(|&id| st.keys.slot(id).val.state.as_ref());
+    let state = |i: usize| ids.get(k + i).and_then(|&id| st.keys.slot(id).val.state.as_ref()).and_then(Held::live);
     if let Some(ks) = state(4) {
         prefetch(ks.buffer.as_ptr());
         prefetch(ks.parts.as_ptr());
@@ -2069,6 +2178,8 @@ mod tests {
         let sizes = [
             ("Slot<KeySlot>", size_of::<Slot<KeySlot>>(), 128),
             ("KeyState", size_of::<KeyState>(), 64),
+            ("Option<Held>", size_of::<Option<Held>>(), 64),
+            ("Packed", size_of::<Packed>(), 32),
             ("Item", size_of::<Item>(), 56),
             ("Part", size_of::<Part>(), 56),
             ("Run", size_of::<Run>(), 48),

@@ -18,6 +18,7 @@ mod keycodec;
 mod keys;
 mod keytable;
 mod matcher;
+mod pack;
 mod program;
 mod state;
 mod validate;

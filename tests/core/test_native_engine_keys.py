@@ -626,20 +626,9 @@ RULE travel FROM s PARTITION BY card
 """
 
 
-@pytest.mark.parametrize("batch", [1, 29, 400])
-def test_compacted_vectors_of_many_keys_match_the_python_engine(batch: int) -> None:
-    """With many keys (`compact_from=0` here) a key's vectors are moved into blocks of their
-    length each time its state is put back (`matcher::fit`, docs/native-core.md "Many keys:
-    compaction into blocks of the length (session 17)"): runs added to a key's runs, entries
-    that grow and shrink, several start variables and next positions, captures grown in place
-    and shared by several entries (ALL MATCHES), keys with one to four live rules: the Python
-    engine's results, late reports, keys and wakes, call by call; and the same with the
-    default `compact_from` (no compaction)."""
-    from cep import _core
-    from cep.compile import compile_rules
-
-    ruleset = compile_rules(_GROWING, "growing")
-    rng = random.Random(batch)
+def _growing_events(seed: int) -> list[Event]:
+    """`_GROWING`'s stream: 80 cards in 6 hourly waves, 1-8 charges each, a few late."""
+    rng = random.Random(seed)
     events, seq = [], 0
     for i in range(240):
         t = (i // 40) * HOUR + rng.randrange(15 * 60_000)
@@ -653,6 +642,23 @@ def test_compacted_vectors_of_many_keys_match_the_python_engine(batch: int) -> N
     events.sort(key=lambda e: (e.ts, e.seq))
     for k in range(25, len(events) - 80, 113):
         events.insert(k + 80, events.pop(k))
+    return events
+
+
+@pytest.mark.parametrize("batch", [1, 29, 400])
+def test_compacted_vectors_of_many_keys_match_the_python_engine(batch: int) -> None:
+    """With many keys (`compact_from=0` here) a key's vectors are moved into blocks of their
+    length each time its state is put back (`matcher::fit`, docs/native-core.md "Many keys:
+    compaction into blocks of the length (session 17)"): runs added to a key's runs, entries
+    that grow and shrink, several start variables and next positions, captures grown in place
+    and shared by several entries (ALL MATCHES), keys with one to four live rules: the Python
+    engine's results, late reports, keys and wakes, call by call; and the same with the
+    default `compact_from` (no compaction)."""
+    from cep import _core
+    from cep.compile import compile_rules
+
+    ruleset = compile_rules(_GROWING, "growing")
+    events = _growing_events(batch)
     for compact_from in (0, 65_536):
         native = build_embedded_engine(ruleset, use_native=True)
         n_late, n_results = _call_by_call(native, _core.EngineState(compact_from=compact_from),

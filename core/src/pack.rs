@@ -1,0 +1,336 @@
+//! A key's partial matches packed at rest (docs/native-core.md, "Many keys: a compact key layout
+//! (design, session 17)" and "Many keys: the packed key (session 18)"): the matcher states of a
+//! key's parts as fixed-width words and its captured events as one slice of `Arc<Ev>`s, two
+//! blocks where the live form has six per partial match (parts, runs, entries, the captures'
+//! `Arc` and their vector). Never serialised: `CEPNK` is written from the unpacked state.
+
+use std::sync::Arc;
+
+use crate::expr::{Cap, CapVec, Caps, Ev};
+use crate::matcher::{Core, Entry, MState, Run};
+use crate::program::DONE;
+
+/// Distinct capture vectors or events past which a key stays live (the lookups that share them
+/// are linear: a few per fraud card).
+const MAX_SHARED: usize = 64;
+
+/// The flag of a part with a deadline, and of a run's matched and `tpart` (in their count words).
+const HAS_DEADLINE: u64 = 1 << 63;
+const MATCHED: u64 = 1 << 32;
+const HAS_TPART: u64 = 1 << 33;
+
+/// Matcher states packed: `words` holds, in order, a header (number of parts | number of
+/// capture vectors << 32); per capture vector its length | its uses << 32, then per capture (var | event index
+/// << 32, row); per part (fp | runs << 32 | `HAS_DEADLINE`, row, deadline); per run (start,
+/// entries | `MATCHED` | `HAS_TPART` | tpart's vector << 34); per entry (pos as u32 | vector
+/// << 32). Captures shared between entries (or with a `tpart`) are one vector, an event
+/// captured several times one element of `evs`: unpacked, they are shared as they were.
+pub struct Packed {
+    words: Box<[u64]>,
+    evs: Box<[Arc<Ev>]>,
+}
+
+/// The index of `x` in `seen` by pointer, added when new (with a count of 1, else counted
+/// once more); None past `MAX_SHARED`. Borrowed: no reference count written while packing.
+fn index_of<'a, T>(seen: &mut Vec<(&'a Arc<T>, u64)>, x: &'a Arc<T>) -> Option<u64> {
+    if let Some(i) = seen.iter().position(|s| Arc::ptr_eq(s.0, x)) {
+        seen[i].1 += 1;
+        return Some(i as u64);
+    }
+    if seen.len() == MAX_SHARED {
+        return None;
+    }
+    seen.push((x, 1));
+    Some(seen.len() as u64 - 1)
+}
+
+impl Packed {
+    /// The states `parts` (fingerprint, state) packed, or None when one of them keeps running
+    /// aggregates (`CapVec::acc`) or shares more than `MAX_SHARED` vectors or events.
+    pub fn pack<'a>(parts: impl Iterator<Item = (u32, &'a MState)> + Clone) -> Option<Packed> {
+        let mut cvs: Vec<(&Caps, u64)> = Vec::new();
+        let mut evs: Vec<(&Arc<Ev>, u64)> = Vec::new();
+        let mut nparts = 0u64;
+        let mut tail = Vec::new();
+        for (fp, m) in parts {
+            nparts += 1;
+            let deadline = if m.deadline.is_some() { HAS_DEADLINE } else { 0 };
+            tail.extend([u64::from(fp) | (m.runs.len() as u64) << 32 | deadline, m.row as u64, m.deadline.unwrap_or(0) as u64]);
+            for r in &m.runs {
+                let mut flags = r.entries.len() as u64 | if r.matched { MATCHED } else { 0 };
+                if let Some(t) = &r.tpart {
+                    flags |= HAS_TPART | index_of(&mut cvs, t)? << 34;
+                }
+                tail.extend([r.start as u64, flags]);
+                for e in &r.entries {
+                    tail.push(u64::from(e.pos as u32) | index_of(&mut cvs, &e.caps)? << 32);
+                }
+            }
+        }
+        if (nparts >> 32) != 0 || cvs.iter().any(|c| !c.0.acc.is_empty()) {
+            return None;
+        }
+        let ncaps: usize = cvs.iter().map(|c| 1 + 2 * c.0.v.len()).sum();
+        let mut words = Vec::with_capacity(1 + ncaps + tail.len());
+        words.push(nparts | (cvs.len() as u64) << 32);
+        for &(c, uses) in &cvs {
+            words.push(c.v.len() as u64 | uses << 32);
+            for cap in c.v.iter() {
+                words.extend([u64::from(cap.var) | index_of(&mut evs, &cap.ev)? << 32, cap.row as u64]);
+            }
+        }
+        words.extend(tail);
+        let evs = evs.into_iter().map(|e| e.0.clone()).collect();
+        Some(Packed { words: words.into_boxed_slice(), evs })
+    }
+
+    /// The states again, each made into a `P` by `mk` (fingerprint, state): vectors of their
+    /// length, shared captures shared, the same events.
+    pub fn unpack<P>(&self, mut mk: impl FnMut(u32, MState) -> P) -> Vec<P> {
+        let w = &self.words;
+        let (nparts, ncv) = ((w[0] & 0xffff_ffff) as usize, (w[0] >> 32) as usize);
+        let mut at = 1;
+        // Each vector with the uses left: its last use takes it (no count written and dropped).
+        let mut cvs: Vec<(Option<Caps>, u64)> = Vec::with_capacity(ncv);
+        for _ in 0..ncv {
+            let (n, uses) = ((w[at] & 0xffff_ffff) as usize, w[at] >> 32);
+            at += 1;
+            let v = w[at..at + 2 * n]
+                .chunks_exact(2)
+                .map(|c| Cap { var: c[0] as u32, row: c[1] as i64, ev: self.evs[(c[0] >> 32) as usize].clone() })
+                .collect();
+            at += 2 * n;
+            cvs.push((Some(Arc::new(CapVec { v, acc: Vec::new() })), uses));
+        }
+        let mut take = |i: u64| {
+            let c = &mut cvs[i as usize];
+            c.1 -= 1;
+            match c.1 {
+                0 => c.0.take(),
+                _ => c.0.clone(),
+            }
+            .expect("pack.rs: a capture vector used as often as counted")
+        };
+        let mut out = Vec::with_capacity(nparts);
+        for _ in 0..nparts {
+            let (head, row, deadline) = (w[at], w[at + 1] as i64, w[at + 2] as i64);
+            at += 3;
+            let nruns = ((head >> 32) & 0x7fff_ffff) as usize;
+            let mut runs = Vec::with_capacity(nruns);
+            for _ in 0..nruns {
+                let (start, flags) = (w[at] as i64, w[at + 1]);
+                at += 2;
+                let n = (flags & 0xffff_ffff) as usize;
+                let entries = w[at..at + n].iter().map(|&e| Entry { pos: e as u32 as i32, caps: take(e >> 32) }).collect();
+                at += n;
+                let tpart = (flags & HAS_TPART != 0).then(|| take(flags >> 34));
+                runs.push(Run { start, entries, tpart, matched: flags & MATCHED != 0 });
+            }
+            let deadline = (head & HAS_DEADLINE != 0).then_some(deadline);
+            out.push(mk(head as u32, MState { row, runs, deadline }));
+        }
+        out
+    }
+
+    /// The parts' deadlines (what the key's wake is computed from).
+    pub fn deadlines(&self) -> Vec<i64> {
+        let w = &self.words;
+        let mut at = 1;
+        for _ in 0..(w[0] >> 32) {
+            at += 1 + 2 * (w[at] & 0xffff_ffff) as usize;
+        }
+        let mut out = Vec::new();
+        for _ in 0..(w[0] & 0xffff_ffff) {
+            let head = w[at];
+            if head & HAS_DEADLINE != 0 {
+                out.push(w[at + 2] as i64);
+            }
+            at += 3;
+            for _ in 0..((head >> 32) & 0x7fff_ffff) {
+                at += 2 + (w[at + 1] & 0xffff_ffff) as usize;
+            }
+        }
+        out
+    }
+
+    /// Whether advancing the key without new events reports nothing and leaves nothing, at
+    /// the end of input (`by` None) or by time up to `by`: each part's rule (by fingerprint,
+    /// `core_of`) wants no timeouts, no run holds a timed-out part (`tpart`), no entry is
+    /// complete (`DONE`, a match waiting to be decided) or at an absence (`-> NOT`, completed
+    /// by the end or by time), and by time every entry's deadline (`Core::deadline`, from its
+    /// captures' times) is at most `by`. `Core::advance` then drops every entry and
+    /// `Core::settle` every run, silently (`Core::on_end` at the end of input the same).
+    /// Some(the parts of no rule of the key's group: dropped as reset), else None.
+    pub fn ends_quietly<'c>(&self, core_of: impl Fn(u32) -> Option<&'c Core>, by: Option<i64>) -> Option<usize> {
+        let w = &self.words;
+        let ncv = (w[0] >> 32) as usize;
+        // Where each capture vector's length word is (at most `MAX_SHARED` vectors).
+        let mut cv_at = [0usize; MAX_SHARED];
+        let mut at = 1;
+        for c in cv_at.iter_mut().take(ncv) {
+            *c = at;
+            at += 1 + 2 * (w[at] & 0xffff_ffff) as usize;
+        }
+        let ts_of = |cap_word: u64| self.evs[(cap_word >> 32) as usize].ts;
+        let mut reset = 0;
+        for _ in 0..(w[0] & 0xffff_ffff) {
+            let head = w[at];
+            at += 3;
+            let core = core_of(head as u32);
+            reset += usize::from(core.is_none());
+            if core.is_some_and(|c| c.want_timeouts) {
+                return None;
+            }
+            for _ in 0..((head >> 32) & 0x7fff_ffff) {
+                let flags = w[at + 1];
+                let n = (flags & 0xffff_ffff) as usize;
+                if let Some(c) = core {
+                    let loud = |&e: &u64| {
+                        let pos = e as u32 as i32;
+                        if pos == DONE || c.p.table[pos as usize].absence {
+                            return true;
+                        }
+                        let Some(by) = by else { return false };
+                        let cv = cv_at[(e >> 32) as usize];
+                        let len = (w[cv] & 0xffff_ffff) as usize;
+                        if len == 0 {
+                            return true;
+                        }
+                        let within = c.p.within.map(|x| ts_of(w[cv + 1]).saturating_add(x));
+                        let step = c.p.step.map(|x| ts_of(w[cv + 2 * len - 1]).saturating_add(x));
+                        let deadline = match (within, step) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                        deadline.is_none_or(|d| d > by)
+                    };
+                    if flags & HAS_TPART != 0 || w[at + 2..at + 2 + n].iter().any(loud) {
+                        return None;
+                    }
+                }
+                at += 2 + n;
+            }
+        }
+        Some(reset)
+    }
+
+    /// The two blocks' first lines and the events' (`prefetch_ahead`), as pointers.
+    pub fn blocks(&self) -> (*const u64, &[Arc<Ev>]) {
+        (self.words.as_ptr(), &self.evs)
+    }
+
+    /// The words' and the events' bytes (tests, sizes).
+    #[cfg(test)]
+    fn sizes(&self) -> (usize, usize) {
+        (self.words.len() * 8, self.evs.len() * 8)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::expr::{Cols, Row};
+    use crate::value::Value;
+
+    fn ev(ts: i64) -> Arc<Ev> {
+        let cols = Arc::new(Cols { names: vec!["card".into(), "amount".into()], py_names: Vec::new() });
+        let row = Arc::new(Row { cols, vals: vec![Value::Str(Arc::from("card-1")), Value::Int(ts * 10)] });
+        Arc::new(Ev::from_row(row, None, ts + 1, ts, Arc::from([0u32, 1])))
+    }
+
+    fn caps(v: &[(u32, i64, &Arc<Ev>)]) -> Caps {
+        Arc::new(CapVec::from(v.iter().map(|&(var, row, ev)| Cap { var, row, ev: ev.clone() }).collect::<Vec<_>>()))
+    }
+
+    /// The states' shape and contents, with sharing as indexes (captures by pointer to their
+    /// vector, events by pointer), so that two round trips compare equal.
+    fn shape(parts: &[(u32, MState)]) -> String {
+        let mut cvs: Vec<Caps> = Vec::new();
+        let mut out = String::new();
+        for (fp, m) in parts {
+            out += &format!("part {fp} row {} deadline {:?}\n", m.row, m.deadline);
+            for r in &m.runs {
+                let mut cv = |c: &Caps| {
+                    let i = cvs.iter().position(|x| Arc::ptr_eq(x, c)).unwrap_or_else(|| {
+                        cvs.push(c.clone());
+                        cvs.len() - 1
+                    });
+                    let v: Vec<_> = c.v.iter().map(|x| (x.var, x.row, Arc::as_ptr(&x.ev) as usize, x.ev.ts)).collect();
+                    format!("cv{i} {v:?}")
+                };
+                out += &format!(" run {} matched {} tpart {:?}\n", r.start, r.matched, r.tpart.as_ref().map(&mut cv));
+                for e in &r.entries {
+                    out += &format!("  entry {} {}\n", e.pos, cv(&e.caps));
+                }
+            }
+        }
+        out
+    }
+
+    fn round_trip(parts: &[(u32, MState)]) -> Packed {
+        let p = Packed::pack(parts.iter().map(|(fp, m)| (*fp, m))).expect("packs");
+        let back = p.unpack(|fp, m| (fp, m));
+        assert_eq!(shape(&back), shape(parts));
+        let deadlines: Vec<i64> = parts.iter().filter_map(|(_, m)| m.deadline).collect();
+        assert_eq!(p.deadlines(), deadlines);
+        let again = Packed::pack(back.iter().map(|(fp, m)| (*fp, m))).expect("packs");
+        assert_eq!(again.words, p.words);
+        p
+    }
+
+    /// The fraud card at rest: one part, one run, one entry, one capture: 10 words and one event.
+    #[test]
+    fn the_usual_card_packs_into_ten_words_and_one_event() {
+        let e = ev(5);
+        let m = MState { row: 1, runs: vec![Run { start: 0, entries: vec![Entry { pos: 1, caps: caps(&[(0, 0, &e)]) }], tpart: None, matched: false }], deadline: Some(3_600_005) };
+        let p = round_trip(&[(0xdead_beef, m)]);
+        assert_eq!(p.sizes(), (80, 8));
+    }
+
+    /// Shared captures stay shared (one vector), an event captured twice is one, `tpart`s and
+    /// negative values, parts without a deadline or runs, several parts.
+    #[test]
+    fn shared_captures_tparts_and_deadlines_round_trip() {
+        let (a, b, c) = (ev(1), ev(2), ev(-3));
+        let shared = caps(&[(0, 0, &a), (1, 1, &b)]);
+        let m1 = MState {
+            row: 7,
+            runs: vec![
+                Run {
+                    start: 0,
+                    entries: vec![
+                        Entry { pos: 2, caps: shared.clone() },
+                        Entry { pos: -1, caps: shared.clone() },
+                        Entry { pos: crate::program::DONE, caps: caps(&[(0, 0, &a), (2, 5, &c), (2, 6, &c)]) },
+                    ],
+                    tpart: Some(shared.clone()),
+                    matched: true,
+                },
+                Run { start: 3, entries: vec![Entry { pos: 0, caps: Arc::new(CapVec::default()) }], tpart: Some(caps(&[(1, 4, &b)])), matched: false },
+            ],
+            deadline: Some(-42),
+        };
+        let m2 = MState { row: 0, runs: Vec::new(), deadline: None };
+        let m3 = MState { row: i64::MAX, runs: vec![Run { start: i64::MIN, entries: Vec::new(), tpart: None, matched: false }], deadline: Some(i64::MIN) };
+        let p = round_trip(&[(1, m1), (u32::MAX, m2), (2, m3)]);
+        assert_eq!(p.evs.len(), 3, "each event once");
+        let back = p.unpack(|_, m| m);
+        assert!(Arc::ptr_eq(&back[0].runs[0].entries[0].caps, &back[0].runs[0].entries[1].caps));
+        assert!(Arc::ptr_eq(&back[0].runs[0].entries[0].caps, back[0].runs[0].tpart.as_ref().expect("tpart")));
+        assert!(Arc::ptr_eq(&back[0].runs[0].entries[2].caps.v[1].ev, &c));
+        assert!(back.iter().flat_map(|m| &m.runs).all(|r| r.entries.capacity() == r.entries.len()));
+    }
+
+    /// What stays live: captures with running aggregates, more shared vectors than `MAX_SHARED`.
+    #[test]
+    fn aggregates_and_many_vectors_stay_live() {
+        let e = ev(1);
+        let mut cv = CapVec::from(vec![Cap { var: 0, row: 0, ev: e.clone() }]);
+        cv.acc.push(crate::expr::Acc { n: 1, fold: crate::expr::Fold::Empty, broken: false });
+        let m = MState { row: 1, runs: vec![Run { start: 0, entries: vec![Entry { pos: 1, caps: Arc::new(cv) }], tpart: None, matched: false }], deadline: None };
+        assert!(Packed::pack([(0, &m)].into_iter()).is_none());
+        let entries = (0..=MAX_SHARED).map(|i| Entry { pos: i as i32, caps: caps(&[(0, 0, &e)]) }).collect();
+        let m = MState { row: 1, runs: vec![Run { start: 0, entries, tpart: None, matched: false }], deadline: None };
+        assert!(Packed::pack([(0, &m)].into_iter()).is_none());
+    }
+}
