@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_new_checkpoint_records_the_setting(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     assert checkpoint_shards(ck, 8) == 8
-    assert json.loads((ck / SHARDS_FILE).read_text()) == {"shards": {"count": 8, "record_in_log": True}, "layout1_log": False}
+    assert json.loads((ck / SHARDS_FILE).read_text()) == {
+        "shards": {"count": 8, "record_in_log": True}, "layout1_log": False}
 
 
 def test_restart_keeps_the_recorded_count(tmp_path: Path) -> None:
@@ -35,7 +36,8 @@ def test_restart_keeps_the_recorded_count(tmp_path: Path) -> None:
     assert checkpoint_shards(ck, 16) == 16
     assert checkpoint_shards(ck, 8) == 16       # the setting changed: the checkpoint wins
     assert checkpoint_shards(ck, 64) == 16
-    assert json.loads((ck / SHARDS_FILE).read_text()) == {"shards": {"count": 16, "record_in_log": True}, "layout1_log": False}
+    assert json.loads((ck / SHARDS_FILE).read_text()) == {
+        "shards": {"count": 16, "record_in_log": True}, "layout1_log": False}
 
 
 def test_state_from_before_the_record_uses_the_old_default(tmp_path: Path) -> None:

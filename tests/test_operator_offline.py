@@ -192,8 +192,8 @@ def test_failed_and_rerun_micro_batches_give_the_embedded_alerts(
     held copies are then AHEAD of the store (their token and rows are the failed attempt's),
     and the re-run may go to another process, compact, or move only the timer. Each alert
     comes out once, as the embedded engine's; no timer is lost."""
-    from cep.runtime.alerts import AlertRow, StatsRow
     from cep.runtime import state_store
+    from cep.runtime.alerts import AlertRow, StatsRow
     from cep.runtime.bind import build_embedded_engine
     from cep.runtime.state_store import NativeShardStore
 

@@ -250,7 +250,7 @@ class CepProcessor(StatefulProcessor):
                 self.handle.registerTimer(want)
         elif known != want:
             wm = int(timer_values.getCurrentWatermarkInMs())
-            if known is not None and want is not None and wm < known < want:  # type: ignore
+            if isinstance(known, int) and want is not None and wm < known < want:
                 want = known  # early and not due: it stays (docs/spark-runtime.md, "Timers")
             else:
                 if known is not None:
