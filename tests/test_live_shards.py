@@ -49,42 +49,31 @@ def test_state_from_before_the_record_uses_the_old_default(tmp_path: Path) -> No
     assert json.loads((ck / SHARDS_FILE).read_text()) == {"shards": 64}
 
 
-def test_only_a_query_started_here_leaves_layout_1s_log_undeclared(tmp_path: Path) -> None:
+def test_only_a_query_started_here_leaves_nlog_and_nshard_undeclared(tmp_path: Path) -> None:
     """The operator declares the native store's layout 1 log (`nlog`) in every task unless the
-    checkpoint's record says its state cannot hold it: a query this build started."""
+    checkpoint's record says its state cannot hold it, and keeps each shard's record in its
+    log's reserved row instead of `nshard` only when the record says so: a query this build
+    started. That record's shards are an object, so an older build (which reads `shards` as an
+    integer) stops on it, naming the file, instead of finding no record in `nshard`."""
     new = tmp_path / "new"
     checkpoint_shards(new, 6)
-    assert checkpoint_layout1_log(new) is False
+    assert checkpoint_layout1_log(new) is False and checkpoint_record_row(new) is True
+    assert checkpoint_shards(new, 8) == 6
+    assert type(json.loads((new / SHARDS_FILE).read_text())["shards"]) is not int
     old = tmp_path / "old"  # offsets committed before the record existed (any older build)
     (old / "alerts" / "offsets").mkdir(parents=True)
     (old / "alerts" / "offsets" / "0").write_text("v1\n")
     checkpoint_shards(old, 6)
-    assert checkpoint_layout1_log(old) is True
-    older = tmp_path / "older"  # the record as sessions 15-16 wrote it
-    older.mkdir()
-    (older / SHARDS_FILE).write_text('{"shards": 6}')
-    assert checkpoint_shards(older, 6) == 6
-    assert checkpoint_layout1_log(older) is True
+    assert checkpoint_layout1_log(old) is True and checkpoint_record_row(old) is False
+    for text, layout1 in (('{"shards": 6}', True), ('{"shards": 6, "layout1_log": false}', False)):
+        older = tmp_path / "older"  # the record as sessions 15-16 and 17 wrote it
+        older.mkdir(exist_ok=True)
+        (older / SHARDS_FILE).write_text(text)
+        assert checkpoint_shards(older, 6) == 6
+        assert checkpoint_layout1_log(older) is layout1
+        assert checkpoint_record_row(older) is False
     assert checkpoint_layout1_log(tmp_path / "none") is True
-
-
-def test_only_a_query_started_here_keeps_the_shard_records_in_the_log(tmp_path: Path) -> None:
-    """A query this build starts keeps each shard's record in its log's reserved row (one state
-    variable per task); one started before (sessions 15-17's record, or none) keeps `nshard`.
-    The new record's shards are an object, so an older build stops on it with a message naming
-    the file (it reads `shards` as an integer) instead of finding no record in `nshard`."""
-    new = tmp_path / "new"
-    checkpoint_shards(new, 6)
-    assert checkpoint_record_row(new) is True
-    assert checkpoint_shards(new, 8) == 6
-    older = tmp_path / "older"  # the record as sessions 15-17 wrote it
-    older.mkdir()
-    (older / SHARDS_FILE).write_text('{"shards": 6, "layout1_log": false}')
-    assert checkpoint_shards(older, 6) == 6
-    assert checkpoint_record_row(older) is False
     assert checkpoint_record_row(tmp_path / "none") is False
-    record = json.loads((new / SHARDS_FILE).read_text())["shards"]
-    assert type(record) is not int  # (what an older build's check refuses)
 
 
 def test_a_query_dir_without_offsets_is_new(tmp_path: Path) -> None:

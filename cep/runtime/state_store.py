@@ -146,8 +146,9 @@ class NativeShardStore:
     the core writes (`Engine.export_blobs`: records of group, key, wake time and versioned
     `CEPNK` bytes, or none for a key whose state is gone), stored compressed since layout 3
     (`zip_row`), and the token of the log it was appended onto, applied in row order; and a
-    ValueState record (`_Meta`: `META_MAGIC`, the layout, then the token,
-    log rows, log bytes, calls deferred and the registered timer).
+    record (`_Meta`: `META_MAGIC`, the layout, then the token,
+    log rows, log bytes, calls deferred and the registered timer) in a ValueState, or since
+    session 18 (a query started so) in the log's reserved row `RECORD_ROW`.
     - A call starts with one state read, the record. When its token is the one this process
       wrote last (the store is exactly as this process left it), the held `EngineState` is used
       as it is. When another process appended rows since (Spark gave the shard's last calls to

@@ -236,8 +236,8 @@ class CepProcessor(StatefulProcessor):
         registered timer is not due in this batch (it stays: firing early only runs the shard
         with no events, `handleExpiredTimer`, which advances it and registers the next wake);
         a registered timer that is due (Spark would fire it after this batch's input) or later
-        than the wake is replaced (two calls). Otherwise (the Python loop) the timers are
-        listed and replaced."""
+        than the wake is replaced (two calls); docs/spark-runtime.md, "One state variable and
+        fewer timer calls". Otherwise (the Python loop) the timers are listed and replaced."""
         nxt = self.engine.next_wake(self.store)
         want = None if nxt is None else max(1, nxt - self.delay)
         known = self.store.timer if self.native else UNKNOWN
@@ -251,7 +251,7 @@ class CepProcessor(StatefulProcessor):
         elif known != want:
             wm = int(timer_values.getCurrentWatermarkInMs())
             if isinstance(known, int) and want is not None and wm < known < want:
-                want = known  # early and not due: it stays (docs/spark-runtime.md, "Timers")
+                want = known  # early and not due: it stays
             else:
                 if known is not None:
                     self.handle.deleteTimer(known)  # type: ignore[arg-type]
