@@ -351,3 +351,67 @@ def test_a_shard_with_no_input_fires_its_deadlines_as_the_watermark_passes(
     assert last <= wm < events[-1]["ts"] - DELAY  # (the engine's watermark is Spark's here)
     # The first watermark past the fifth charge released it.
     assert wm == min(w for _, _, w, _ in trace if w >= last)
+
+
+def test_the_registered_timer_is_one_never_later_than_the_wake_and_never_lost() -> None:
+    """`_reset_timer`'s choices (native loop) over random wakes and watermarks, Spark firing and
+    removing a timer at or below the batch's watermark after its input: while the shard has a
+    wake exactly one timer is registered, never later than the wake (so no alert comes later
+    than at the wake's own timer), an earlier one only while it is above the watermark (not
+    due: kept, it fires in no batch the wake's timer would not; due, it is replaced); the
+    store's record of it is always the registered one. Covers the wake moving earlier than
+    a kept timer, and a kept timer firing before the wake (the shard run with no events)."""
+    import random
+
+    from bench.operator import Handle
+
+    class Engine:
+        wake: int | None = None
+
+        def next_wake(self, store: Any) -> int | None:
+            return None if self.wake is None else self.wake + DELAY
+
+    class Store:
+        timer: Any = None
+
+    state = ShardState()
+    state.at = (0,)
+    proc = op.CepProcessor.__new__(op.CepProcessor)
+    engine, store = Engine(), Store()
+    proc.engine, proc.store, proc.handle = engine, store, Handle(state)  # type: ignore[assignment]
+    proc.delay, proc.native = DELAY, True
+    rnd = random.Random(7)
+    wm, seen = 0, {"kept": 0, "moved earlier": 0, "fired early": 0}
+
+    def check() -> None:
+        registered = state.timers.get((0,), set())
+        want = engine.wake
+        assert registered == (set() if want is None else {store.timer})
+        if want is not None:
+            assert store.timer <= want and (store.timer == want or store.timer > wm)
+
+    for _ in range(3000):
+        wm += rnd.choice((0, 500, 1000, 1000, 3000))
+        if rnd.random() < 0.6:  # the shard has input in this batch: its wake moves
+            known = store.timer
+            wake = None if rnd.random() < 0.1 else wm + rnd.choice(  # on a watermark too
+                (rnd.randrange(-1500, 6000), 500 * rnd.randrange(-3, 12)))
+            engine.wake = None if wake is None else max(1, wake)
+            want = engine.wake
+            proc._reset_timer(Watermark(wm))
+            check()
+            if known is not None and want is not None and wm < known < want:
+                seen["kept"] += 1
+            if known is not None and want is not None and want < known:
+                seen["moved earlier"] += 1
+        fired = {t for t in state.timers.get((0,), set()) if t <= wm}
+        if fired:  # after the input: the fired timer removed, the shard run with no events
+            state.timers[(0,)] -= fired
+            seen["fired early"] += engine.wake is not None and engine.wake > wm
+            if engine.wake is not None and engine.wake <= wm:
+                # (the shard's due keys advanced: its next wake is later, or none is left)
+                engine.wake = None if rnd.random() < 0.2 else wm + rnd.randrange(1, 6000)
+            proc._reset_timer(Watermark(wm), expired=True)
+            check()
+        assert not {t for t in state.timers.get((0,), set()) if t <= wm}  # none left due
+    assert all(seen.values()), seen
