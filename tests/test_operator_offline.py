@@ -1,8 +1,9 @@
 """The Spark operator (`cep.spark.operator.CepProcessor`) without Spark: its state handles are
 dicts with Spark's method names and timers fire as Spark fires them (a shard is called when its
-timer is at or below the watermark), so every path of the operator — input rows, expired timers,
-the end-of-input marker, dead-letter rows, both engine loops and their key stores — runs in
-seconds. Its alerts must equal the embedded engine's on the same events, whatever the batch size.
+timer is below the watermark: Spark's `TimerStateImpl.getExpiredTimers` is strict), so every
+path of the operator — input rows, expired timers, the end-of-input marker, dead-letter rows,
+both engine loops and their key stores — runs in seconds. Its alerts must equal the embedded
+engine's on the same events, whatever the batch size.
 (The Spark tests run the same operator on Spark's real state: test_engine_cases_spark,
 test_live, test_bad_input.)"""
 
@@ -74,7 +75,7 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules:
 
     def fire_timers() -> None:
         for (shard,), ts in sorted(state.timers.items()):
-            expired = {t for t in ts if t <= wm}
+            expired = {t for t in ts if t < wm}
             if expired:
                 ts -= expired  # Spark removes a timer once it has fired
                 call(shard, None)
@@ -316,8 +317,8 @@ def test_a_shard_with_no_input_fires_its_deadlines_as_the_watermark_passes(
     """A card's five charges (a velocity alert, released once the watermark passes the fifth)
     and then no input for its shard while other shards' cards go on for minutes of event time:
     its alert comes out of an expired timer's call at a watermark before the end of input, not
-    at the end; and the registered timer, kept while it is early and not due, never holds
-    an alert back past the first batch whose watermark passes the alert's last event."""
+    at the end, and at the first watermark past the alert's last event. (The shard's timers
+    here are all at its wake: the test of the timer choice covers an early timer kept.)"""
     from cep.runtime.alerts import AlertRow
 
     monkeypatch.setenv("CEP_ENGINE", "native")
@@ -355,12 +356,13 @@ def test_a_shard_with_no_input_fires_its_deadlines_as_the_watermark_passes(
 
 def test_the_registered_timer_is_one_never_later_than_the_wake_and_never_lost() -> None:
     """`_reset_timer`'s choices (native loop) over random wakes and watermarks, Spark firing and
-    removing a timer at or below the batch's watermark after its input: while the shard has a
+    removing a timer below the batch's watermark after its input: while the shard has a
     wake exactly one timer is registered, never later than the wake (so no alert comes later
     than at the wake's own timer), an earlier one only while it is above the watermark (not
-    due: kept, it fires in no batch the wake's timer would not; due, it is replaced); the
-    store's record of it is always the registered one. Covers the wake moving earlier than
-    a kept timer, and a kept timer firing before the wake (the shard run with no events)."""
+    due, even under a rule of `<=`: kept, it fires in no batch the wake's timer would not;
+    else it is replaced); the store's record of it is always the registered one. Covers the
+    wake moving earlier than a kept timer, and a kept timer firing before the wake (the shard
+    run with no events)."""
     import random
 
     from bench.operator import Handle
@@ -404,7 +406,7 @@ def test_the_registered_timer_is_one_never_later_than_the_wake_and_never_lost() 
                 seen["kept"] += 1
             if known is not None and want is not None and want < known:
                 seen["moved earlier"] += 1
-        fired = {t for t in state.timers.get((0,), set()) if t <= wm}
+        fired = {t for t in state.timers.get((0,), set()) if t < wm}
         if fired:  # after the input: the fired timer removed, the shard run with no events
             state.timers[(0,)] -= fired
             seen["fired early"] += engine.wake is not None and engine.wake > wm
@@ -413,5 +415,5 @@ def test_the_registered_timer_is_one_never_later_than_the_wake_and_never_lost() 
                 engine.wake = None if rnd.random() < 0.2 else wm + rnd.randrange(1, 6000)
             proc._reset_timer(Watermark(wm), expired=True)
             check()
-        assert not {t for t in state.timers.get((0,), set()) if t <= wm}  # none left due
+        assert not {t for t in state.timers.get((0,), set()) if t < wm}  # none left due
     assert all(seen.values()), seen
