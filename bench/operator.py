@@ -171,7 +171,7 @@ def fire_timers(proc: Any, shard: ShardState, wm: int) -> None:
     """The operator's calls for the shards whose timers the watermark `wm` passed, as Spark
     makes them after a batch's input (each fired timer removed first)."""
     for key, ts_set in sorted(shard.timers.items()):
-        expired = {t for t in ts_set if t < wm}
+        expired = {t for t in ts_set if t <= wm}
         if expired:
             ts_set -= expired
             shard.at = key

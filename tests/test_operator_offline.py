@@ -1,6 +1,6 @@
 """The Spark operator (`cep.spark.operator.CepProcessor`) without Spark: its state handles are
 dicts with Spark's method names and timers fire as Spark fires them (a shard is called when its
-timer is below the watermark: Spark's `TimerStateImpl.getExpiredTimers` is strict), so every
+timer is at or below the watermark: Spark 4.3's `TimerStateImpl.getExpiredTimers`), so every
 path of the operator — input rows, expired timers, the end-of-input marker, dead-letter rows,
 both engine loops and their key stores — runs in seconds. Its alerts must equal the embedded
 engine's on the same events, whatever the batch size.
@@ -75,7 +75,7 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules:
 
     def fire_timers() -> None:
         for (shard,), ts in sorted(state.timers.items()):
-            expired = {t for t in ts if t < wm}
+            expired = {t for t in ts if t <= wm}
             if expired:
                 ts -= expired  # Spark removes a timer once it has fired
                 call(shard, None)
@@ -356,13 +356,12 @@ def test_a_shard_with_no_input_fires_its_deadlines_as_the_watermark_passes(
 
 def test_the_registered_timer_is_one_never_later_than_the_wake_and_never_lost() -> None:
     """`_reset_timer`'s choices (native loop) over random wakes and watermarks, Spark firing and
-    removing a timer below the batch's watermark after its input: while the shard has a
+    removing a timer at or below the batch's watermark after its input: while the shard has a
     wake exactly one timer is registered, never later than the wake (so no alert comes later
     than at the wake's own timer), an earlier one only while it is above the watermark (not
-    due, even under a rule of `<=`: kept, it fires in no batch the wake's timer would not;
-    else it is replaced); the store's record of it is always the registered one. Covers the
-    wake moving earlier than a kept timer, and a kept timer firing before the wake (the shard
-    run with no events)."""
+    due: kept, it fires in no batch the wake's timer would not; else it is replaced); the
+    store's record of it is always the registered one. Covers the wake moving earlier than
+    a kept timer, and a kept timer firing before the wake (the shard run with no events)."""
     import random
 
     from bench.operator import Handle
@@ -406,7 +405,7 @@ def test_the_registered_timer_is_one_never_later_than_the_wake_and_never_lost() 
                 seen["kept"] += 1
             if known is not None and want is not None and want < known:
                 seen["moved earlier"] += 1
-        fired = {t for t in state.timers.get((0,), set()) if t < wm}
+        fired = {t for t in state.timers.get((0,), set()) if t <= wm}
         if fired:  # after the input: the fired timer removed, the shard run with no events
             state.timers[(0,)] -= fired
             seen["fired early"] += engine.wake is not None and engine.wake > wm
@@ -415,5 +414,5 @@ def test_the_registered_timer_is_one_never_later_than_the_wake_and_never_lost() 
                 engine.wake = None if rnd.random() < 0.2 else wm + rnd.randrange(1, 6000)
             proc._reset_timer(Watermark(wm), expired=True)
             check()
-        assert not {t for t in state.timers.get((0,), set()) if t < wm}  # none left due
+        assert not {t for t in state.timers.get((0,), set()) if t <= wm}  # none left due
     assert all(seen.values()), seen
