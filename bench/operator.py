@@ -79,6 +79,9 @@ class _Map:
         self.written += len(v[0])
         self._m()[k] = v
 
+    def containsKey(self, k: Any) -> bool:  # noqa: N802
+        return k in self._m()
+
     def removeKey(self, k: Any) -> None:  # noqa: N802
         self._m().pop(k, None)
 

@@ -278,6 +278,12 @@ LEGACY_SHARDS = 64
 # hold it (a query started since session 17: `false`) leaves it undeclared; a record without
 # the field (a checkpoint started by an older build, whatever its layout) keeps declaring it.
 LAYOUT1_LOG = "layout1_log"
+# Since session 18 a new query records its shards as an object, `{"count": n, "record_in_log":
+# true}`: the native store keeps each shard's record in its log's reserved row, not in the
+# ValueState `nshard` (one state variable per task: `checkpoint_record_row`). An object, not a
+# field beside the count, so that an older build stops on it (naming `shards.json`) instead
+# of finding no record in `nshard` and starting every shard afresh over its log's rows.
+RECORD_IN_LOG = "record_in_log"
 
 
 def checkpoint_shards(ck: Path, wanted: int) -> int:
@@ -291,6 +297,8 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
     if record.exists():
         try:
             n = json.loads(record.read_text())["shards"]
+            if isinstance(n, dict):  # since session 18 (`RECORD_IN_LOG`)
+                n = n.get("count")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise LiveJobError(f"checkpoint {ck}: unreadable {SHARDS_FILE} ({exc}): the shard "
                                "count its state was written with is unknown") from exc
@@ -311,7 +319,8 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
     # A new query's state is written by this build: the native store's layout 1 log can never
     # be in it, so the operator does not declare it (`checkpoint_layout1_log`).
     _write_atomic(record, json.dumps({"shards": n} if started else
-                                     {"shards": n, LAYOUT1_LOG: False}))
+                                     {"shards": {"count": n, RECORD_IN_LOG: True},
+                                      LAYOUT1_LOG: False}))
     return n
 
 
@@ -324,6 +333,16 @@ def checkpoint_layout1_log(ck: Path) -> bool:
         return True
 
 
+def checkpoint_record_row(ck: Path) -> bool:
+    """Whether checkpoint `ck`'s native store keeps each shard's record in its log's reserved
+    row (`RECORD_IN_LOG`: a query started since session 18)."""
+    try:
+        shards = json.loads((ck / SHARDS_FILE).read_text())["shards"]
+        return isinstance(shards, dict) and shards.get(RECORD_IN_LOG) is True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 class LiveJob:
     def __init__(self, settings: Settings, options: LiveOptions) -> None:
         from cep.engines import RulesWatcher
@@ -334,6 +353,7 @@ class LiveJob:
         claim_checkpoint(self.ck, "cep run", {})
         self.shards = checkpoint_shards(self.ck, settings.live_shards)
         self.layout1_log = checkpoint_layout1_log(self.ck)
+        self.record_row = checkpoint_record_row(self.ck)
         self.snapshot = str(self.ck / "rules-snapshot.json")
         self.watcher = RulesWatcher(rules_source(settings, options.rules), self.snapshot)
         self._logged_rules: dict[str, Any] | None = None
@@ -518,7 +538,8 @@ class LiveJob:
         rows = live_packed(self._source(), self.plan, ("topic", "partition", "offset"),
                            MAX_BYTES, topics={s.name: self._topic(s) for s in self.plan.streams})
         factory = SnapshotEngineFactory(self.snapshot, self.opts.max_partial_matches)
-        out = match_packed(rows, self.plan, factory, layout1_log=self.layout1_log)
+        out = match_packed(rows, self.plan, factory, layout1_log=self.layout1_log,
+                           record_row=self.record_row)
         alerts_ck = str(self.ck / "alerts")
         deliver = BatchDelivery(self.settings, "alerts", alerts_ck, self.router,
                                 on_batch=self._on_batch("alerts"))

@@ -361,25 +361,55 @@ def test_a_checkpoint_written_by_an_older_version_restarts_here(live, kafka_boot
 
 
 @pytest.mark.compat
-def test_a_checkpoint_started_here_goes_on_in_an_older_version_and_back(live, kafka_bootstrap):
-    """A query this tree starts records `layout1_log: false` and leaves `nlog` (layout 1's
-    log) undeclared; the tree in CEP_OLD_TREE (session 15 or later: rows, not layout 1)
-    continues it declaring `nlog` (a state variable the checkpoint's schema lacks), and this
-    tree continues that without it (one fewer than the schema now holds). Together the three
-    runs give the clean run's alerts, each once."""
+def test_a_checkpoint_started_here_is_refused_by_an_older_version_and_goes_on_here(
+        live, kafka_bootstrap):
+    """A query this tree starts keeps each shard's record in its log's reserved row (one state
+    variable per task) and records that in `shards.json` as `"shards": {"count": n, ...}`: the
+    tree in CEP_OLD_TREE (which would find no record in `nshard` and start every shard afresh
+    over its log's rows) stops on the record, naming it, before it writes anything; this tree
+    then goes on. Together the runs give the clean run's alerts, each once."""
+    old = Path(os.environ["CEP_OLD_TREE"])
+    topic = live["topic"]
+    ds, lines, args = _compat_input(live, kafka_bootstrap)
+    third = len(lines) // 3
+    kcat_produce(kafka_bootstrap, f"{topic}-in", lines[:third])
+    wait(cep_run({**live["env"], "PYTHONPATH": str(ROOT)}, args, live["log"]), live["log"])
+    record = (live["ck"] / "shards.json").read_text()
+    commits = sorted(p.name for p in (live["ck"] / "alerts" / "commits").iterdir())
+    assert json.loads(record)["shards"]["record_in_log"] is True and commits
+    kcat_produce(kafka_bootstrap, f"{topic}-in", lines[third:2 * third])
+    old_log = live["log"].with_name("old.log")
+    proc = cep_run({**live["env"], "PYTHONPATH": str(old)}, args, old_log, old)
+    assert proc.wait(400) != 0, old_log.read_text()[-3000:]
+    assert "shards.json" in old_log.read_text()
+    assert (live["ck"] / "shards.json").read_text() == record  # left as it was
+    assert sorted(p.name for p in (live["ck"] / "alerts" / "commits").iterdir()) == commits
+    kcat_produce(kafka_bootstrap, f"{topic}-in", lines[2 * third:])
+    wait(cep_run({**live["env"], "PYTHONPATH": str(ROOT)}, args, live["log"]), live["log"])
+    alerts = kcat_read(kafka_bootstrap, f"{topic}.alerts")
+    assert sorted(_key(a) for a in alerts) == _expected(ds)
+    assert len({a["alert_id"] for a in alerts}) == len(alerts)
+
+
+@pytest.mark.compat
+def test_a_checkpoint_started_by_an_older_version_goes_on_here_and_back(live, kafka_bootstrap):
+    """A query the tree in CEP_OLD_TREE (session 15 or later: rows, not layout 1) starts keeps
+    its records in `nshard`: this tree continues it so (it declares `nshard` for a record
+    without the object), the old tree continues that, and this tree again. Together the runs
+    give the clean run's alerts, each once, and the record stays the old tree's."""
     old = Path(os.environ["CEP_OLD_TREE"])
     if "LOG_LAYOUT" not in (old / "cep" / "runtime" / "state_store.py").read_text():
         pytest.skip("a layout 1 tree cannot read a newer checkpoint (it fails to unpickle it)")
     topic = live["topic"]
     ds, lines, args = _compat_input(live, kafka_bootstrap)
-    third = len(lines) // 3
-    for part, tree in ((lines[:third], ROOT), (lines[third:2 * third], old),
-                       (lines[2 * third:], ROOT)):
+    quarter = len(lines) // 4
+    for n, tree in enumerate((old, ROOT, old, ROOT)):
+        part = lines[n * quarter:(n + 1) * quarter] if n < 3 else lines[3 * quarter:]
         kcat_produce(kafka_bootstrap, f"{topic}-in", part)
         env = {**live["env"], "PYTHONPATH": str(tree)}
         wait(cep_run(env, args, live["log"], tree), live["log"])
         record = json.loads((live["ck"] / "shards.json").read_text())
-        assert record.get("layout1_log") is False  # an older build keeps the record as it is
+        assert type(record["shards"]) is int  # an older build's record, kept as it is
     alerts = kcat_read(kafka_bootstrap, f"{topic}.alerts")
     assert sorted(_key(a) for a in alerts) == _expected(ds)
     assert len({a["alert_id"] for a in alerts}) == len(alerts)

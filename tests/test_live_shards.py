@@ -17,6 +17,7 @@ from jobs.live import (
     LiveJobError,
     LiveOptions,
     checkpoint_layout1_log,
+    checkpoint_record_row,
     checkpoint_shards,
 )
 
@@ -26,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_new_checkpoint_records_the_setting(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     assert checkpoint_shards(ck, 8) == 8
-    assert json.loads((ck / SHARDS_FILE).read_text()) == {"shards": 8, "layout1_log": False}
+    assert json.loads((ck / SHARDS_FILE).read_text()) == {
+        "shards": {"count": 8, "record_in_log": True}, "layout1_log": False}
 
 
 def test_restart_keeps_the_recorded_count(tmp_path: Path) -> None:
@@ -34,7 +36,8 @@ def test_restart_keeps_the_recorded_count(tmp_path: Path) -> None:
     assert checkpoint_shards(ck, 16) == 16
     assert checkpoint_shards(ck, 8) == 16       # the setting changed: the checkpoint wins
     assert checkpoint_shards(ck, 64) == 16
-    assert json.loads((ck / SHARDS_FILE).read_text()) == {"shards": 16, "layout1_log": False}
+    assert json.loads((ck / SHARDS_FILE).read_text()) == {
+        "shards": {"count": 16, "record_in_log": True}, "layout1_log": False}
 
 
 def test_state_from_before_the_record_uses_the_old_default(tmp_path: Path) -> None:
@@ -46,23 +49,31 @@ def test_state_from_before_the_record_uses_the_old_default(tmp_path: Path) -> No
     assert json.loads((ck / SHARDS_FILE).read_text()) == {"shards": 64}
 
 
-def test_only_a_query_started_here_leaves_layout_1s_log_undeclared(tmp_path: Path) -> None:
+def test_only_a_query_started_here_leaves_nlog_and_nshard_undeclared(tmp_path: Path) -> None:
     """The operator declares the native store's layout 1 log (`nlog`) in every task unless the
-    checkpoint's record says its state cannot hold it: a query this build started."""
+    checkpoint's record says its state cannot hold it, and keeps each shard's record in its
+    log's reserved row instead of `nshard` only when the record says so: a query this build
+    started. That record's shards are an object, so an older build (which reads `shards` as an
+    integer) stops on it, naming the file, instead of finding no record in `nshard`."""
     new = tmp_path / "new"
     checkpoint_shards(new, 6)
-    assert checkpoint_layout1_log(new) is False
+    assert checkpoint_layout1_log(new) is False and checkpoint_record_row(new) is True
+    assert checkpoint_shards(new, 8) == 6
+    assert type(json.loads((new / SHARDS_FILE).read_text())["shards"]) is not int
     old = tmp_path / "old"  # offsets committed before the record existed (any older build)
     (old / "alerts" / "offsets").mkdir(parents=True)
     (old / "alerts" / "offsets" / "0").write_text("v1\n")
     checkpoint_shards(old, 6)
-    assert checkpoint_layout1_log(old) is True
-    older = tmp_path / "older"  # the record as sessions 15-16 wrote it
-    older.mkdir()
-    (older / SHARDS_FILE).write_text('{"shards": 6}')
-    assert checkpoint_shards(older, 6) == 6
-    assert checkpoint_layout1_log(older) is True
+    assert checkpoint_layout1_log(old) is True and checkpoint_record_row(old) is False
+    for text, layout1 in (('{"shards": 6}', True), ('{"shards": 6, "layout1_log": false}', False)):
+        older = tmp_path / "older"  # the record as sessions 15-16 and 17 wrote it
+        older.mkdir(exist_ok=True)
+        (older / SHARDS_FILE).write_text(text)
+        assert checkpoint_shards(older, 6) == 6
+        assert checkpoint_layout1_log(older) is layout1
+        assert checkpoint_record_row(older) is False
     assert checkpoint_layout1_log(tmp_path / "none") is True
+    assert checkpoint_record_row(tmp_path / "none") is False
 
 
 def test_a_query_dir_without_offsets_is_new(tmp_path: Path) -> None:
@@ -72,7 +83,8 @@ def test_a_query_dir_without_offsets_is_new(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("text", ["not json", "{}", '{"shards": 0}', '{"shards": "8"}',
-                                  '{"shards": 2.5}', "[8]"])
+                                  '{"shards": 2.5}', "[8]", '{"shards": {}}',
+                                  '{"shards": {"count": "6"}}'])
 def test_an_unreadable_record_is_an_error(tmp_path: Path, text: str) -> None:
     ck = tmp_path / "ck"
     ck.mkdir()

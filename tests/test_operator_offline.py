@@ -1,8 +1,9 @@
 """The Spark operator (`cep.spark.operator.CepProcessor`) without Spark: its state handles are
 dicts with Spark's method names and timers fire as Spark fires them (a shard is called when its
-timer is at or below the watermark), so every path of the operator — input rows, expired timers,
-the end-of-input marker, dead-letter rows, both engine loops and their key stores — runs in
-seconds. Its alerts must equal the embedded engine's on the same events, whatever the batch size.
+timer is at or below the watermark: Spark 4.3's `TimerStateImpl.getExpiredTimers`), so every
+path of the operator — input rows, expired timers, the end-of-input marker, dead-letter rows,
+both engine loops and their key stores — runs in seconds. Its alerts must equal the embedded
+engine's on the same events, whatever the batch size.
 (The Spark tests run the same operator on Spark's real state: test_engine_cases_spark,
 test_live, test_bad_input.)"""
 
@@ -33,7 +34,8 @@ DELAY = 5_000  # the bundled fraud rules' LATENESS (the watermark delay)
 
 def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules: str = RULES,
                  stream: str = "transactions", key_field: str = "card",
-                 processes: int = 1, fail: float = 0.0) -> list[Any]:
+                 processes: int = 1, fail: float = 0.0, record_row: bool = False,
+                 trace: list[tuple[int, bool, int, list[Any]]] | None = None) -> list[Any]:
     """The events (in time order) through the operator as a replay runs it: micro-batches of
     `batch` rows grouped by shard, the watermark trailing each batch's max event time by the
     delay, expired timers after the input, then the end-of-input marker. `dead`: bad rows mixed
@@ -42,7 +44,9 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules:
     Spark gives several stateful tasks per batch to whichever workers are free. `fail`: the
     share of micro-batches that fail after some of their calls ran: the state (timers too) goes
     back to the batch's start, its output is dropped and the batch runs again, as Spark re-runs
-    a batch from the checkpoint (the processes keep what they held: copies may be ahead)."""
+    a batch from the checkpoint (the processes keep what they held: copies may be ahead).
+    `record_row`: the native store's shard records in its log's reserved row (a live query
+    started since session 18). `trace`: each call's (shard, by a timer, watermark, rows)."""
     import copy
     import random
 
@@ -52,7 +56,8 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules:
         if processes > 1:
             op._HELD = {}  # the process's own (the operator's store takes it at `init`)
         proc = op.CepProcessor(RulesEngineFactory.from_path(rules), output_rows, DELAY,
-                               end_of_input=max(e["ts"] for e in events))
+                               end_of_input=max(e["ts"] for e in events),
+                               record_row=record_row)
         proc.init(Handle(state))  # type: ignore[arg-type]
         procs.append(proc)
     rnd = random.Random(processes)
@@ -65,6 +70,8 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules:
                else proc.handleExpiredTimer((shard,), Watermark(wm), None))
         for pdf in out:
             rows.extend(pdf.itertuples(index=False))
+            if trace is not None:
+                trace.append((shard, frame is None, wm, list(pdf.itertuples(index=False))))
 
     def fire_timers() -> None:
         for (shard,), ts in sorted(state.timers.items()):
@@ -147,14 +154,16 @@ def test_operator_alerts_equal_embedded_whatever_the_batching(engine_loop: str, 
             assert s["timer_us"] + s["encode_us"] + s["write_us"] <= s["store_us"] + 3
 
 
+@pytest.mark.parametrize("record_row", [False, True])
 @pytest.mark.parametrize("batch", [37, 100])
 def test_shards_moving_between_worker_processes_give_the_embedded_alerts(
-        batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        batch: int, record_row: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each call made by one of three worker processes at random (Spark's pool with several
     stateful tasks per batch): a process whose copy of the shard is behind catches it up from
     the rows appended since, or reloads it after a compaction, and takes the registered timer
     from the store; the alerts are the embedded engine's, on the native loop and the mixed one
-    (the fraud rules with table and window rules: both stores)."""
+    (the fraud rules with table and window rules: both stores); with the shards' records in
+    a ValueState or in their logs' reserved row (which a reload skips and a compaction keeps)."""
     from cep.runtime.alerts import AlertRow, StatsRow
     from cep.runtime.bind import build_embedded_engine
     from cep.runtime.state_store import NativeShardStore
@@ -168,21 +177,23 @@ def test_shards_moving_between_worker_processes_give_the_embedded_alerts(
     for rules in (RULES, "rules"):
         want = sorted(a["alert_id"] for a in alerts_for(build_embedded_engine(
             load_rules_dir(rules)), {"transactions": events}))
-        got = run_operator(events, batch, rules=rules, processes=3)
+        got = run_operator(events, batch, rules=rules, processes=3, record_row=record_row)
         assert want and sorted(r.id for r in got if isinstance(r, AlertRow)) == want
         stats = [r.info for r in got if isinstance(r, StatsRow)]
         assert sum(s["state_catchups"] for s in stats) > 5
         assert sum(s["state_compactions"] for s in stats) > 0
 
 
+@pytest.mark.parametrize("record_row", [False, True])
 @pytest.mark.parametrize(("batch", "processes"), [(37, 1), (37, 3), (100, 2)])
 def test_failed_and_rerun_micro_batches_give_the_embedded_alerts(
-        batch: int, processes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        batch: int, processes: int, record_row: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Micro-batches that fail after some of their calls (or all, timers too) and run again
     from the state as it was, as Spark re-runs a batch from the checkpoint: the processes'
     held copies are then AHEAD of the store (their token and rows are the failed attempt's),
     and the re-run may go to another process, compact, or move only the timer. Each alert
     comes out once, as the embedded engine's; no timer is lost."""
+    from cep.runtime import state_store
     from cep.runtime.alerts import AlertRow, StatsRow
     from cep.runtime.bind import build_embedded_engine
     from cep.runtime.state_store import NativeShardStore
@@ -191,12 +202,15 @@ def test_failed_and_rerun_micro_batches_give_the_embedded_alerts(
     monkeypatch.setattr(op, "_HELD", {})
     monkeypatch.setattr(NativeShardStore, "COMPACT_ROWS", 4)
     monkeypatch.setattr(NativeShardStore, "COMPACT_SLACK", 50)
+    # A process's tasks count from its first: another test's compaction in this process would
+    # hold this run's one task (one per process here) to its `COMPACT_GAP`.
+    monkeypatch.setattr(state_store, "_TURNS", state_store._Turns())
     op._ENGINES.clear()
     ds = GENERATORS["fraud"](n_events=600, n_keys=20, seed=11, inject=3)
     events = sorted(ds.events, key=lambda e: e["ts"])
     want = sorted(a["alert_id"] for a in alerts_for(build_embedded_engine(
         load_rules_dir(RULES)), {"transactions": events}))
-    got = run_operator(events, batch, processes=processes, fail=0.4)
+    got = run_operator(events, batch, processes=processes, fail=0.4, record_row=record_row)
     assert want and sorted(r.id for r in got if isinstance(r, AlertRow)) == want
     stats = [r.info for r in got if isinstance(r, StatsRow)]
     assert sum(s["state_reloads"] for s in stats) > 3  # the copies ahead were not used
@@ -271,3 +285,134 @@ def test_layout_1s_log_is_declared_only_when_the_state_may_hold_it(
     proc.init(Declared(ShardState()))  # type: ignore[arg-type]
     assert names == (["nlog"] if layout1_log else [])
     assert (proc.store._old_log is not None) is layout1_log
+
+
+@pytest.mark.parametrize("record_row", [False, True])
+def test_a_record_row_store_declares_one_state_variable(
+        record_row: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the shards' records in their logs' reserved row (a live query started since session
+    18) a task declares the log alone (`nrows`); otherwise the record's ValueState too."""
+    monkeypatch.setenv("CEP_ENGINE", "native")
+    monkeypatch.setattr(op, "_ENGINES", {})
+
+    class Declared(Handle):
+        def getMapState(self, name: str = "", *args: Any) -> Any:  # noqa: N802
+            names.append(name)
+            return super().getMapState(name, *args)
+
+        def getValueState(self, name: str = "", *args: Any) -> Any:  # noqa: N802
+            names.append(name)
+            return super().getValueState(name, *args)
+
+    names: list[str] = []
+    proc = op.CepProcessor(RulesEngineFactory.from_path(RULES), output_rows, DELAY,
+                           layout1_log=False, record_row=record_row)
+    proc.init(Declared(ShardState()))  # type: ignore[arg-type]
+    assert names == (["nrows"] if record_row else ["nrows", "nshard"])
+
+
+@pytest.mark.parametrize("record_row", [False, True])
+def test_a_shard_with_no_input_fires_its_deadlines_as_the_watermark_passes(
+        record_row: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A card's five charges (a velocity alert, released once the watermark passes the fifth)
+    and then no input for its shard while other shards' cards go on for minutes of event time:
+    its alert comes out of an expired timer's call at a watermark before the end of input, not
+    at the end, and at the first watermark past the alert's last event. (The shard's timers
+    here are all at its wake: the test of the timer choice covers an early timer kept.)"""
+    from cep.runtime.alerts import AlertRow
+
+    monkeypatch.setenv("CEP_ENGINE", "native")
+    monkeypatch.setattr(op, "_HELD", {})
+    op._ENGINES.clear()
+    t0 = 1_700_000_000_000
+
+    def shard(card: str) -> int:
+        return zlib.crc32(card.encode()) % SHARDS
+
+    idle = "c-idle"
+    others = [c for c in (f"c-{i}" for i in range(200))
+              if shard(c) not in (shard(idle), shard(""))][:12]
+    events = [{"ts": t0 + i * 1000, "card": idle, "amount": 10.0, "merchant": "m",
+               "country": "FR"} for i in range(5)]
+    events += [{"ts": t0 + 200 * i, "card": others[i % len(others)], "amount": 3.0,
+                "merchant": "m", "country": "FR"} for i in range(1, 1500)]
+    events.sort(key=lambda e: e["ts"])
+    want = sorted(a["alert_id"] for a in alerts_for(build_engine(load_rules_dir(RULES)),
+                                                    {"transactions": events}))
+    trace: list[tuple[int, bool, int, list[Any]]] = []
+    got = run_operator(events, 40, record_row=record_row, trace=trace)
+    assert sorted(r.id for r in got if isinstance(r, AlertRow)) == want
+    last = t0 + 4000  # the idle card's fifth charge
+    fired = [(wm, call_rows) for s, by_timer, wm, call_rows in trace
+             if s == shard(idle) and by_timer]
+    alerts = [(wm, r) for wm, call_rows in fired for r in decode_rows(call_rows)
+              if isinstance(r, AlertRow) and r.key == idle]
+    assert len(alerts) == 1  # from a timer's call, not the end of input's
+    wm = alerts[0][0]
+    assert last <= wm < events[-1]["ts"] - DELAY  # (the engine's watermark is Spark's here)
+    # The first watermark past the fifth charge released it.
+    assert wm == min(w for _, _, w, _ in trace if w >= last)
+
+
+def test_the_registered_timer_is_one_never_later_than_the_wake_and_never_lost() -> None:
+    """`_reset_timer`'s choices (native loop) over random wakes and watermarks, Spark firing and
+    removing a timer at or below the batch's watermark after its input: while the shard has a
+    wake exactly one timer is registered, never later than the wake (so no alert comes later
+    than at the wake's own timer), an earlier one only while it is above the watermark (not
+    due: kept, it fires in no batch the wake's timer would not; else it is replaced); the
+    store's record of it is always the registered one. Covers the wake moving earlier than
+    a kept timer, and a kept timer firing before the wake (the shard run with no events)."""
+    import random
+
+    from bench.operator import Handle
+
+    class Engine:
+        wake: int | None = None
+
+        def next_wake(self, store: Any) -> int | None:
+            return None if self.wake is None else self.wake + DELAY
+
+    class Store:
+        timer: Any = None
+
+    state = ShardState()
+    state.at = (0,)
+    proc = op.CepProcessor.__new__(op.CepProcessor)
+    engine, store = Engine(), Store()
+    proc.engine, proc.store, proc.handle = engine, store, Handle(state)  # type: ignore[assignment]
+    proc.delay, proc.native = DELAY, True
+    rnd = random.Random(7)
+    wm, seen = 0, {"kept": 0, "moved earlier": 0, "fired early": 0}
+
+    def check() -> None:
+        registered = state.timers.get((0,), set())
+        want = engine.wake
+        assert registered == (set() if want is None else {store.timer})
+        if want is not None:
+            assert store.timer <= want and (store.timer == want or store.timer > wm)
+
+    for _ in range(3000):
+        wm += rnd.choice((0, 500, 1000, 1000, 3000))
+        if rnd.random() < 0.6:  # the shard has input in this batch: its wake moves
+            known = store.timer
+            wake = None if rnd.random() < 0.1 else wm + rnd.choice(  # on a watermark too
+                (rnd.randrange(-1500, 6000), 500 * rnd.randrange(-3, 12)))
+            engine.wake = None if wake is None else max(1, wake)
+            want = engine.wake
+            proc._reset_timer(Watermark(wm))
+            check()
+            if known is not None and want is not None and wm < known < want:
+                seen["kept"] += 1
+            if known is not None and want is not None and want < known:
+                seen["moved earlier"] += 1
+        fired = {t for t in state.timers.get((0,), set()) if t <= wm}
+        if fired:  # after the input: the fired timer removed, the shard run with no events
+            state.timers[(0,)] -= fired
+            seen["fired early"] += engine.wake is not None and engine.wake > wm
+            if engine.wake is not None and engine.wake <= wm:
+                # (the shard's due keys advanced: its next wake is later, or none is left)
+                engine.wake = None if rnd.random() < 0.2 else wm + rnd.randrange(1, 6000)
+            proc._reset_timer(Watermark(wm), expired=True)
+            check()
+        assert not {t for t in state.timers.get((0,), set()) if t <= wm}  # none left due
+    assert all(seen.values()), seen

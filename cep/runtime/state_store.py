@@ -146,8 +146,9 @@ class NativeShardStore:
     the core writes (`Engine.export_blobs`: records of group, key, wake time and versioned
     `CEPNK` bytes, or none for a key whose state is gone), stored compressed since layout 3
     (`zip_row`), and the token of the log it was appended onto, applied in row order; and a
-    ValueState record (`_Meta`: `META_MAGIC`, the layout, then the token,
-    log rows, log bytes, calls deferred and the registered timer).
+    record (`_Meta`: `META_MAGIC`, the layout, then the token,
+    log rows, log bytes, calls deferred and the registered timer) in a ValueState, or since
+    session 18 (a query started so) in the log's reserved row `RECORD_ROW`.
     - A call starts with one state read, the record. When its token is the one this process
       wrote last (the store is exactly as this process left it), the held `EngineState` is used
       as it is. When another process appended rows since (Spark gave the shard's last calls to
@@ -229,9 +230,11 @@ class NativeShardStore:
 
     def __init__(self, log: Any, meta: Any, held: dict[Any, Any],
                  keep_decoded: int | None = None, old_log: Any = None) -> None:
+        """`meta`: the shard's record (a ValueState), or None: kept in the log's reserved row
+        (`RECORD_ROW`, since session 18: one state variable to declare per task, not two)."""
         self.keep_decoded = self.KEEP_DECODED if keep_decoded is None else keep_decoded
         self._log = log  # MapState: row number -> (blob, token it was appended onto)
-        self._meta = meta
+        self._meta = _RecordRow(log) if meta is None else meta
         self._old_log = old_log  # layout 1's ListState of blobs (read once, then cleared)
         self._held = held  # shard -> _Held, shared by the stores of one worker process
         self.writes = 0  # state calls that wrote the log
@@ -343,7 +346,7 @@ class NativeShardStore:
                 raise ValueError(_LAYOUT_1_MESSAGE)
             return [blob for (blob,) in self._old_log.get()]
         t0 = time.perf_counter()
-        got = sorted((k[0], v[0]) for k, v in self._log.iterator())
+        got = sorted((k[0], v[0]) for k, v in self._log.iterator() if k[0] != RECORD_ROW)
         self.read_us += int(1e6 * (time.perf_counter() - t0))
         if [i for i, _ in got] != list(range(meta.rows)):
             raise ValueError(f"native key-state log: the store holds rows "
@@ -380,6 +383,7 @@ class NativeShardStore:
             if self._compact_turn(cur):
                 blobs = core.export_blobs(cur.state, True)
                 t1 = time.perf_counter()
+                # (A record in the log's reserved row goes too: `_write_meta` below rewrites it.)
                 self._log.clear()
                 if cur.migrate and self._old_log is not None:
                     self._old_log.clear()
@@ -485,6 +489,34 @@ class _Held:
 
 
 UNKNOWN = object()  # NativeShardStore.timer when this process does not know it
+
+# The row of the log's MapState that holds the shard's record instead of a ValueState (a query
+# whose checkpoint says so: `jobs.live.checkpoint_record_row`): no log row takes it (rows are
+# numbered from 0), a reload skips it and a compaction's `clear` drops it before the flush
+# writes the record again.
+RECORD_ROW = -1
+
+
+class _RecordRow:
+    """A shard's record as the log's row `RECORD_ROW`, behind the ValueState calls the store
+    makes (`exists`, `get`, `update`): `containsKey` first, as a ValueState's `exists`, because
+    Spark's state server logs a WARN for a `getValue` of a missing key too."""
+
+    __slots__ = ("_log",)
+    _KEY = (RECORD_ROW,)
+
+    def __init__(self, log: Any) -> None:
+        self._log = log
+
+    def exists(self) -> bool:
+        return bool(self._log.containsKey(self._KEY))
+
+    def get(self) -> tuple[bytes] | None:
+        got = self._log.getValue(self._KEY)
+        return None if got is None else (got[0],)
+
+    def update(self, value: tuple[bytes]) -> None:
+        self._log.updateValue(self._KEY, (value[0], b""))
 
 # The native store's layout (`_Meta`): 3 since session 16 (layout 2's, the rows compressed);
 # 2 since session 15 (the log a MapState of rows by number, the record prefixed with `META_MAGIC`

@@ -44,8 +44,14 @@ class CepProcessor(StatefulProcessor):
 
     def __init__(self, engine_factory: EngineFactory, to_rows: RowsFromOutput,
                  watermark_delay_ms: int, end_of_input: int | None = None,
-                 shards: int | None = None, layout1_log: bool = True) -> None:
+                 shards: int | None = None, layout1_log: bool = True,
+                 record_row: bool = False) -> None:
         self.engine_factory = engine_factory
+        # Whether the native store keeps each shard's record in its log's reserved row
+        # (`RECORD_ROW`) instead of the ValueState `nshard`: one declaration per task, not two;
+        # only for a query started so (the live job records it in its checkpoint since session
+        # 18: `jobs.live.checkpoint_record_row`; an older checkpoint keeps `nshard`).
+        self.record_row = record_row
         # Whether the native store's state may hold layout 1's log (`nlog`, a ListState; until
         # session 14), which is then declared in every task (`_native_store`); False for a
         # query whose state was started by a build that never wrote it (the live job records
@@ -95,13 +101,15 @@ class CepProcessor(StatefulProcessor):
         self._init_us = _us(time.perf_counter() - started)
 
     def _native_store(self, handle: StatefulProcessorHandle) -> NativeShardStore:
-        """The native store over the shard's log rows and record; `nlog`, layout 1's log (a
+        """The native store over the shard's log rows and record (`nshard`, or the log's
+        reserved row: `record_row`); `nlog`, layout 1's log (a
         ListState, until session 14), is declared when the state may hold it (`layout1_log`):
         a checkpoint written so is read from it once (and Spark keeps a query's state
         variables). Each declaration costs every task a round trip in which the JVM builds the
         variable's encoders (docs/spark-runtime.md, "The stateful stage's steady call")."""
-        return NativeShardStore(handle.getMapState("nrows", _ROW_SCHEMA, _LOG_ROW_SCHEMA),
-                                handle.getValueState("nshard", _BLOB_SCHEMA), _HELD,
+        log = handle.getMapState("nrows", _ROW_SCHEMA, _LOG_ROW_SCHEMA)
+        return NativeShardStore(log, None if self.record_row
+                                else handle.getValueState("nshard", _BLOB_SCHEMA), _HELD,
                                 NativeShardStore.for_shards(self.shards),
                                 old_log=(handle.getListState("nlog", _BLOB_SCHEMA)
                                          if self.layout1_log else None))
@@ -143,7 +151,7 @@ class CepProcessor(StatefulProcessor):
             ran = time.perf_counter()
             out = self._run(batch, timerValues)
             stored = time.perf_counter()
-            self._reset_timer()
+            self._reset_timer(timerValues)
             timed = time.perf_counter()
             self.store.flush()
         except BaseException:
@@ -193,7 +201,7 @@ class CepProcessor(StatefulProcessor):
         try:
             out = self._run([], timerValues)
             stored = time.perf_counter()
-            self._reset_timer(expired=True)
+            self._reset_timer(timerValues, expired=True)
             timed = time.perf_counter()
             self.store.flush()
         except BaseException:
@@ -221,11 +229,15 @@ class CepProcessor(StatefulProcessor):
         return self.engine.ingest_batch(  # type: ignore[attr-defined,no-any-return]
             self.store, events, max_ts, end_of_input=eoi)
 
-    def _reset_timer(self, expired: bool = False) -> None:
-        """One event-time timer per shard, at its next wake. Each timer call is a round trip to
-        the state server: the native store remembers the timer it registered (while its held
-        copy is valid), so an unchanged wake costs none and a changed one two; otherwise (the
-        Python loop, a reload) the timers are listed and replaced."""
+    def _reset_timer(self, timer_values: Any, expired: bool = False) -> None:
+        """One event-time timer per shard, at or before its next wake. Each timer call is a
+        round trip to the state server: the native store remembers the timer it registered
+        (in its record), so an unchanged wake costs none, and so does a later one while the
+        registered timer is not due in this batch (it stays: firing early only runs the shard
+        with no events, `handleExpiredTimer`, which advances it and registers the next wake);
+        a registered timer that is due (Spark would fire it after this batch's input) or later
+        than the wake is replaced (two calls); docs/spark-runtime.md, "One state variable and
+        fewer timer calls". Otherwise (the Python loop) the timers are listed and replaced."""
         nxt = self.engine.next_wake(self.store)
         want = None if nxt is None else max(1, nxt - self.delay)
         known = self.store.timer if self.native else UNKNOWN
@@ -237,10 +249,14 @@ class CepProcessor(StatefulProcessor):
             if want is not None:
                 self.handle.registerTimer(want)
         elif known != want:
-            if known is not None:
-                self.handle.deleteTimer(known)  # type: ignore[arg-type]
-            if want is not None:
-                self.handle.registerTimer(want)
+            wm = int(timer_values.getCurrentWatermarkInMs())
+            if isinstance(known, int) and want is not None and wm < known < want:
+                want = known  # early and not due: it stays
+            else:
+                if known is not None:
+                    self.handle.deleteTimer(known)  # type: ignore[arg-type]
+                if want is not None:
+                    self.handle.registerTimer(want)
         if self.native:
             self.store.timer = want
 

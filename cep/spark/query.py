@@ -27,17 +27,18 @@ def match_rules(good: DataFrame, plan: Plan, factory: EngineFactory,
 
 
 def match_packed(rows: DataFrame, plan: Plan, factory: EngineFactory,
-                 end_of_input: int | None = None, layout1_log: bool = True) -> DataFrame:
+                 end_of_input: int | None = None, layout1_log: bool = True,
+                 record_row: bool = False) -> DataFrame:
     """Packed rows (`shard`, `pack`, `event_time`: `cep.spark.pipeline.packed`, or the live
     job's one pass, `cep.spark.live_pass.live_packed`) → the operator's output rows.
     `layout1_log`: whether the query's state may hold the native store's layout 1 log
-    (`CepProcessor`)."""
+    (`CepProcessor`); `record_row`: whether each shard's record is its log's reserved row."""
     delay = plan.watermark_delay_ms
     # The watermark is computed from event_time; the column itself is not handed to the
     # operator (so Spark does not drop late rows there: the engine reports them instead).
     rows = rows.withWatermark("event_time", f"{delay} milliseconds").drop("event_time")
     processor = CepProcessor(factory, output_rows, delay, end_of_input, plan.shards,
-                             layout1_log=layout1_log)
+                             layout1_log=layout1_log, record_row=record_row)
     return rows.groupBy("shard").transformWithStateInPandas(  # type: ignore[no-any-return]
         statefulProcessor=processor, outputStructType=OUTPUT_SCHEMA,
         outputMode="Append", timeMode="EventTime")
