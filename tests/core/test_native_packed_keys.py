@@ -16,11 +16,16 @@ from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis.strategies import lists, one_of
 
 from cep.runtime.bind import build_embedded_engine, build_engine
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore
-from tests.core.test_native_engine import _batch, native_bundled
+from tests.core.test_native_engine import (
+    _batch,
+    _broken_probe_bytes,
+    _probe_with_a_partial_match,
+    native_bundled,
+)
 from tests.core.test_native_engine_differential import (
     both_engines,
     compile_valid,
@@ -263,8 +268,8 @@ def _packing_states() -> Iterator[None]:
 @settings(max_examples=_PACKED_EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
-@given(text=st.one_of(ruleset_text(), ruleset_text(max_rules=2, copies=_family_copies)),
-       cases=st.lists(streams, min_size=6, max_size=6))
+@given(text=one_of(ruleset_text(), ruleset_text(max_rules=2, copies=_family_copies)),
+       cases=lists(streams, min_size=6, max_size=6))
 def test_random_rules_on_packed_keys_match_the_python_engine(text: tuple[str, list[str]],
                                                              cases: list) -> None:
     """Random rules (absences, STEP WITHIN, every skip strategy, ALL MATCHES, ON TIMEOUT,
@@ -283,3 +288,35 @@ def test_random_rules_on_packed_keys_match_the_python_engine(text: tuple[str, li
             for batch in (1, 29, 400):
                 got = drive(native, events, batch, roundtrip and batch == 1)
                 assert got == drive(python, events, batch, False), (text, batch)
+
+
+def test_packed_keys_after_a_failed_key_come_due_again_as_live_ones() -> None:
+    """A call that fails at one key (a panic inside its rule) leaves the keys after it with
+    their states and a wake computed from them (`Engine::wake_again`, which unpacks a packed
+    key for it): packed (`compact_from=0`) and live (the default) states give the same keys,
+    wakes and next wake, and the same results once the failed key is mended."""
+    from cep import _core
+
+    engine, store = _probe_with_a_partial_match()
+    core, data = engine.core, _broken_probe_bytes(engine, store)
+
+    def run(compact_from: int) -> tuple:
+        state = _core.EngineState(compact_from=compact_from)
+        cards = [f"A{i}" for i in range(3)]
+        core.ingest(state, [Event("s", 0, i, {"k": k, "v": 1, "ts": 0})
+                            for i, k in enumerate(["K", *cards])], NEG_INF)
+        core.ingest(state, [], 1)  # released: a partial match each, packed with compact_from=0
+        core.load_key(state, "s:k", "K", data)  # the first key (advanced first), broken
+        packed = state.packed_len()
+        with pytest.raises(_core.CoreError, match="rule probe"):
+            core.ingest(state, [Event("s", 3, 10 + i, {"k": k, "v": 5, "ts": 3})
+                                for i, k in enumerate(["K", *cards])], 2)
+        after = (len(state), state.wake_len(), core.next_wake(state))
+        core.load_key(state, "s:k", "K", engine.key_bytes(store, "s:k", "K"))  # mended
+        got, *_ = core.ingest(state, [Event("s", 4, 20 + i, {"k": k, "v": 2, "ts": 4})
+                                      for i, k in enumerate(["K", *cards])], 3, 4)
+        return packed, after, _records(engine, got)
+
+    (packed, *at_rest), (live, *as_live) = run(0), run(1 << 30)
+    assert packed == 3 and live == 0
+    assert at_rest == as_live and len(as_live[1]) == 3  # the cards match (K: strict a b broken)
