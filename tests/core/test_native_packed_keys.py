@@ -320,3 +320,28 @@ def test_packed_keys_after_a_failed_key_come_due_again_as_live_ones() -> None:
     (packed, *at_rest), (live, *as_live) = run(0), run(1 << 30)
     assert packed == 3 and live == 0
     assert at_rest == as_live and len(as_live[1]) == 3  # the cards match (K: strict a b broken)
+
+
+def test_packed_keys_partial_counts_equal_the_live_keys() -> None:
+    """With `track_partials` (the live job's metrics) a packed key is always unpacked to be
+    advanced (no release from its words): each call's results and per-rule changes in partial
+    matches (`take_partials`) from packed (`compact_from=0`) and live states are the same, up
+    to the end of input."""
+    from cep import _core
+
+    native = build_embedded_engine(native_bundled())
+    core = native.core
+    core.track_partials = True
+    packed, live = _core.EngineState(compact_from=0), _core.EngineState()
+    events, max_ts, peak, moved = _waves(400, seed=9), NEG_INF, 0, 0
+    calls = [(events[i:i + 53], False) for i in range(0, len(events), 53)] + [([], True)]
+    for chunk, eof in calls:
+        table = _batch(chunk or events[:1], False).slice(0, len(chunk))
+        outs = []
+        for state in (packed, live):
+            got, *_ = core.ingest_arrow(state, table, *((max_ts, max_ts) if eof else (max_ts,)))
+            outs.append((_records(native, got), core.take_partials()))
+        assert outs[0] == outs[1]
+        peak, moved = max(peak, packed.packed_len()), moved + len(outs[0][1])
+        max_ts = max([max_ts, *(e.ts for e in chunk)])
+    assert len(packed) == len(live) == 0 and peak > 0 and moved > 0
