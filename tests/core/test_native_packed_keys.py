@@ -345,3 +345,30 @@ def test_packed_keys_partial_counts_equal_the_live_keys() -> None:
         peak, moved = max(peak, packed.packed_len()), moved + len(outs[0][1])
         max_ts = max([max_ts, *(e.ts for e in chunk)])
     assert len(packed) == len(live) == 0 and peak > 0 and moved > 0
+
+
+@pytest.mark.parametrize("batch", [1, 29, 400])
+def test_a_key_past_the_packed_limit_stays_live_and_matches_the_python_engine(batch: int) -> None:
+    """A partial match capturing more events than `pack.rs`'s `MAX_SHARED` (64) stays live
+    (compacted) while the other keys with an open match are packed:
+    the Python engine's results, keys and wakes call by call and at the end of input."""
+    from cep import _core
+    from cep.compile import compile_rules
+
+    ruleset = compile_rules(
+        "STREAM s (ts INT, card STRING, amount FLOAT, country STRING) TIME BY ts LATENESS 5s;\n"
+        "RULE long FROM s PARTITION BY card PATTERN (A B+ C) DEFINE A AS A.amount > 100, "
+        "B AS B.amount < 50, C AS C.amount > 900 WITHIN 1h EMIT 'long';", "long")
+    events, seq = [], 0
+    ends = [500.0, *[10.0] * 148, 950.0]
+    for card, amounts in (("open", [500.0, 10.0]), ("big", ends), ("c1", [500.0, 10.0, 950.0]),
+                          ("c2", [500.0, *[10.0] * 3, 950.0]), ("big", [500.0, 950.0])):
+        for amount in amounts:
+            events.append(Event("s", seq * 1000, seq, {"ts": seq * 1000, "card": card,
+                                                       "amount": amount, "country": "NL"}))
+            seq += 1
+    native = build_embedded_engine(ruleset, use_native=True)
+    state = _core.EngineState(compact_from=0)
+    peak, after = _packed_peak(state)
+    _, n_results = _call_by_call(native, state, events, batch, after, ruleset=ruleset)
+    assert n_results == 3 and peak[0] > 0
