@@ -146,7 +146,7 @@ impl Held {
         }
     }
 
-    /// `f` of the live state (a packed one unpacked for it: `encode_key`, `wake_of`).
+    /// `f` of the live state (a packed one unpacked for it: `encode_key`, `wake_again`).
     fn with_live<R>(&self, f: impl FnOnce(&KeyState) -> R) -> R {
         match self {
             Held::Live(ks) => f(ks),
@@ -1264,9 +1264,7 @@ impl Engine {
     fn wake_again(&self, st: &EngineState, id: Id) -> Option<i64> {
         let slot = st.keys.slot(id);
         match &slot.val.state {
-            Some(Held::Live(ks)) => Some(self.wake_of(slot.group, ks)),
-            // No buffered event: the parts' deadlines, read from the words.
-            Some(Held::Packed(p)) => Some(self.wake_at(slot.group, p.deadlines().into_iter().min())),
+            Some(h) => Some(h.with_live(|ks| self.wake_of(slot.group, ks))),
             None => st.raw.contains_key(&id).then(|| st.keys.last_wake(id)),
         }
     }
@@ -1276,11 +1274,6 @@ impl Engine {
         for d in ks.parts.iter().map(|p| p.state.deadline).chain(ks.fams.iter().map(|f| f.1.deadline)).flatten() {
             due = Some(due.map_or(d, |x| x.min(d)));
         }
-        self.wake_at(gi, due)
-    }
-
-    /// When a key of group `gi` with work at `due` (buffered event or deadline) is due.
-    fn wake_at(&self, gi: u32, due: Option<i64>) -> i64 {
         match due {
             None => AT_END,
             Some(d) => d.saturating_add(self.groups[gi as usize].lateness).saturating_add(1),

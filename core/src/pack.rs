@@ -132,27 +132,6 @@ impl Packed {
         out
     }
 
-    /// The parts' deadlines (what the key's wake is computed from).
-    pub fn deadlines(&self) -> Vec<i64> {
-        let w = &self.words;
-        let mut at = 1;
-        for _ in 0..(w[0] >> 32) {
-            at += 1 + 2 * (w[at] & 0xffff_ffff) as usize;
-        }
-        let mut out = Vec::new();
-        for _ in 0..(w[0] & 0xffff_ffff) {
-            let head = w[at];
-            if head & HAS_DEADLINE != 0 {
-                out.push(w[at + 2] as i64);
-            }
-            at += 3;
-            for _ in 0..((head >> 32) & 0x7fff_ffff) {
-                at += 2 + (w[at + 1] & 0xffff_ffff) as usize;
-            }
-        }
-        out
-    }
-
     /// Whether advancing the key without new events reports nothing and leaves nothing, at
     /// the end of input (`by` None) or by time up to `by`: each part's rule (by fingerprint,
     /// `core_of`) wants no timeouts, no run holds a timed-out part (`tpart`), no entry is
@@ -271,8 +250,6 @@ mod tests {
         let p = Packed::pack(parts.iter().map(|(fp, m)| (*fp, m))).expect("packs");
         let back = p.unpack(|fp, m| (fp, m));
         assert_eq!(shape(&back), shape(parts));
-        let deadlines: Vec<i64> = parts.iter().filter_map(|(_, m)| m.deadline).collect();
-        assert_eq!(p.deadlines(), deadlines);
         let again = Packed::pack(back.iter().map(|(fp, m)| (*fp, m))).expect("packs");
         assert_eq!(again.words, p.words);
         p

@@ -280,8 +280,9 @@ def test_native_engine_key_state_bytes_are_versioned() -> None:
             == [r.first_ts for r in engine.advance(store, 2, end_of_input=2).matches])
 
 
-def test_a_panic_in_the_native_engine_is_an_exception_naming_the_rule() -> None:
-    engine, store = _probe_with_a_partial_match()
+def _broken_probe_bytes(engine: Any, store: MemoryKeyStore) -> bytes:
+    """Key K's bytes of `_probe_with_a_partial_match` with its entry at a state the rule does
+    not have: advancing it panics inside the rule."""
     data = engine.key_bytes(store, "s:k", "K")
     # CEPNK v4 (core/src/keycodec.rs): magic, version, parts, then the part's fingerprint (4
     # bytes) and matcher state: row, runs, the first run's row offset, then its flag byte, which
@@ -295,7 +296,12 @@ def test_a_panic_in_the_native_engine_is_an_exception_naming_the_rule() -> None:
     _, at = _varint(data, at)  # row - start
     flags = data[at]
     assert flags & 2 == 0 and flags >> 2 != 0  # no timeout part; one entry
-    data = data[:at] + bytes([flags & 3, 1, 0xE8, 0x07]) + data[at + 1:]
+    return data[:at] + bytes([flags & 3, 1, 0xE8, 0x07]) + data[at + 1:]
+
+
+def test_a_panic_in_the_native_engine_is_an_exception_naming_the_rule() -> None:
+    engine, store = _probe_with_a_partial_match()
+    data = _broken_probe_bytes(engine, store)
     broken = MemoryKeyStore()
     engine.load_key(broken, "s:k", "K", data)
     with pytest.raises(_core.CoreError, match="rule probe"):

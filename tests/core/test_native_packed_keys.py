@@ -16,11 +16,16 @@ from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis.strategies import lists, one_of
 
 from cep.runtime.bind import build_embedded_engine, build_engine
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore
-from tests.core.test_native_engine import _batch, native_bundled
+from tests.core.test_native_engine import (
+    _batch,
+    _broken_probe_bytes,
+    _probe_with_a_partial_match,
+    native_bundled,
+)
 from tests.core.test_native_engine_differential import (
     both_engines,
     compile_valid,
@@ -263,8 +268,8 @@ def _packing_states() -> Iterator[None]:
 @settings(max_examples=_PACKED_EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
-@given(text=st.one_of(ruleset_text(), ruleset_text(max_rules=2, copies=_family_copies)),
-       cases=st.lists(streams, min_size=6, max_size=6))
+@given(text=one_of(ruleset_text(), ruleset_text(max_rules=2, copies=_family_copies)),
+       cases=lists(streams, min_size=6, max_size=6))
 def test_random_rules_on_packed_keys_match_the_python_engine(text: tuple[str, list[str]],
                                                              cases: list) -> None:
     """Random rules (absences, STEP WITHIN, every skip strategy, ALL MATCHES, ON TIMEOUT,
@@ -283,3 +288,87 @@ def test_random_rules_on_packed_keys_match_the_python_engine(text: tuple[str, li
             for batch in (1, 29, 400):
                 got = drive(native, events, batch, roundtrip and batch == 1)
                 assert got == drive(python, events, batch, False), (text, batch)
+
+
+def test_packed_keys_after_a_failed_key_come_due_again_as_live_ones() -> None:
+    """A call that fails at one key (a panic inside its rule) leaves the keys after it with
+    their states and a wake computed from them (`Engine::wake_again`, which unpacks a packed
+    key for it): packed (`compact_from=0`) and live (the default) states give the same keys,
+    wakes and next wake, and the same results once the failed key is mended."""
+    from cep import _core
+
+    engine, store = _probe_with_a_partial_match()
+    core, data = engine.core, _broken_probe_bytes(engine, store)
+
+    def run(compact_from: int) -> tuple:
+        state = _core.EngineState(compact_from=compact_from)
+        cards = [f"A{i}" for i in range(3)]
+        core.ingest(state, [Event("s", 0, i, {"k": k, "v": 1, "ts": 0})
+                            for i, k in enumerate(["K", *cards])], NEG_INF)
+        core.ingest(state, [], 1)  # released: a partial match each, packed with compact_from=0
+        core.load_key(state, "s:k", "K", data)  # the first key (advanced first), broken
+        packed = state.packed_len()
+        with pytest.raises(_core.CoreError, match="rule probe"):
+            core.ingest(state, [Event("s", 3, 10 + i, {"k": k, "v": 5, "ts": 3})
+                                for i, k in enumerate(["K", *cards])], 2)
+        after = (len(state), state.wake_len(), core.next_wake(state))
+        core.load_key(state, "s:k", "K", engine.key_bytes(store, "s:k", "K"))  # mended
+        got, *_ = core.ingest(state, [Event("s", 4, 20 + i, {"k": k, "v": 2, "ts": 4})
+                                      for i, k in enumerate(["K", *cards])], 3, 4)
+        return packed, after, _records(engine, got)
+
+    (packed, *at_rest), (live, *as_live) = run(0), run(1 << 30)
+    assert packed == 3 and live == 0
+    assert at_rest == as_live and len(as_live[1]) == 3  # the cards match (K: strict a b broken)
+
+
+def test_packed_keys_partial_counts_equal_the_live_keys() -> None:
+    """With `track_partials` (the live job's metrics) a packed key is always unpacked to be
+    advanced (no release from its words): each call's results and per-rule changes in partial
+    matches (`take_partials`) from packed (`compact_from=0`) and live states are the same, up
+    to the end of input."""
+    from cep import _core
+
+    native = build_embedded_engine(native_bundled())
+    core = native.core
+    core.track_partials = True
+    packed, live = _core.EngineState(compact_from=0), _core.EngineState()
+    events, max_ts, peak, moved = _waves(400, seed=9), NEG_INF, 0, 0
+    calls = [(events[i:i + 53], False) for i in range(0, len(events), 53)] + [([], True)]
+    for chunk, eof in calls:
+        table = _batch(chunk or events[:1], False).slice(0, len(chunk))
+        outs = []
+        for state in (packed, live):
+            got, *_ = core.ingest_arrow(state, table, *((max_ts, max_ts) if eof else (max_ts,)))
+            outs.append((_records(native, got), core.take_partials()))
+        assert outs[0] == outs[1]
+        peak, moved = max(peak, packed.packed_len()), moved + len(outs[0][1])
+        max_ts = max([max_ts, *(e.ts for e in chunk)])
+    assert len(packed) == len(live) == 0 and peak > 0 and moved > 0
+
+
+@pytest.mark.parametrize("batch", [1, 29, 400])
+def test_a_key_past_the_packed_limit_stays_live_and_matches_the_python_engine(batch: int) -> None:
+    """A partial match capturing more events than `pack.rs`'s `MAX_SHARED` (64) stays live
+    (compacted) while the other keys with an open match are packed:
+    the Python engine's results, keys and wakes call by call and at the end of input."""
+    from cep import _core
+    from cep.compile import compile_rules
+
+    ruleset = compile_rules(
+        "STREAM s (ts INT, card STRING, amount FLOAT, country STRING) TIME BY ts LATENESS 5s;\n"
+        "RULE long FROM s PARTITION BY card PATTERN (A B+ C) DEFINE A AS A.amount > 100, "
+        "B AS B.amount < 50, C AS C.amount > 900 WITHIN 1h EMIT 'long';", "long")
+    events, seq = [], 0
+    ends = [500.0, *[10.0] * 148, 950.0]
+    for card, amounts in (("open", [500.0, 10.0]), ("big", ends), ("c1", [500.0, 10.0, 950.0]),
+                          ("c2", [500.0, *[10.0] * 3, 950.0]), ("big", [500.0, 950.0])):
+        for amount in amounts:
+            events.append(Event("s", seq * 1000, seq, {"ts": seq * 1000, "card": card,
+                                                       "amount": amount, "country": "NL"}))
+            seq += 1
+    native = build_embedded_engine(ruleset, use_native=True)
+    state = _core.EngineState(compact_from=0)
+    peak, after = _packed_peak(state)
+    _, n_results = _call_by_call(native, state, events, batch, after, ruleset=ruleset)
+    assert n_results == 3 and peak[0] > 0
