@@ -297,8 +297,8 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
     if record.exists():
         try:
             n = json.loads(record.read_text())["shards"]
-            if isinstance(n, dict):  # since session 18 (`RECORD_IN_LOG`)
-                n = n.get("count")
+            if isinstance(n, dict):  # since session 18 (`RECORD_IN_LOG`), always with it true
+                n = n["count"] if n.get(RECORD_IN_LOG) is True else n
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise LiveJobError(f"checkpoint {ck}: unreadable {SHARDS_FILE} ({exc}): the shard "
                                "count its state was written with is unknown") from exc
@@ -337,8 +337,8 @@ def checkpoint_record_row(ck: Path) -> bool:
     """Whether checkpoint `ck`'s native store keeps each shard's record in its log's reserved
     row (`RECORD_IN_LOG`: a query started since session 18)."""
     try:
-        shards = json.loads((ck / SHARDS_FILE).read_text())["shards"]
-        return isinstance(shards, dict) and shards.get(RECORD_IN_LOG) is True
+        # (`checkpoint_shards` read it first: an object there has `RECORD_IN_LOG` true.)
+        return isinstance(json.loads((ck / SHARDS_FILE).read_text())["shards"], dict)
     except (OSError, ValueError, KeyError, TypeError):
         return False
 

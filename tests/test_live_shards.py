@@ -84,7 +84,9 @@ def test_a_query_dir_without_offsets_is_new(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text", ["not json", "{}", '{"shards": 0}', '{"shards": "8"}',
                                   '{"shards": 2.5}', "[8]", '{"shards": {}}',
-                                  '{"shards": {"count": "6"}}'])
+                                  '{"shards": {"count": "6"}}',
+                                  '{"shards": {"count": 6}}',
+                                  '{"shards": {"count": 6, "record_in_log": false}}'])
 def test_an_unreadable_record_is_an_error(tmp_path: Path, text: str) -> None:
     ck = tmp_path / "ck"
     ck.mkdir()
