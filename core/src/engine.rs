@@ -1094,13 +1094,7 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
                 prefetch(ks.buffer.as_ptr());
                 prefetch(ks.parts.as_ptr());
             }
-            Some(Held::Packed(p)) => {
-                // A packed key: its words (the fraud card's 80 bytes span two lines) and events.
-                let (w, evs) = p.blocks();
-                prefetch(w);
-                prefetch(w.wrapping_add(8));
-                prefetch(evs.as_ptr());
-            }
+            Some(Held::Packed(p)) => prefetch_blocks(p),
             None => {}
         }
     }
@@ -1183,6 +1177,15 @@ fn packed_evs(st: &EngineState, id: Id) -> impl Iterator<Item = &Arc<Ev>> {
         _ => &[],
     };
     evs.iter().take(AHEAD_EVENTS)
+}
+
+/// A packed key's words (the fraud card's 80 bytes span two lines) and events' block.
+#[inline(always)]
+fn prefetch_blocks(p: &Packed) {
+    let (w, evs) = p.blocks();
+    prefetch(w);
+    prefetch(w.wrapping_add(8));
+    prefetch(evs.as_ptr());
 }
 
 /// The runs of the key's parts (`prefetch_ahead`: a few per key).
@@ -2054,6 +2057,16 @@ impl Engine {
 fn prefetch_encode(st: &EngineState, ids: &[Id], k: usize) {
     if let Some(&id) = ids.get(k + 8) {
         st.keys.prefetch(id);
+    }
+    // A packed key (unpacked to be encoded): its blocks, its events, their rows' values.
+    if let Some(Held::Packed(p)) = ids.get(k + 4).and_then(|&id| st.keys.slot(id).val.state.as_ref()) {
+        prefetch_blocks(p);
+    }
+    if let Some(&id) = ids.get(k + 2) {
+        packed_evs(st, id).for_each(prefetch_arc);
+    }
+    if let Some(&id) = ids.get(k + 1) {
+        packed_evs(st, id).for_each(|e| prefetch_row(e));
     }
     let state = |i: usize| ids.get(k + i).and_then(|&id| st.keys.slot(id).val.state.as_ref()).and_then(Held::live);
     if let Some(ks) = state(4) {
