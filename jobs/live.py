@@ -286,6 +286,27 @@ LAYOUT1_LOG = "layout1_log"
 RECORD_IN_LOG = "record_in_log"
 
 
+def _recorded_shards(ck: Path) -> tuple[int, bool] | None:
+    """Checkpoint `ck`'s `shards.json` read (None without one): the shard count, and whether
+    the shards' records are in their logs' reserved row. Its `shards` is the count (sessions
+    9-17: no) or `{"count": n, RECORD_IN_LOG: true}` (since session 18: yes); anything else is
+    an error naming the file, not a guess."""
+    record = ck / SHARDS_FILE
+    if not record.exists():
+        return None
+    try:
+        n = json.loads(record.read_text())["shards"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LiveJobError(f"checkpoint {ck}: unreadable {SHARDS_FILE} ({exc}): the shard "
+                           "count its state was written with is unknown") from exc
+    in_log = isinstance(n, dict) and n.get(RECORD_IN_LOG) is True
+    count = n.get("count") if in_log else n
+    if type(count) is not int or count < 1:
+        raise LiveJobError(f"checkpoint {ck}: {SHARDS_FILE} has shards={n!r}, not a positive "
+                           f'integer nor {{"count": n, "{RECORD_IN_LOG}": true}}')
+    return count, in_log
+
+
 def checkpoint_shards(ck: Path, wanted: int) -> int:
     """The live job's shard count for checkpoint `ck`: the one recorded in it (`shards.json`),
     else `wanted`, recorded now. A key's shard is part of its state's key, so a restart with
@@ -293,18 +314,9 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
     count, whatever the setting says (logged when they differ). A checkpoint whose query state
     predates the record was started with `LEGACY_SHARDS`. An unreadable record is an error, not
     a guess."""
-    record = ck / SHARDS_FILE
-    if record.exists():
-        try:
-            n = json.loads(record.read_text())["shards"]
-            if isinstance(n, dict):  # since session 18 (`RECORD_IN_LOG`), always with it true
-                n = n["count"] if n.get(RECORD_IN_LOG) is True else n
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise LiveJobError(f"checkpoint {ck}: unreadable {SHARDS_FILE} ({exc}): the shard "
-                               "count its state was written with is unknown") from exc
-        if type(n) is not int or n < 1:
-            raise LiveJobError(f"checkpoint {ck}: {SHARDS_FILE} has shards={n!r}, not a "
-                               "positive integer")
+    recorded = _recorded_shards(ck)
+    if recorded is not None:
+        n = recorded[0]
         if n != wanted:
             log.info("checkpoint %s was started with %d shards: keeping them (the setting, "
                      "%d, applies to a new checkpoint)", ck, n, wanted)
@@ -318,9 +330,9 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
     ck.mkdir(parents=True, exist_ok=True)
     # A new query's state is written by this build: the native store's layout 1 log can never
     # be in it, so the operator does not declare it (`checkpoint_layout1_log`).
-    _write_atomic(record, json.dumps({"shards": n} if started else
-                                     {"shards": {"count": n, RECORD_IN_LOG: True},
-                                      LAYOUT1_LOG: False}))
+    _write_atomic(ck / SHARDS_FILE, json.dumps({"shards": n} if started else
+                                            {"shards": {"count": n, RECORD_IN_LOG: True},
+                                             LAYOUT1_LOG: False}))
     return n
 
 
@@ -335,12 +347,10 @@ def checkpoint_layout1_log(ck: Path) -> bool:
 
 def checkpoint_record_row(ck: Path) -> bool:
     """Whether checkpoint `ck`'s native store keeps each shard's record in its log's reserved
-    row (`RECORD_IN_LOG`: a query started since session 18)."""
-    try:
-        # (`checkpoint_shards` read it first: an object there has `RECORD_IN_LOG` true.)
-        return isinstance(json.loads((ck / SHARDS_FILE).read_text())["shards"], dict)
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+    row (`RECORD_IN_LOG`: a query started since session 18; `checkpoint_shards` writes the
+    record first)."""
+    recorded = _recorded_shards(ck)
+    return recorded is not None and recorded[1]
 
 
 class LiveJob:
