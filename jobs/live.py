@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cep.config import QUICK_JIT, Settings, parse_trigger, quick_jit_unless_set
 from cep.delivery.dead_letters import dead_letter_record
@@ -286,16 +286,23 @@ LAYOUT1_LOG = "layout1_log"
 RECORD_IN_LOG = "record_in_log"
 
 
-def _recorded_shards(ck: Path) -> tuple[int, bool] | None:
-    """Checkpoint `ck`'s `shards.json` read (None without one): the shard count, and whether
-    the shards' records are in their logs' reserved row. Its `shards` is the count (sessions
-    9-17: no) or `{"count": n, RECORD_IN_LOG: true}` (since session 18: yes); anything else is
-    an error naming the file, not a guess."""
+class _Recorded(NamedTuple):
+    shards: int
+    record_in_log: bool  # `RECORD_IN_LOG`
+    layout1_log: bool  # `LAYOUT1_LOG`
+
+
+def _recorded(ck: Path) -> _Recorded | None:
+    """Checkpoint `ck`'s `shards.json` read (None without one). Its `shards` is the count
+    (sessions 9-17: records not in the log) or `{"count": n, RECORD_IN_LOG: true}` (since
+    session 18); `LAYOUT1_LOG` false, or absent (true). Anything else is an error naming the
+    file, not a guess."""
     record = ck / SHARDS_FILE
     if not record.exists():
         return None
     try:
-        n = json.loads(record.read_text())["shards"]
+        got = json.loads(record.read_text())
+        n = got["shards"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise LiveJobError(f"checkpoint {ck}: unreadable {SHARDS_FILE} ({exc}): the shard "
                            "count its state was written with is unknown") from exc
@@ -304,7 +311,7 @@ def _recorded_shards(ck: Path) -> tuple[int, bool] | None:
     if type(count) is not int or count < 1:
         raise LiveJobError(f"checkpoint {ck}: {SHARDS_FILE} has shards={n!r}, not a positive "
                            f'integer nor {{"count": n, "{RECORD_IN_LOG}": true}}')
-    return count, in_log
+    return _Recorded(count, in_log, got.get(LAYOUT1_LOG, True) is not False)
 
 
 def checkpoint_shards(ck: Path, wanted: int) -> int:
@@ -314,9 +321,9 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
     count, whatever the setting says (logged when they differ). A checkpoint whose query state
     predates the record was started with `LEGACY_SHARDS`. An unreadable record is an error, not
     a guess."""
-    recorded = _recorded_shards(ck)
+    recorded = _recorded(ck)
     if recorded is not None:
-        n = recorded[0]
+        n = recorded.shards
         if n != wanted:
             log.info("checkpoint %s was started with %d shards: keeping them (the setting, "
                      "%d, applies to a new checkpoint)", ck, n, wanted)
@@ -339,18 +346,16 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
 def checkpoint_layout1_log(ck: Path) -> bool:
     """Whether checkpoint `ck`'s state may hold the native store's layout 1 log: unless its
     record (`checkpoint_shards` writes it first) says it cannot."""
-    try:
-        return json.loads((ck / SHARDS_FILE).read_text()).get(LAYOUT1_LOG, True) is not False
-    except (OSError, ValueError, AttributeError):
-        return True
+    recorded = _recorded(ck)
+    return recorded is None or recorded.layout1_log
 
 
 def checkpoint_record_row(ck: Path) -> bool:
     """Whether checkpoint `ck`'s native store keeps each shard's record in its log's reserved
     row (`RECORD_IN_LOG`: a query started since session 18; `checkpoint_shards` writes the
     record first)."""
-    recorded = _recorded_shards(ck)
-    return recorded is not None and recorded[1]
+    recorded = _recorded(ck)
+    return recorded is not None and recorded.record_in_log
 
 
 class LiveJob:
