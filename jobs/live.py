@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cep.config import QUICK_JIT, Settings, parse_trigger, quick_jit_unless_set
 from cep.delivery.dead_letters import dead_letter_record
@@ -286,6 +286,34 @@ LAYOUT1_LOG = "layout1_log"
 RECORD_IN_LOG = "record_in_log"
 
 
+class _Recorded(NamedTuple):
+    shards: int
+    record_in_log: bool  # `RECORD_IN_LOG`
+    layout1_log: bool  # `LAYOUT1_LOG`
+
+
+def _recorded(ck: Path) -> _Recorded | None:
+    """Checkpoint `ck`'s `shards.json` read (None without one). Its `shards` is the count
+    (sessions 9-17: records not in the log) or `{"count": n, RECORD_IN_LOG: true}` (since
+    session 18); `LAYOUT1_LOG` false, or absent (true). Anything else is an error naming the
+    file, not a guess."""
+    record = ck / SHARDS_FILE
+    if not record.exists():
+        return None
+    try:
+        got = json.loads(record.read_text())
+        n = got["shards"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LiveJobError(f"checkpoint {ck}: unreadable {SHARDS_FILE} ({exc}): the shard "
+                           "count its state was written with is unknown") from exc
+    in_log = isinstance(n, dict) and n.get(RECORD_IN_LOG) is True
+    count = n.get("count") if in_log else n
+    if type(count) is not int or count < 1:
+        raise LiveJobError(f"checkpoint {ck}: {SHARDS_FILE} has shards={n!r}, not a positive "
+                           f'integer nor {{"count": n, "{RECORD_IN_LOG}": true}}')
+    return _Recorded(count, in_log, got.get(LAYOUT1_LOG, True) is not False)
+
+
 def checkpoint_shards(ck: Path, wanted: int) -> int:
     """The live job's shard count for checkpoint `ck`: the one recorded in it (`shards.json`),
     else `wanted`, recorded now. A key's shard is part of its state's key, so a restart with
@@ -293,18 +321,9 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
     count, whatever the setting says (logged when they differ). A checkpoint whose query state
     predates the record was started with `LEGACY_SHARDS`. An unreadable record is an error, not
     a guess."""
-    record = ck / SHARDS_FILE
-    if record.exists():
-        try:
-            n = json.loads(record.read_text())["shards"]
-            if isinstance(n, dict):  # since session 18 (`RECORD_IN_LOG`), always with it true
-                n = n["count"] if n.get(RECORD_IN_LOG) is True else n
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise LiveJobError(f"checkpoint {ck}: unreadable {SHARDS_FILE} ({exc}): the shard "
-                               "count its state was written with is unknown") from exc
-        if type(n) is not int or n < 1:
-            raise LiveJobError(f"checkpoint {ck}: {SHARDS_FILE} has shards={n!r}, not a "
-                               "positive integer")
+    recorded = _recorded(ck)
+    if recorded is not None:
+        n = recorded.shards
         if n != wanted:
             log.info("checkpoint %s was started with %d shards: keeping them (the setting, "
                      "%d, applies to a new checkpoint)", ck, n, wanted)
@@ -318,29 +337,25 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
     ck.mkdir(parents=True, exist_ok=True)
     # A new query's state is written by this build: the native store's layout 1 log can never
     # be in it, so the operator does not declare it (`checkpoint_layout1_log`).
-    _write_atomic(record, json.dumps({"shards": n} if started else
-                                     {"shards": {"count": n, RECORD_IN_LOG: True},
-                                      LAYOUT1_LOG: False}))
+    _write_atomic(ck / SHARDS_FILE, json.dumps({"shards": n} if started else
+                                            {"shards": {"count": n, RECORD_IN_LOG: True},
+                                             LAYOUT1_LOG: False}))
     return n
 
 
 def checkpoint_layout1_log(ck: Path) -> bool:
     """Whether checkpoint `ck`'s state may hold the native store's layout 1 log: unless its
     record (`checkpoint_shards` writes it first) says it cannot."""
-    try:
-        return json.loads((ck / SHARDS_FILE).read_text()).get(LAYOUT1_LOG, True) is not False
-    except (OSError, ValueError, AttributeError):
-        return True
+    recorded = _recorded(ck)
+    return recorded is None or recorded.layout1_log
 
 
 def checkpoint_record_row(ck: Path) -> bool:
     """Whether checkpoint `ck`'s native store keeps each shard's record in its log's reserved
-    row (`RECORD_IN_LOG`: a query started since session 18)."""
-    try:
-        # (`checkpoint_shards` read it first: an object there has `RECORD_IN_LOG` true.)
-        return isinstance(json.loads((ck / SHARDS_FILE).read_text())["shards"], dict)
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+    row (`RECORD_IN_LOG`: a query started since session 18; `checkpoint_shards` writes the
+    record first)."""
+    recorded = _recorded(ck)
+    return recorded is not None and recorded.record_in_log
 
 
 class LiveJob:

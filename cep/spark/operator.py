@@ -232,12 +232,10 @@ class CepProcessor(StatefulProcessor):
     def _reset_timer(self, timer_values: Any, expired: bool = False) -> None:
         """One event-time timer per shard, at or before its next wake. Each timer call is a
         round trip to the state server: the native store remembers the timer it registered
-        (in its record), so an unchanged wake costs none, and so does a later one while the
-        registered timer is not due in this batch (it stays: firing early only runs the shard
-        with no events, `handleExpiredTimer`, which advances it and registers the next wake);
-        a registered timer that is due (Spark would fire it after this batch's input) or later
-        than the wake is replaced (two calls); docs/spark-runtime.md, "One state variable and
-        fewer timer calls". Otherwise (the Python loop) the timers are listed and replaced."""
+        (in its record) and keeps it while it is the wake, or earlier and not due in this
+        batch; otherwise it is replaced (two calls). Why an early timer may stay:
+        docs/spark-runtime.md, "One state variable and fewer timer calls". Without a known
+        timer (the Python loop) the timers are listed and replaced."""
         nxt = self.engine.next_wake(self.store)
         want = None if nxt is None else max(1, nxt - self.delay)
         known = self.store.timer if self.native else UNKNOWN
