@@ -516,12 +516,21 @@ impl Core {
     // ------------------------------------------------------------------ time
 
     pub fn deadline(&self, caps: &[Cap]) -> Option<i64> {
+        self.deadline_at(|| caps[0].ev.ts, || caps[caps.len() - 1].ev.ts)
+    }
+
+    /// The deadline of an entry whose first and last captured events have the times `first`
+    /// and `last` give (read only when the rule has WITHIN, resp. STEP WITHIN): the earlier of
+    /// WITHIN from the first and STEP WITHIN from the last (`deadline`; `pack.rs` reads the
+    /// times off a packed key's words).
+    #[inline(always)]
+    pub fn deadline_at(&self, first: impl FnOnce() -> i64, last: impl FnOnce() -> i64) -> Option<i64> {
         let mut d = None;
         if let Some(w) = self.p.within {
-            d = Some(caps[0].ev.ts.saturating_add(w));
+            d = Some(first().saturating_add(w));
         }
         if let Some(s) = self.p.step {
-            let s = caps[caps.len() - 1].ev.ts.saturating_add(s);
+            let s = last().saturating_add(s);
             d = Some(match d {
                 Some(x) if x <= s => x,
                 _ => s,

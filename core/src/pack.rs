@@ -136,7 +136,7 @@ impl Packed {
     /// the end of input (`by` None) or by time up to `by`: each part's rule (by fingerprint,
     /// `core_of`) wants no timeouts, no run holds a timed-out part (`tpart`), no entry is
     /// complete (`DONE`, a match waiting to be decided) or at an absence (`-> NOT`, completed
-    /// by the end or by time), and by time every entry's deadline (`Core::deadline`, from its
+    /// by the end or by time), and by time every entry's deadline (`Core::deadline_at`, from its
     /// captures' times) is at most `by`. `Core::advance` then drops every entry and
     /// `Core::settle` every run, silently (`Core::on_end` at the end of input the same).
     /// Some(the parts of no rule of the key's group: dropped as reset), else None.
@@ -175,12 +175,7 @@ impl Packed {
                         if len == 0 {
                             return true;
                         }
-                        let within = c.p.within.map(|x| ts_of(w[cv + 1]).saturating_add(x));
-                        let step = c.p.step.map(|x| ts_of(w[cv + 2 * len - 1]).saturating_add(x));
-                        let deadline = match (within, step) {
-                            (Some(a), Some(b)) => Some(a.min(b)),
-                            (a, b) => a.or(b),
-                        };
+                        let deadline = c.deadline_at(|| ts_of(w[cv + 1]), || ts_of(w[cv + 2 * len - 1]));
                         deadline.is_none_or(|d| d > by)
                     };
                     if flags & HAS_TPART != 0 || w[at + 2..at + 2 + n].iter().any(loud) {
