@@ -7,7 +7,7 @@
 //! keeps one time per key (`set_wake` replaces it); `pop_due` returns the keys due by a time,
 //! in no particular order (the engine orders its output by key itself).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::engine::AT_END;
@@ -109,8 +109,12 @@ pub struct Keys<V> {
     /// Per group, the ids of its keys by text (8 bytes a bucket; the texts are in the slots).
     by_text: Vec<Table>,
     hasher: foldhash::fast::RandomState,
-    /// The wake index: bucket → ids filed there (some stale).
-    buckets: BTreeMap<i64, Bucket>,
+    /// The wake index: bucket → ids filed there (some stale). A hash map: with many keys nearly
+    /// every `set_wake` files its key in another bucket, and a `BTreeMap`'s search there was
+    /// ~2% of the 1M-card run (docs/native-core.md, "the key table (session 19, core19t)").
+    buckets: HashMap<i64, Bucket, foldhash::fast::RandomState>,
+    /// The buckets of `buckets` in time order (changed only when a bucket is made or emptied).
+    order: BTreeSet<i64>,
     /// Ids waiting for the end of input (some stale: live while their slot says `PARKED`).
     parked: Bucket,
     /// Live ids in `parked`.
@@ -129,7 +133,8 @@ impl<V: Default> Default for Keys<V> {
             free: FreeIds::default(),
             by_text: Vec::new(),
             hasher: Default::default(),
-            buckets: BTreeMap::new(),
+            buckets: HashMap::default(),
+            order: BTreeSet::new(),
             parked: Bucket::empty(),
             nparked: 0,
             entries: 0,
@@ -297,7 +302,11 @@ impl<V: Default> Keys<V> {
             self.parked.push(id, when);
             self.nparked += 1;
         } else {
-            self.buckets.entry(b).or_insert_with(Bucket::empty).push(id, when);
+            let order = &mut self.order;
+            self.buckets.entry(b).or_insert_with(|| {
+                order.insert(b);
+                Bucket::empty()
+            }).push(id, when);
         }
         self.entries += 1;
         if self.entries > 2 * self.waiting + 64 {
@@ -340,9 +349,8 @@ impl<V: Default> Keys<V> {
     pub fn pop_due(&mut self, top: i64, out: &mut Vec<Id>) {
         let last = top >> SHIFT;
         let slots = &mut self.slots;
-        while let Some(mut e) = self.buckets.first_entry() {
-            let b = *e.key();
-            let k = e.get_mut();
+        while let Some(&b) = self.order.first() {
+            let k = self.buckets.get_mut(&b).expect("every bucket in `order` is in `buckets`");
             if b > last || k.min > top {
                 break;
             }
@@ -371,7 +379,9 @@ impl<V: Default> Keys<V> {
             if !k.ids.is_empty() {
                 break;
             }
-            e.remove();
+            // The first bucket, emptied.
+            self.buckets.remove(&b);
+            self.order.pop_first();
         }
         if top >= AT_END && self.nparked > 0 {
             let before = self.parked.ids.len();
@@ -395,6 +405,7 @@ impl<V: Default> Keys<V> {
     /// Append every key of the wake index to `out` (which is left empty).
     pub fn pop_all(&mut self, out: &mut Vec<Id>) {
         let slots = &mut self.slots;
+        // In any order: `out` is in no particular order.
         let filed = self.buckets.iter().map(|(&b, k)| (b, &k.ids)).chain(std::iter::once((PARKED, &self.parked.ids)));
         for (b, ids) in filed {
             for &id in ids {
@@ -405,6 +416,7 @@ impl<V: Default> Keys<V> {
             }
         }
         self.buckets.clear();
+        self.order.clear();
         self.parked = Bucket::empty();
         self.nparked = 0;
         self.entries = 0;
@@ -414,14 +426,15 @@ impl<V: Default> Keys<V> {
     /// The earliest wake time.
     pub fn next_due(&mut self) -> Option<i64> {
         let slots = &self.slots;
-        while let Some(mut e) = self.buckets.first_entry() {
-            let b = *e.key();
-            let k = e.get_mut();
+        while let Some(&b) = self.order.first() {
+            let k = self.buckets.get_mut(&b).expect("every bucket in `order` is in `buckets`");
             self.entries -= k.refresh(b, slots);
             if !k.ids.is_empty() {
                 return Some(k.min);
             }
-            e.remove();
+            // The first bucket, emptied.
+            self.buckets.remove(&b);
+            self.order.pop_first();
         }
         if self.nparked == 0 {
             return None;
@@ -444,6 +457,7 @@ impl<V: Default> Keys<V> {
             entries += k.ids.len();
         }
         self.buckets.retain(|_, k| !k.ids.is_empty());
+        self.order.retain(|b| self.buckets.contains_key(b));
         self.entries = entries;
         debug_assert_eq!(self.entries, self.waiting);
     }
