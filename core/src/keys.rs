@@ -703,6 +703,12 @@ pub(crate) mod tests {
                 }
             }
             assert_eq!(k.waiting(), model.len());
+            if step % 101 == 0 {
+                // The buckets' order holds exactly the buckets of the map.
+                let mut filed: Vec<i64> = k.buckets.keys().copied().collect();
+                filed.sort_unstable();
+                assert!(k.order.iter().copied().eq(filed), "step {step}");
+            }
         }
         let mut due = Vec::new();
         k.pop_due(AT_END, &mut due);
@@ -712,6 +718,7 @@ pub(crate) mod tests {
         let mut all = Vec::new();
         k.pop_all(&mut all);
         assert_eq!(all.len(), model.len());
+        assert!(k.buckets.is_empty() && k.order.is_empty());
         assert_eq!(k.next_due(), None);
         assert!(k.entries <= 2 * 3_000 + 64);
     }
