@@ -1020,31 +1020,22 @@ impl Engine {
     }
 }
 
-/// `ingest_arrow`'s prefetch with many keys, at row `j`: row j+20's key (group `gi`, batch
-/// column `c`, for each of `ahead`) hashed into `hs` and its table line asked for, row j+12's
-/// slot (through that line), row j+6's text (through the slot; `KEY_AHEAD`, twice session 15's
-/// distances: docs/native-core.md, "the key table (session 19, core19t)"). Out of line: with few keys the
+/// `ingest_arrow`'s prefetch with many keys, at row `j`: row j+12's key (group `gi`, batch
+/// column `c`, for each of `ahead`) hashed into `hs` and its table line asked for, row j+6's
+/// slot (through that line), row j+3's text (through the slot). Out of line: with few keys the
 /// row loop stays as it was (inlined there, the 1k-card run was ~2% slower).
 #[inline(never)]
-fn prefetch_keys(keys: &Keys<KeySlot>, b: &Batch<'_>, ahead: &[(u32, usize)], hs: &mut KeyHashes, j: usize) {
-    const R: usize = KEY_RING;
+fn prefetch_keys(keys: &Keys<KeySlot>, b: &Batch<'_>, ahead: &[(u32, usize)], hs: &mut [[u32; 4]; 16], j: usize) {
     for (x, &(gi, c)) in ahead.iter().enumerate() {
-        if let Some(t) = (j + KEY_AHEAD.0 < b.len).then(|| b.bytes_at(c, j + KEY_AHEAD.0)).flatten() {
+        if let Some(t) = (j + 12 < b.len).then(|| b.bytes_at(c, j + 12)).flatten() {
             let h = keys.hash_bytes(t);
-            hs[(j + KEY_AHEAD.0) % R][x] = h;
+            hs[(j + 12) % 16][x] = h;
             keys.prefetch_table(gi, h);
         }
-        keys.prefetch_named(gi, hs[(j + KEY_AHEAD.1) % R][x], false);
-        keys.prefetch_named(gi, hs[(j + KEY_AHEAD.2) % R][x], true);
+        keys.prefetch_named(gi, hs[(j + 6) % 16][x], false);
+        keys.prefetch_named(gi, hs[(j + 3) % 16][x], true);
     }
 }
-
-/// `prefetch_keys`' distances in rows: the key's hash and table line, its slot, its text.
-const KEY_AHEAD: (usize, usize, usize) = (20, 12, 6);
-/// The rows whose key hashes `prefetch_keys` keeps (more than `KEY_AHEAD.0`).
-const KEY_RING: usize = 32;
-type KeyHashes = [[u32; 4]; KEY_RING];
-const _: () = assert!(KEY_RING > KEY_AHEAD.0 && KEY_AHEAD.0 > KEY_AHEAD.1 && KEY_AHEAD.1 > KEY_AHEAD.2);
 
 /// `ingest_arrow`'s row `j` with many keys: the cells of `data_idx`, a key column of one of
 /// the row's groups (`gs`) among `ahead` read as the key's own text (the slot's `Arc`) when the
@@ -1610,7 +1601,7 @@ impl Engine {
             true => kf_col.iter().enumerate().filter_map(|(gi, c)| c.map(|c| (gi as u32, data_idx[c]))).take(4).collect(),
             false => Vec::new(),
         };
-        let mut hs: KeyHashes = [[0u32; 4]; KEY_RING];
+        let mut hs = [[0u32; 4]; 16];
         // With many keys, the ids `keyed_row` found for the row's keys (per group of `ahead`).
         let mut found = [NO_ID; 4];
         for j in 0..b.len {
