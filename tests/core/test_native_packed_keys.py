@@ -133,6 +133,34 @@ def test_a_packed_keys_bytes_equal_the_live_keys() -> None:
     assert compared > 0
 
 
+@pytest.mark.parametrize("compact_from", [0, 1 << 30])
+def test_a_key_read_back_writes_the_same_bytes(compact_from: int) -> None:
+    """Every key's `CEPNK` bytes after every call, read into a fresh state (`load_key`) and
+    written again, are the same bytes: an event that several parts capture, or that the buffer
+    holds, is one event of the key's table when read back too (a row read back is one `Ev`,
+    with its values in it, shared by the parts and the buffer: docs/native-core.md, "Many keys:
+    one block per event (session 19, core19k)"), packed or live."""
+    from cep import _core
+
+    core = build_embedded_engine(native_bundled()).core
+    state = _core.EngineState(compact_from=compact_from)
+    events, max_ts, shared = _waves(400, seed=33), NEG_INF, 0
+    for i in range(0, len(events), 61):
+        chunk = events[i:i + 61]
+        core.ingest_arrow(state, _batch(chunk, False), max_ts)
+        for gid, key in core.keys(state):
+            data = core.key_bytes(state, gid, key)
+            fresh = _core.EngineState()
+            core.load_key(fresh, gid, key, data)
+            assert core.key_bytes(fresh, gid, key) == data
+            again = _core.EngineState(compact_from=0)
+            core.load_key(again, gid, key, core.key_bytes(fresh, gid, key))
+            assert core.key_bytes(again, gid, key) == data
+            shared += 1
+        max_ts = max(max_ts, max(e.ts for e in chunk))
+    assert shared > 0
+
+
 @pytest.mark.parametrize("keep_decoded", [0, 1 << 30])
 def test_packed_keys_exported_and_read_back_continue_the_same(keep_decoded: int) -> None:
     """Every call's changed keys exported from a packed state (kept packed, or held as bytes
