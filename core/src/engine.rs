@@ -1044,10 +1044,10 @@ fn prefetch_keys(keys: &Keys<KeySlot>, b: &Batch<'_>, ahead: &[(u32, usize)], hs
 
 /// `ingest_arrow`'s row `j` with many keys, pushed onto `vals`: the cells of `data_idx`, a key
 /// column of one of the row's groups (`gs`) among `ahead` read as the key's own text (the
-/// slot's `Arc`) when the key has an id (`found`, per group of `ahead`: the id, else `NO_ID`), as a new string
-/// otherwise (the key's slot takes it). No string made and dropped per event, no reference
-/// count of the batch's copy touched: the column's interning, given up on a column of mostly
-/// distinct keys, made a string per cell.
+/// slot's `Arc`) when the key has an id (`found`, per group of `ahead`: the id, else
+/// `NO_ID`), as a new string otherwise (the key's slot takes it). No string made and dropped
+/// per event, no reference count of the batch's copy touched: the column's interning, given up
+/// on a column of mostly distinct keys, made a string per cell.
 fn keyed_row(
     keys: &Keys<KeySlot>,
     b: &Batch<'_>,
