@@ -146,7 +146,8 @@ def test_keys_read_back_write_the_bytes_of_keys_never_exported(compact_from: int
 
     def fresh() -> Any:
         return _core.EngineState(track_dirty=True, keep_decoded=0, compact_from=compact_from)
-    kept, moved, log = _core.EngineState(compact_from=compact_from), fresh(), []
+    kept, moved = _core.EngineState(compact_from=compact_from), fresh()
+    log: list[Any] = []
     events, max_ts, compared = _waves(400, seed=33), NEG_INF, 0
     for i in range(0, len(events), 61):
         chunk = events[i:i + 61]
