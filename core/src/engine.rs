@@ -20,7 +20,7 @@ use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 use crate::arrow::{read_batch, Batch};
 use crate::evcodec::{put_iv, put_str, put_uv, Dec as EvDec};
 use crate::json::{parse_row, ColsCache};
-use crate::expr::{Cols, Ev, Row};
+use crate::expr::{Cols, Ev, Row, RowRef};
 use crate::value::Value;
 use crate::family::{self, FOut, FState, Family};
 use crate::matcher::{Core, MState, Out, NO_CID};
@@ -57,16 +57,22 @@ struct Item {
     /// `seq` when it is a plain int that fits 64 bits: compared without Python.
     seqi: Option<i64>,
     data: Option<Py<PyAny>>,
-    row: Option<Arc<Row>>,
+    /// A row not yet in an `Ev` (a JSON event: its `Ev` is made when the key is advanced).
+    row: Option<Box<Row>>,
     /// An event from an Arrow batch: its `Ev`, built when the batch is read (while its row is
-    /// in the cache), with `row` in it (`row` above is then None).
-    ev: Option<Arc<Ev>>,
+    /// in the cache), with the row's values in it (`row` above is then None).
+    ev: Option<Ev>,
 }
 
 impl Item {
-    /// The event's row (an event from an Arrow batch or read back from state).
-    fn row(&self) -> Option<&Arc<Row>> {
-        self.row.as_ref().or_else(|| self.ev.as_ref().and_then(|e| e.row.as_ref()))
+    /// The event's row (an event from an Arrow batch or read back from state), with its
+    /// identity in the key's event table (`keycodec::Src::Row`): the block holding it.
+    fn row(&self) -> Option<(RowRef<'_>, usize)> {
+        match (&self.row, &self.ev) {
+            (Some(r), _) => Some((r.view(), &**r as *const Row as usize)),
+            (None, Some(ev)) => ev.row().map(|r| (r, ev.as_ptr() as usize)),
+            (None, None) => None,
+        }
     }
 
     fn seq_obj(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
@@ -79,7 +85,7 @@ impl Item {
     fn data_obj(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         match (&self.data, self.row()) {
             (Some(d), _) => Ok(d.clone_ref(py)),
-            (None, Some(r)) => r.to_dict(py),
+            (None, Some((r, _))) => r.to_dict(py),
             (None, None) => Ok(py.None()),
         }
     }
@@ -218,7 +224,7 @@ pub struct EngineState {
     imported: Known,
     /// `advance_key`'s per-key vectors (the key's events, their shared conditions), emptied
     /// and kept for the next key: not allocated for every key of every call.
-    scratch: (Vec<Arc<Ev>>, Vec<u8>),
+    scratch: (Vec<Ev>, Vec<u8>),
 }
 
 impl From<TooManyKeys> for PyErr {
@@ -577,9 +583,9 @@ pub(crate) fn canon(obj: &Bound<'_, PyAny>, names: &[String], out: &mut String, 
 /// them key by key, so each first read missed the cache, one miss at a time as the tests
 /// reached them (perf: the operand load of the first condition was the hottest line); asked
 /// for together, the misses overlap.
-fn prefetch_key(evs: &[Arc<Ev>], parts: &[Option<Part>]) {
+fn prefetch_key(evs: &[Ev], parts: &[Option<Part>]) {
     for ev in evs {
-        prefetch_row(ev);
+        prefetch_ev(ev);
     }
     prefetch_parts(parts.iter().flatten());
 }
@@ -588,29 +594,28 @@ fn prefetch_key(evs: &[Arc<Ev>], parts: &[Option<Part>]) {
 fn prefetch_parts<'a>(parts: impl IntoIterator<Item = &'a Part>) {
     let last_caps = parts.into_iter().flat_map(|p| &p.state.runs).filter_map(|r| r.entries.first()).filter_map(|e| e.caps.last());
     for c in last_caps.take(16) {
-        prefetch_row(&c.ev);
+        prefetch_ev(&c.ev);
     }
 }
 
-/// An item's first line: its `Ev` (an Arrow event's row is in it), else its `Row`.
+/// An item's event: its `Ev` (an Arrow event's row is in it), else its `Row`.
 #[inline(always)]
 fn prefetch_item(it: &Item) {
     match (&it.ev, &it.row) {
-        (Some(ev), _) => prefetch_arc(ev),
-        (None, Some(r)) => prefetch(Arc::as_ptr(r)),
+        (Some(ev), _) => prefetch_ev(ev),
+        (None, Some(r)) => prefetch(&**r as *const Row),
         (None, None) => {}
     }
 }
 
+/// An event's block: its count and header, then its row's values (a fraud event's 184 bytes,
+/// three lines), asked for without reading the block (its length is in it).
 #[inline(always)]
-fn prefetch_row(ev: &Ev) {
-    if let Some(row) = &ev.row {
-        // The first and the last value's lines (a fraud row's five values, 120 bytes, span two
-        // or three).
-        let p = row.vals.as_ptr();
-        prefetch(p);
-        prefetch(p.wrapping_add(row.vals.len().saturating_sub(1)));
-    }
+fn prefetch_ev(ev: &Ev) {
+    let p = ev.as_ptr();
+    prefetch(p);
+    prefetch(p.wrapping_add(64));
+    prefetch(p.wrapping_add(128));
 }
 
 /// The decoded keys `export_blobs` holds as bytes when their bytes (`enc`) are `over` past the
@@ -774,15 +779,15 @@ fn run_rules(
     // One `Ev` per released event, shared by every rule of the group (one field table).
     let (mut evs, mut shared) = std::mem::take(&mut st.scratch);
     evs.reserve(released.len());
-    for it in released.drain(..) {
-        if let Some(ev) = it.ev {
+    for mut it in released.drain(..) {
+        if let Some(ev) = it.ev.take() {
             evs.push(ev);
             continue;
         }
-        evs.push(Arc::new(match (&it.row, &it.data, &it.seq) {
+        evs.push(match (it.row.take(), &it.data, &it.seq) {
             (Some(row), _, _) => {
-                let pidx = g.proj.idx(&g.fields, row);
-                Ev::from_row(row.clone(), it.seq.as_ref().map(|x| x.clone_ref(py)), it.seqi.unwrap_or(0), it.ts, pidx)
+                let pidx = g.proj.idx(&g.fields, &row);
+                Ev::from_row(*row, it.seq.as_ref().map(|x| x.clone_ref(py)), it.seqi.unwrap_or(0), it.ts, pidx)
             }
             (None, Some(d), Some(q)) => Ev::from_py(d.clone_ref(py), q.clone_ref(py), it.ts),
             _ => match it.data_obj(py).and_then(|d| Ok((d, it.seq_obj(py)?))) {
@@ -790,7 +795,7 @@ fn run_rules(
                 // As a rule's error: the key keeps its state (the released events are lost).
                 Err(e) => return Err(e),
             },
-        }));
+        });
     }
     // The emptied vector is the key's `new` for the next call (it grew from empty every call);
     // with many keys it is dropped, as their states are compacted (`COMPACT_FROM`).
@@ -1037,12 +1042,12 @@ fn prefetch_keys(keys: &Keys<KeySlot>, b: &Batch<'_>, ahead: &[(u32, usize)], hs
     }
 }
 
-/// `ingest_arrow`'s row `j` with many keys: the cells of `data_idx`, a key column of one of
-/// the row's groups (`gs`) among `ahead` read as the key's own text (the slot's `Arc`) when the
-/// key has an id (`found`, per group of `ahead`: the id, else `NO_ID`), as a new string
-/// otherwise (the key's slot takes it). No string made and dropped per event, no reference
-/// count of the batch's copy touched: the column's interning, given up on a column of mostly
-/// distinct keys, made a string per cell.
+/// `ingest_arrow`'s row `j` with many keys, pushed onto `vals`: the cells of `data_idx`, a key
+/// column of one of the row's groups (`gs`) among `ahead` read as the key's own text (the
+/// slot's `Arc`) when the key has an id (`found`, per group of `ahead`: the id, else
+/// `NO_ID`), as a new string otherwise (the key's slot takes it). No string made and dropped
+/// per event, no reference count of the batch's copy touched: the column's interning, given up
+/// on a column of mostly distinct keys, made a string per cell.
 fn keyed_row(
     keys: &Keys<KeySlot>,
     b: &Batch<'_>,
@@ -1050,9 +1055,9 @@ fn keyed_row(
     data_idx: &[usize],
     (ahead, gs): (&[(u32, usize)], &[u32]),
     found: &mut [Id; 4],
-) -> PyResult<Vec<Value>> {
+    vals: &mut Vec<Value>,
+) -> PyResult<()> {
     *found = [NO_ID; 4];
-    let mut vals = Vec::with_capacity(data_idx.len());
     for &i in data_idx {
         let text = match ahead.iter().position(|&(gi, c)| c == i && gs.contains(&gi)) {
             Some(x) => b.bytes_at(i, j).map(|t| (x, t)),
@@ -1072,7 +1077,7 @@ fn keyed_row(
             None => Arc::from(text),
         }));
     }
-    Ok(vals)
+    Ok(())
 }
 
 /// With many keys each key's state is out of the caches: load the slots of the keys a few
@@ -1098,16 +1103,10 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
             None => {}
         }
     }
-    // A packed key's events, their rows, the rows' values: three stages where a live key's
-    // captures are six (`parts_of` below).
+    // A packed key's events (each one block with its row's values): one stage where a live
+    // key's captures are five (`parts_of` below).
     if let Some(&id) = due.get(k + 6) {
-        packed_evs(st, id).for_each(prefetch_arc);
-    }
-    if let Some(&id) = due.get(k + 4) {
-        packed_evs(st, id).filter_map(|e| e.row.as_ref()).for_each(|r| prefetch(Arc::as_ptr(r)));
-    }
-    if let Some(&id) = due.get(k + 2) {
-        packed_evs(st, id).for_each(|e| prefetch_row(e));
+        packed_evs(st, id).for_each(prefetch_ev);
     }
     // A key's partial matches, a level per stage: runs, their entries, the first entry's
     // captures, their vector, its first event (what `advance` reads for the deadline, and what
@@ -1137,30 +1136,11 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
     if let Some(&id) = due.get(k + 3) {
         let s = st.keys.slot(id);
         for it in s.val.new.iter().take(AHEAD_EVENTS) {
-            // An Arrow event's row is in its `Ev` (built when the batch was read): the `Ev`
-            // here, its `Row` and the row's values in the next stages (each stage reads what
-            // the one before brought in).
+            // An Arrow event's row is in its `Ev`'s block (built when the batch was read).
             prefetch_item(it);
         }
         for c in first_caps(id).filter_map(|e| e.caps.first()) {
-            prefetch_arc(&c.ev);
-        }
-    }
-    let evs_of = |id: Id| {
-        st.keys.slot(id).val.new.iter().take(AHEAD_EVENTS).filter_map(|it| it.ev.as_deref())
-    };
-    if let Some(&id) = due.get(k + 2) {
-        for r in evs_of(id).filter_map(|ev| ev.row.as_ref()) {
-            prefetch(Arc::as_ptr(r));
-        }
-        for r in first_caps(id).filter_map(|e| e.caps.first()).filter_map(|c| c.ev.row.as_ref()) {
-            prefetch(Arc::as_ptr(r));
-        }
-    }
-    if let Some(&id) = due.get(k + 1) {
-        evs_of(id).for_each(prefetch_row);
-        for c in first_caps(id).filter_map(|e| e.caps.first()) {
-            prefetch_row(&c.ev);
+            prefetch_ev(&c.ev);
         }
     }
 }
@@ -1171,7 +1151,7 @@ fn parts_of(st: &EngineState, id: Id) -> &[Part] {
 }
 
 /// The captured events of the key's packed state (`prefetch_ahead`: a few per key).
-fn packed_evs(st: &EngineState, id: Id) -> impl Iterator<Item = &Arc<Ev>> {
+fn packed_evs(st: &EngineState, id: Id) -> impl Iterator<Item = &Ev> {
     let evs = match &st.keys.slot(id).val.state {
         Some(Held::Packed(p)) => p.blocks().1,
         _ => &[],
@@ -1179,7 +1159,7 @@ fn packed_evs(st: &EngineState, id: Id) -> impl Iterator<Item = &Arc<Ev>> {
     evs.iter().take(AHEAD_EVENTS)
 }
 
-/// A packed key's words (the fraud card's 80 bytes span two lines) and events' block.
+/// A packed key's words (the fraud card's 80 bytes span two lines) and events' slice.
 #[inline(always)]
 fn prefetch_blocks(p: &Packed) {
     let (w, evs) = p.blocks();
@@ -1604,6 +1584,9 @@ impl Engine {
         let mut hs = [[0u32; 4]; 16];
         // With many keys, the ids `keyed_row` found for the row's keys (per group of `ahead`).
         let mut found = [NO_ID; 4];
+        // A row's values are read into this vector, then moved into its event's block (one
+        // allocation per event kept: `Ev`); the vector is reused from row to row.
+        let mut buf: Vec<Value> = Vec::with_capacity(data_idx.len());
         for j in 0..b.len {
             if !ahead.is_empty() {
                 prefetch_keys(&st.keys, &b, &ahead, &mut hs, j);
@@ -1629,23 +1612,24 @@ impl Engine {
                 }
             };
             let Some(gs) = gs else { continue };
-            let mut row = Some(Arc::new(match json_i {
+            let mut row = Some(match json_i {
                 Some(ji) => match b.str_at(ji, j)? {
                     Some(text) => parse_row(py, text, &mut cols_cache)?,
                     None => return Err(PyValueError::new_err(format!("row {j}: the JSON column is null"))),
                 },
                 None if !ahead.is_empty() => {
-                    Row { cols: cols.clone(), vals: keyed_row(&st.keys, &b, j, &data_idx, (&ahead, gs), &mut found)? }
+                    buf.clear();
+                    keyed_row(&st.keys, &b, j, &data_idx, (&ahead, gs), &mut found, &mut buf)?;
+                    Row { cols: cols.clone(), vals: std::mem::take(&mut buf) }
                 }
                 None => {
-                    // Sized once: a collect into a `PyResult` reallocated every row's vector.
-                    let mut vals = Vec::with_capacity(data_idx.len());
+                    buf.clear();
                     for &i in &data_idx {
-                        vals.push(b.get(i, j)?);
+                        buf.push(b.get(i, j)?);
                     }
-                    Row { cols: cols.clone(), vals }
+                    Row { cols: cols.clone(), vals: std::mem::take(&mut buf) }
                 }
-            }));
+            });
             let route = match route_i {
                 Some(i) => b.str_at(i, j)?,
                 None => None,
@@ -1677,7 +1661,7 @@ impl Engine {
                         }
                         (None, None) => continue,
                         (Some(_), _) => {
-                            got = r.get(&g.kf);
+                            got = r.view().get(&g.kf);
                             &got
                         }
                     };
@@ -1722,30 +1706,47 @@ impl Engine {
                 // so for the groups of `ahead` (`pre`); this swap is for a keyed group past its
                 // four.
                 if let (false, None, Some(c)) = (ahead.is_empty(), pre, kf_col[gi as usize]) {
-                    if let Some(Value::Str(s)) = row.as_mut().and_then(Arc::get_mut).map(|r| &mut r.vals[c]) {
+                    if let Some(Value::Str(s)) = row.as_mut().map(|r| &mut r.vals[c]) {
                         let k = &st.keys.slot(id).key;
                         if !Arc::ptr_eq(s, k) {
                             *s = k.clone();
                         }
                     }
                 }
-                // The last group takes the row itself (no reference count touched).
-                let Some(r) = (if k + 1 == gs.len() { row.take() } else { row.clone() }) else { break };
+                // The last group takes the row itself (its values moved, no reference count
+                // touched); the others copy it.
+                let last = k + 1 == gs.len();
                 // The event's `Ev` is built here, while its row is in the cache, on the group's
                 // projection of the batch's table (rows of a JSON column have tables of their
                 // own: theirs is built when the key is advanced).
                 let item = match &pidx[gi as usize] {
-                    Some(p) => Item {
-                        ts,
-                        seqi: Some(seqs[j]),
-                        seq: None,
-                        data: None,
-                        row: None,
-                        ev: Some(Arc::new(Ev::from_row(r, None, seqs[j], ts, p.clone()))),
-                    },
-                    None => Item { ts, seqi: Some(seqs[j]), seq: None, data: None, row: Some(r), ev: None },
+                    Some(p) => {
+                        let ev = match (last, row.take()) {
+                            (true, Some(Row { cols, mut vals })) => {
+                                let ev = Ev::from_vals(cols, vals.drain(..), None, seqs[j], ts, p.clone());
+                                buf = vals;
+                                ev
+                            }
+                            (false, Some(r)) => {
+                                let ev = Ev::from_vals(r.cols.clone(), r.vals.iter().cloned(), None, seqs[j], ts, p.clone());
+                                row = Some(r);
+                                ev
+                            }
+                            (_, None) => break,
+                        };
+                        Item { ts, seqi: Some(seqs[j]), seq: None, data: None, row: None, ev: Some(ev) }
+                    }
+                    None => {
+                        let Some(r) = (if last { row.take() } else { row.clone() }) else { break };
+                        Item { ts, seqi: Some(seqs[j]), seq: None, data: None, row: Some(Box::new(r)), ev: None }
+                    }
                 };
                 st.add_new_at(id, item);
+            }
+            // A row no group took (late, no key, routed elsewhere): its vector is the next
+            // row's.
+            if let (None, Some(r)) = (json_i, row) {
+                buf = r.vals;
             }
             late_for.report(py, &late, j)?;
         }
@@ -2058,15 +2059,13 @@ fn prefetch_encode(st: &EngineState, ids: &[Id], k: usize) {
     if let Some(&id) = ids.get(k + 8) {
         st.keys.prefetch(id);
     }
-    // A packed key (unpacked to be encoded): its blocks, its events, their rows' values.
+    // A packed key (unpacked to be encoded): its blocks, then its events (each with its row's
+    // values).
     if let Some(Held::Packed(p)) = ids.get(k + 4).and_then(|&id| st.keys.slot(id).val.state.as_ref()) {
         prefetch_blocks(p);
     }
     if let Some(&id) = ids.get(k + 2) {
-        packed_evs(st, id).for_each(prefetch_arc);
-    }
-    if let Some(&id) = ids.get(k + 1) {
-        packed_evs(st, id).for_each(|e| prefetch_row(e));
+        packed_evs(st, id).for_each(prefetch_ev);
     }
     let state = |i: usize| ids.get(k + i).and_then(|&id| st.keys.slot(id).val.state.as_ref()).and_then(Held::live);
     if let Some(ks) = state(4) {
@@ -2083,7 +2082,8 @@ fn prefetch_encode(st: &EngineState, ids: &[Id], k: usize) {
     }
     if let Some(ks) = state(1) {
         prefetch_parts(&ks.parts);
-        for r in ks.buffer.iter().take(AHEAD_EVENTS).filter_map(Item::row) {
+        // A JSON event's values (an Arrow event's came with its `Ev` above).
+        for r in ks.buffer.iter().take(AHEAD_EVENTS).filter_map(|it| it.row.as_deref()) {
             prefetch(r.vals.as_ptr());
         }
     }
@@ -2107,7 +2107,7 @@ fn encode_key(py: Python<'_>, ks: &KeyState, key: &str, known: [&Known; 2], fams
     let mut buffer = Vec::with_capacity(ks.buffer.len());
     for x in &ks.buffer {
         buffer.push(match (x.row(), &x.data) {
-            (Some(row), None) => Src::Row { row, seq: x.seqi.unwrap_or(0), ts: x.ts },
+            (Some((row, id)), None) => Src::Row { row, id, seq: x.seqi.unwrap_or(0), ts: x.ts },
             _ => Src::Py { data: x.data_obj(py)?, seq: x.seq_obj(py)?, ts: x.ts },
         });
     }
@@ -2132,8 +2132,9 @@ fn decode_key(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
     let mut buffer = Vec::with_capacity(dk.buffer.len());
     for i in dk.buffer {
         buffer.push(match &*dk.events[i] {
-            keycodec::DEv::Row { row, seq, ts } => {
-                Item { ts: *ts, seqi: Some(*seq), seq: None, data: None, row: Some(row.clone()), ev: None }
+            // The event's one `Ev`, shared with the parts that capture it (as when live).
+            keycodec::DEv::Row(ev) => {
+                Item { ts: ev.ts, seqi: Some(ev.seqi), seq: None, data: None, row: None, ev: Some(ev.clone()) }
             }
             keycodec::DEv::Py { data, seq, ts } => Item {
                 ts: *ts,
@@ -2192,7 +2193,10 @@ mod tests {
             ("Entry", size_of::<Entry>(), 16),
             ("CapVec", size_of::<CapVec>(), 48),
             ("Cap", size_of::<Cap>(), 24),
-            ("Ev", size_of::<Ev>(), 48),
+            // A handle (session 19): its block is the count, `EvHead`, the length and the row's
+            // values (expr.rs, `an_arrow_event_is_one_block_with_its_values`).
+            ("Ev", size_of::<Ev>(), 8),
+            ("EvHead", size_of::<crate::expr::EvHead>(), 48),
             ("Row", size_of::<Row>(), 32),
             ("Value", size_of::<Value>(), 24),
         ];
@@ -2239,8 +2243,8 @@ mod tests {
     /// `Arc`, not copied), and every position, capture and deadline is kept.
     #[test]
     fn compact_gives_back_spare_room_and_leaves_shared_captures() {
-        let row = Arc::new(Row { cols: Arc::new(Cols { names: Vec::new(), py_names: Vec::new() }), vals: Vec::new() });
-        let ev = Arc::new(Ev::from_row_lazy(row, 1, 10));
+        let row = Row { cols: Arc::new(Cols { names: Vec::new(), py_names: Vec::new() }), vals: Vec::new() };
+        let ev = Ev::from_row_lazy(row, 1, 10);
         let caps = |n: u32| {
             let mut v = Vec::with_capacity(8);
             v.extend((0..n).map(|var| Cap { var, row: 0, ev: ev.clone() }));
@@ -2265,7 +2269,7 @@ mod tests {
         assert_eq!(r.entries.iter().map(|e| e.pos).collect::<Vec<_>>(), [1, 2, 3]);
         let alone = &r.entries[0].caps;
         assert_eq!((alone.v.len(), alone.v.capacity(), alone[0].var), (1, 1, 0));
-        assert!(Arc::ptr_eq(&alone[0].ev, &ev));
+        assert!(Ev::ptr_eq(&alone[0].ev, &ev));
         let t = r.tpart.as_ref().expect("tpart kept");
         assert_eq!((t.v.len(), t.v.capacity()), (3, 3));
         assert!(Arc::ptr_eq(&r.entries[1].caps, &shared) && Arc::ptr_eq(&r.entries[2].caps, &shared));

@@ -17,19 +17,19 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
-use crate::expr::{Cols, Row};
+use crate::expr::{Cols, Row, RowRef};
 use crate::value::Value;
 
 /// One event to write: its Python objects, or its row.
 pub enum EvRef<'a> {
     Py { data: Py<PyAny>, seq: Py<PyAny> },
-    Row { row: &'a Arc<Row>, seq: i64 },
+    Row { row: RowRef<'a>, seq: i64 },
 }
 
 /// One event read back.
 pub enum EvOwned {
     Py { data: Py<PyAny>, seq: Py<PyAny> },
-    Row { row: Arc<Row>, seq: i64 },
+    Row { row: Row, seq: i64 },
 }
 
 #[derive(Default)]
@@ -78,7 +78,7 @@ impl EvEnc {
             EvRef::Row { row, seq } => {
                 self.body.push(1);
                 put_iv(&mut self.body, seq);
-                let p = Arc::as_ptr(&row.cols);
+                let p = Arc::as_ptr(row.cols);
                 let t = match self.table_of.get(&p) {
                     Some(&t) => t,
                     None => {
@@ -89,7 +89,7 @@ impl EvEnc {
                     }
                 };
                 put_u32(&mut self.body, t);
-                for v in &row.vals {
+                for v in row.vals {
                     match v {
                         Value::Null => self.body.push(0),
                         Value::Bool(false) => self.body.push(1),
@@ -283,7 +283,7 @@ pub fn decode_events(py: Python<'_>, d: &mut Dec<'_>) -> PyResult<Vec<(i64, EvOw
                 for (c, i) in py_at {
                     vals[c] = Value::Py(Arc::new(get(i)?));
                 }
-                EvOwned::Row { row: Arc::new(Row { cols: tables[t as usize].clone(), vals }), seq }
+                EvOwned::Row { row: Row { cols: tables[t as usize].clone(), vals }, seq }
             }
         }));
     }

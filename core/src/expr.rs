@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use once_cell::race::OnceBox;
+use triomphe::ThinArc;
 use pyo3::prelude::*;
 use pyo3::types::{PyFrozenSet, PyList};
 use regex::Regex;
@@ -11,17 +12,24 @@ use regex::Regex;
 use crate::program::bad;
 use crate::value::{self, ArOp, CmpOp, Num, PyOps, Value};
 
-/// One event as the matcher keeps it: its time, its sequence number, its row or Python object
-/// and the values of the fields the rule reads. An event read from an Arrow batch has no Python
-/// object until a result or the serialised state needs one: `row` holds its values and `obj()`
-/// / `seq_obj()` build them then. 48 bytes (one 64-byte allocation, one cache line): what an
-/// Arrow event rarely needs (its Python object, its `seq` object, its values as a vector) is
-/// behind one pointer (`lazy`), made on first use (docs/native-core.md, "Many keys: memory per
-/// key (session 16)").
-pub struct Ev {
+/// One event as the matcher keeps it: its time, its sequence number, its row (column table and
+/// values) or Python object. A handle to one reference-counted block (`triomphe::ThinArc`, a
+/// thin pointer: 8 bytes in a `Cap` or an `Item`): the count, the header (`EvHead`), the
+/// values' length and the row's values themselves, inline (a fraud event's 5 values: 184 bytes,
+/// one 192-byte block, three cache lines; a Python-object event: 64). Until session 19 an Arrow
+/// event was three blocks (`Arc<Ev>` 64, `Arc<Row>` 48, the values 128) made by three
+/// allocations (docs/native-core.md, "Many keys: one block per event (session 19)"). An event
+/// read from an Arrow batch has no Python object until a result or the serialised state needs
+/// one: `obj()` / `seq_obj()` build them then, behind one pointer (`lazy`), made on first use.
+#[derive(Clone)]
+pub struct Ev(ThinArc<EvHead, Value>);
+
+/// An event's fixed part (`Ev` derefs to it).
+pub struct EvHead {
     pub ts: i64,
     pub seqi: i64,
-    pub row: Option<Arc<Row>>,
+    /// The row's column table (None: a Python-object event, no values).
+    cols: Option<Arc<Cols>>,
     /// For a row: where each field of the reading rules' table is among the row's columns
     /// (`u32::MAX`: absent), shared by the rows of one column table. Fields are then read from
     /// the row in place and `vals` stays empty.
@@ -29,6 +37,14 @@ pub struct Ev {
     /// One pointer (a `OnceLock<Box<Lazy>>` takes two words): set once, by the first reader
     /// to store its box (a racing one drops its own).
     lazy: OnceBox<Lazy>,
+}
+
+impl std::ops::Deref for Ev {
+    type Target = EvHead;
+    #[inline(always)]
+    fn deref(&self) -> &EvHead {
+        &self.0.header.header
+    }
 }
 
 /// The parts of an `Ev` an Arrow event rarely needs (each set once, on first use).
@@ -45,13 +61,28 @@ pub struct Cols {
     pub py_names: Vec<Py<pyo3::types::PyString>>,
 }
 
-/// One Arrow row: the values of its event columns (every column but `stream` and `seq`).
+/// A row not (yet) in an event: a JSON event parsed, a buffered event read back from state.
+/// Its values move into the event's block when the event is made (`Ev::from_row`).
+#[derive(Clone)]
 pub struct Row {
     pub cols: Arc<Cols>,
     pub vals: Vec<Value>,
 }
 
+/// A row's column table and values, borrowed (from a `Row` or an `Ev`).
+#[derive(Clone, Copy)]
+pub struct RowRef<'a> {
+    pub cols: &'a Arc<Cols>,
+    pub vals: &'a [Value],
+}
+
 impl Row {
+    pub fn view(&self) -> RowRef<'_> {
+        RowRef { cols: &self.cols, vals: &self.vals }
+    }
+}
+
+impl RowRef<'_> {
     pub fn get(&self, name: &str) -> Value {
         match self.cols.names.iter().position(|n| n == name) {
             Some(i) => self.vals[i].clone(),
@@ -60,9 +91,9 @@ impl Row {
     }
 
     /// The event as a dict, columns in batch order (what pyarrow's `to_pylist` gives).
-    pub fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+    pub fn to_dict(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let d = pyo3::types::PyDict::new(py);
-        for (n, v) in self.cols.py_names.iter().zip(&self.vals) {
+        for (n, v) in self.cols.py_names.iter().zip(self.vals) {
             d.set_item(n.bind(py), v.to_py(py)?)?;
         }
         Ok(d.into_any().unbind())
@@ -70,8 +101,12 @@ impl Row {
 }
 
 impl Ev {
+    fn make<I: ExactSizeIterator<Item = Value>>(head: EvHead, vals: I) -> Ev {
+        Ev(ThinArc::from_header_and_iter(head, vals))
+    }
+
     pub fn from_py(obj: Py<PyAny>, seq: Py<PyAny>, ts: i64) -> Ev {
-        let ev = Ev { ts, seqi: 0, row: None, pidx: None, lazy: OnceBox::new() };
+        let ev = Ev::make(EvHead { ts, seqi: 0, cols: None, pidx: None, lazy: OnceBox::new() }, std::iter::empty());
         let l = ev.lazy.get_or_init(Box::default);
         let _ = l.obj.set(obj);
         let _ = l.seq.set(seq);
@@ -79,19 +114,56 @@ impl Ev {
     }
 
     /// A row whose fields are found through `pidx` (the projection of its column table on the
-    /// reading rules' field table).
-    pub fn from_row(row: Arc<Row>, seq: Option<Py<PyAny>>, seqi: i64, ts: i64, pidx: Arc<[u32]>) -> Ev {
-        let ev = Ev { ts, seqi, row: Some(row), pidx: Some(pidx), lazy: OnceBox::new() };
+    /// reading rules' field table); `vals` (the row's values, in its table's order) are moved
+    /// into the event's block.
+    pub fn from_vals<I: ExactSizeIterator<Item = Value>>(
+        cols: Arc<Cols>,
+        vals: I,
+        seq: Option<Py<PyAny>>,
+        seqi: i64,
+        ts: i64,
+        pidx: Arc<[u32]>,
+    ) -> Ev {
+        let ev = Ev::make(EvHead { ts, seqi, cols: Some(cols), pidx: Some(pidx), lazy: OnceBox::new() }, vals);
         if let Some(s) = seq {
             let _ = ev.lazy.get_or_init(Box::default).seq.set(s);
         }
         ev
     }
 
+    /// `from_vals` of a row (its values moved).
+    pub fn from_row(row: Row, seq: Option<Py<PyAny>>, seqi: i64, ts: i64, pidx: Arc<[u32]>) -> Ev {
+        Ev::from_vals(row.cols, row.vals.into_iter(), seq, seqi, ts, pidx)
+    }
+
     /// A row read back from serialised state: its projection on a rule's fields is made when
     /// the rule first reads it (`Cx::vals`).
-    pub fn from_row_lazy(row: Arc<Row>, seqi: i64, ts: i64) -> Ev {
-        Ev { ts, seqi, row: Some(row), pidx: None, lazy: OnceBox::new() }
+    pub fn from_row_lazy(row: Row, seqi: i64, ts: i64) -> Ev {
+        Ev::make(EvHead { ts, seqi, cols: Some(row.cols), pidx: None, lazy: OnceBox::new() }, row.vals.into_iter())
+    }
+
+    /// The event's row (None for a Python-object event).
+    #[inline]
+    pub fn row(&self) -> Option<RowRef<'_>> {
+        self.cols.as_ref().map(|cols| RowRef { cols, vals: &self.0.slice })
+    }
+
+    /// The row's values, in its table's order (empty for a Python-object event).
+    #[inline(always)]
+    pub fn row_vals(&self) -> &[Value] {
+        &self.0.slice
+    }
+
+    /// The start of the event's block (its count, then `EvHead`, then the values): the
+    /// event's identity (`ptr_eq`) and what a prefetch asks for.
+    #[inline(always)]
+    pub fn as_ptr(&self) -> *const u8 {
+        self.0.as_ptr().cast()
+    }
+
+    #[inline(always)]
+    pub fn ptr_eq(a: &Ev, b: &Ev) -> bool {
+        std::ptr::eq(a.as_ptr(), b.as_ptr())
     }
 
     pub fn obj(&self, py: Python<'_>) -> PyResult<&Py<PyAny>> {
@@ -99,7 +171,7 @@ impl Ev {
         if let Some(o) = l.obj.get() {
             return Ok(o);
         }
-        let built = match &self.row {
+        let built = match self.row() {
             Some(r) => r.to_dict(py)?,
             None => py.None(),
         };
@@ -131,7 +203,7 @@ impl Ev {
 pub struct Cap {
     pub var: u32,
     pub row: i64,
-    pub ev: Arc<Ev>,
+    pub ev: Ev,
 }
 
 /// A partial match's captures, with the running values of its rule's condition aggregates
@@ -550,10 +622,10 @@ impl<'a> Cx<'a, '_> {
     /// table (`Ev::pidx`), else from the event's values (`vals`).
     #[inline]
     pub fn field_ref<'e>(&self, ev: &'e Ev, i: usize) -> PyResult<&'e Value> {
-        if let (Some(p), Some(row)) = (&ev.pidx, &ev.row) {
+        if let Some(p) = &ev.pidx {
             return Ok(match p[i] {
                 u32::MAX => &NULL,
-                c => &row.vals[c as usize],
+                c => &ev.row_vals()[c as usize],
             });
         }
         Ok(&self.vals(ev)?[i])
@@ -571,7 +643,7 @@ impl<'a> Cx<'a, '_> {
         if let Some(v) = ev.vals() {
             return Ok(v);
         }
-        let v = match &ev.row {
+        let v = match ev.row() {
             Some(row) => {
                 let mut v = Vec::with_capacity(self.fields.len());
                 for f in self.fields {
@@ -898,7 +970,7 @@ fn binary(cx: &Cx, l: &Expr, r: &Expr, e: &Ev, c: &CapVec, f: impl FnOnce(&Value
 /// `Agg` computes it: every row value first, then `sum()` / `min()` / `max()` left to right.
 #[allow(clippy::too_many_arguments)]
 fn agg(cx: &Cx, func: AggF, var: Option<u32>, row: Option<&Expr>, cur: bool, e: &Ev, c: &[Cap]) -> PyResult<Value> {
-    let mut events: Vec<&Ev> = c.iter().filter(|x| var.is_none_or(|v| x.var == v)).map(|x| x.ev.as_ref()).collect();
+    let mut events: Vec<&Ev> = c.iter().filter(|x| var.is_none_or(|v| x.var == v)).map(|x| &x.ev).collect();
     if cur {
         events.push(e);
     }
@@ -1122,7 +1194,7 @@ mod tests {
     /// never read allocates none.
     #[test]
     fn an_events_lazy_part_is_made_once_on_first_use() {
-        let row = Arc::new(Row { cols: Arc::new(Cols { names: Vec::new(), py_names: Vec::new() }), vals: Vec::new() });
+        let row = Row { cols: Arc::new(Cols { names: Vec::new(), py_names: Vec::new() }), vals: Vec::new() };
         let ev = Ev::from_row_lazy(row, 3, 10);
         assert!(ev.lazy.get().is_none() && ev.vals().is_none(), "nothing allocated before a read");
         ev.set_vals(vec![Value::Int(1)]);
@@ -1131,5 +1203,32 @@ mod tests {
         assert!(matches!(ev.vals().map(Vec::as_slice), Some([Value::Int(1)])), "the first values stay");
         assert_eq!(ev.lazy.get().map(|l| l as *const Lazy), first, "one box");
         assert_eq!((ev.ts, ev.seqi), (10, 3));
+    }
+
+    /// An Arrow event is one block: its header, then the row's values moved in; the row read
+    /// back (`row()`, `field_ref` through `pidx`) is the row given, a clone shares the block,
+    /// and the block is 184 bytes for a fraud row's five values (a 192-byte mimalloc class).
+    #[test]
+    fn an_arrow_event_is_one_block_with_its_values() {
+        let cols = Arc::new(Cols { names: ["card", "amount"].map(String::from).to_vec(), py_names: Vec::new() });
+        let card: Arc<str> = Arc::from("card-1");
+        let vals = vec![Value::Str(card.clone()), Value::Int(42)];
+        let ev = Ev::from_vals(cols.clone(), vals.into_iter(), None, 7, 10, Arc::from([1u32, u32::MAX, 0]));
+        assert_eq!((ev.ts, ev.seqi), (10, 7));
+        let row = ev.row().expect("a row event");
+        assert!(Arc::ptr_eq(row.cols, &cols));
+        assert!(matches!(row.vals, [Value::Str(s), Value::Int(42)] if Arc::ptr_eq(s, &card)), "moved, not copied");
+        assert!(matches!(row.get("amount"), Value::Int(42)) && row.get("none").is_null());
+        let p = ev.pidx.as_deref().expect("projected");
+        assert!(matches!(ev.row_vals()[p[0] as usize], Value::Int(42)));
+        let other = ev.clone();
+        assert!(Ev::ptr_eq(&ev, &other) && std::ptr::eq(other.row_vals().as_ptr(), ev.row_vals().as_ptr()));
+        assert_eq!(Arc::strong_count(&card), 2, "one count for the event's cell, however many handles");
+        drop((ev, other));
+        assert_eq!(Arc::strong_count(&card), 1, "the last handle drops the values");
+        // The block: the count, the header, the length, the values.
+        assert_eq!(std::mem::size_of::<Ev>(), 8);
+        assert_eq!(std::mem::size_of::<Option<Ev>>(), 8);
+        assert_eq!(8 + std::mem::size_of::<EvHead>() + 8 + 5 * std::mem::size_of::<Value>(), 184);
     }
 }

@@ -363,7 +363,7 @@ impl Family {
 
     /// The entries an event starts (an entry vector and captures from the scratch's pools).
     #[allow(clippy::too_many_arguments)]
-    fn spawn(&self, rules: &[RuleE], py: Python<'_>, ev: &Arc<Ev>, row: i64, t: &mut Tests<'_>, sc: &mut Scratch) -> PyResult<Vec<FEntry>> {
+    fn spawn(&self, rules: &[RuleE], py: Python<'_>, ev: &Ev, row: i64, t: &mut Tests<'_>, sc: &mut Scratch) -> PyResult<Vec<FEntry>> {
         let rep = self.rep(rules);
         let mut out = Vec::new();
         for (var, nxt) in &rep.p.starts {
@@ -421,7 +421,7 @@ impl Family {
     /// `Core::step` on masks: every test first, then the entries built (captures shared only
     /// with an ending entry grow in place).
     #[allow(clippy::too_many_arguments)]
-    fn step(&self, rules: &[RuleE], py: Python<'_>, entries: &mut Vec<FEntry>, sc: &mut Scratch, ev: &Arc<Ev>, row: i64, t: &mut Tests<'_>) -> PyResult<()> {
+    fn step(&self, rules: &[RuleE], py: Python<'_>, entries: &mut Vec<FEntry>, sc: &mut Scratch, ev: &Ev, row: i64, t: &mut Tests<'_>) -> PyResult<()> {
         let mut acts = std::mem::take(&mut sc.acts);
         acts.clear();
         for e in entries.iter() {
@@ -485,7 +485,7 @@ impl Family {
 
     /// `Core::feed` for the family: one event of this key.
     #[allow(clippy::too_many_arguments)]
-    fn feed(&self, rules: &mut [RuleE], py: Python<'_>, state: Option<FState>, ev: &Arc<Ev>, shared: &mut [u8], sc: &mut Scratch, out: &mut FOut<'_>) -> PyResult<Option<FState>> {
+    fn feed(&self, rules: &mut [RuleE], py: Python<'_>, state: Option<FState>, ev: &Ev, shared: &mut [u8], sc: &mut Scratch, out: &mut FOut<'_>) -> PyResult<Option<FState>> {
         let ts = ev.ts;
         let mut state = state;
         if state.as_ref().is_some_and(|s| s.deadline.is_some_and(|d| d < ts)) {
@@ -798,7 +798,7 @@ impl Family {
         rules: &mut [RuleE],
         py: Python<'_>,
         state: Option<FState>,
-        evs: &[Arc<Ev>],
+        evs: &[Ev],
         shared: &mut [u8],
         ncids: usize,
         safe: i64,

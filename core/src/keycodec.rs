@@ -51,7 +51,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
 use crate::evcodec::{put_iv, put_str, put_uv, Dec};
-use crate::expr::{Cap, CapVec, Caps, Cols, Ev, Row};
+use crate::expr::{Cap, CapVec, Caps, Cols, Ev, Row, RowRef};
 use crate::matcher::{Entry, MState, Run};
 use crate::value::Value;
 
@@ -162,7 +162,9 @@ impl<K: std::hash::Hash + Eq + Copy, V: Copy> Small<K, V> {
 
 /// One event of the key's table as the encoder sees it.
 pub enum Src<'a> {
-    Row { row: &'a Arc<Row>, seq: i64, ts: i64 },
+    /// `id`: the block holding the row (its `Ev`, or a JSON event's `Row`), one entry of the
+    /// table however many captures and buffers hold it.
+    Row { row: RowRef<'a>, id: usize, seq: i64, ts: i64 },
     Py { data: Py<PyAny>, seq: Py<PyAny>, ts: i64 },
 }
 
@@ -194,23 +196,25 @@ pub struct Decoded {
     pub events: Vec<Arc<DEv>>,
 }
 
-/// A decoded event: a row or Python objects, with its time (shared by every part that holds
-/// it; each part builds its own `Ev` on it, as a rule projects rows on its own fields).
+/// A decoded event: a row (its one `Ev`, shared by every part and the buffer that hold it, as
+/// when live: the rules of a key's group read rows by one field table, projected on first
+/// read), or Python objects, with their time (each part builds its own `Ev` on them).
 pub enum DEv {
-    Row { row: Arc<Row>, seq: i64, ts: i64 },
+    Row(Ev),
     Py { data: Py<PyAny>, seq: Py<PyAny>, ts: i64 },
 }
 
 impl DEv {
     pub fn ts(&self) -> i64 {
         match self {
-            DEv::Row { ts, .. } | DEv::Py { ts, .. } => *ts,
+            DEv::Row(ev) => ev.ts,
+            DEv::Py { ts, .. } => *ts,
         }
     }
 
     pub fn to_ev(&self, py: Python<'_>) -> Ev {
         match self {
-            DEv::Row { row, seq, ts } => Ev::from_row_lazy(row.clone(), *seq, *ts),
+            DEv::Row(ev) => ev.clone(),
             DEv::Py { data, seq, ts } => Ev::from_py(data.clone_ref(py), seq.clone_ref(py), *ts),
         }
     }
@@ -264,7 +268,7 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
     /// The index of an event in the key's table (added when new).
     pub fn event(&mut self, src: Src<'a>) -> u32 {
         let id = match &src {
-            Src::Row { row, seq, ts } => Id::Row(Arc::as_ptr(row) as usize, *seq, *ts),
+            Src::Row { id, seq, ts, .. } => Id::Row(*id, *seq, *ts),
             Src::Py { data, seq, ts } => Id::Py(data.as_ptr() as usize, seq.as_ptr() as usize, *ts),
         };
         if let Some(i) = self.index.get(&id) {
@@ -277,8 +281,8 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
     }
 
     fn ev_src(py: Python<'_>, ev: &'a Ev) -> PyResult<Src<'a>> {
-        Ok(match &ev.row {
-            Some(row) => Src::Row { row, seq: ev.seqi, ts: ev.ts },
+        Ok(match ev.row() {
+            Some(row) => Src::Row { row, id: ev.as_ptr() as usize, seq: ev.seqi, ts: ev.ts },
             None => Src::Py { data: ev.obj(py)?.clone_ref(py), seq: ev.seq_obj(py)?.clone_ref(py), ts: ev.ts },
         })
     }
@@ -353,14 +357,14 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
         let mut table_of: Small<usize, u32> = Small::new();
         for e in &self.events {
             if let Src::Row { row, .. } = e {
-                let p = Arc::as_ptr(&row.cols) as usize;
+                let p = Arc::as_ptr(row.cols) as usize;
                 if table_of.get(&p).is_some() {
                     continue;
                 }
                 let t = match tables.iter().position(|t| t.names == row.cols.names) {
                     Some(t) => t as u32,
                     None => {
-                        tables.push(&row.cols);
+                        tables.push(row.cols);
                         (tables.len() - 1) as u32
                     }
                 };
@@ -396,13 +400,13 @@ impl<'k, 'a> KeyEnc<'k, 'a> {
                     tail.push(data.clone_ref(py));
                     tail.push(seq.clone_ref(py));
                 }
-                Src::Row { row, seq, ts } => {
+                Src::Row { row, seq, ts, .. } => {
                     put_iv(&mut out, ts.wrapping_sub(pts));
                     pts = *ts;
-                    put_uv(&mut out, u64::from(table_of.get(&(Arc::as_ptr(&row.cols) as usize)).unwrap_or(0)) + 1);
+                    put_uv(&mut out, u64::from(table_of.get(&(Arc::as_ptr(row.cols) as usize)).unwrap_or(0)) + 1);
                     put_iv(&mut out, seq.wrapping_sub(pseq));
                     pseq = *seq;
-                    for v in &row.vals {
+                    for v in row.vals {
                         put_value(py, &mut out, v, *ts, self.key, &mut strings, &mut tail);
                     }
                 }
@@ -681,14 +685,14 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
                 for (c, i) in py_at {
                     vals[c] = Value::Py(Arc::new(get(i)?));
                 }
-                DEv::Row { row: Arc::new(Row { cols: tables[t].clone(), vals }), seq, ts }
+                DEv::Row(Ev::from_row_lazy(Row { cols: tables[t].clone(), vals }, seq, ts))
             }
         }));
     }
     let mut parts = Vec::with_capacity(raw_parts.len());
     for (fp, row, runs, deadline) in raw_parts {
         // One `Ev` per event and part (a rule projects rows on its own fields).
-        let mut evs: HashMap<u32, Arc<Ev>> = HashMap::default();
+        let mut evs: HashMap<u32, Ev> = HashMap::default();
         let mut first_ts = None;
         let mut caps = |r: &RawCaps| -> PyResult<Caps> {
             let mut v = Vec::with_capacity(r.len());
@@ -697,7 +701,7 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
                 if first_ts.is_none() {
                     first_ts = Some(src.ts());
                 }
-                let ev = evs.entry(i).or_insert_with(|| Arc::new(src.to_ev(py))).clone();
+                let ev = evs.entry(i).or_insert_with(|| src.to_ev(py)).clone();
                 v.push(Cap { var, row, ev });
             }
             Ok(Arc::new(CapVec::from(v)))

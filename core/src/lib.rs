@@ -25,7 +25,6 @@ mod validate;
 mod value;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
 
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -177,11 +176,11 @@ impl Matcher {
         }
     }
 
-    fn event(&self, py: Python<'_>, event: &Bound<'_, PyAny>, ts: i64, seq: Py<PyAny>) -> PyResult<Arc<Ev>> {
+    fn event(&self, py: Python<'_>, event: &Bound<'_, PyAny>, ts: i64, seq: Py<PyAny>) -> PyResult<Ev> {
         let vals = extract_fields(py, event, &self.core.p.fields)?;
         let ev = Ev::from_py(event.clone().unbind(), seq, ts);
         ev.set_vals(vals);
-        Ok(Arc::new(ev))
+        Ok(ev)
     }
 }
 

@@ -309,7 +309,7 @@ impl Core {
     fn spawn(
         &self,
         py: Python<'_>,
-        ev: &Arc<Ev>,
+        ev: &Ev,
         row: i64,
         local: &mut Loc<'_>,
         pool: &mut Pool,
@@ -339,7 +339,7 @@ impl Core {
         entries: &mut Vec<Entry>,
         spare: &mut Vec<Entry>,
         acts: &mut Vec<Act>,
-        ev: &Arc<Ev>,
+        ev: &Ev,
         row: i64,
         local: &mut Loc<'_>,
         pool: &mut Pool,
@@ -403,7 +403,7 @@ impl Core {
     }
 
     /// The tests of `_step` for one entry, in its order, and what becomes of the entry.
-    fn decide_step(&self, py: Python<'_>, entry: &Entry, ev: &Arc<Ev>, local: &mut Loc<'_>) -> PyResult<Act> {
+    fn decide_step(&self, py: Python<'_>, entry: &Entry, ev: &Ev, local: &mut Loc<'_>) -> PyResult<Act> {
         if entry.pos == DONE {
             return Ok(Act::Keep);
         }
@@ -436,7 +436,7 @@ impl Core {
         &mut self,
         py: Python<'_>,
         state: Option<MState>,
-        ev: &Arc<Ev>,
+        ev: &Ev,
         pre: Option<Vec<Option<bool>>>,
         shared: &mut [u8],
         out: &Out,

@@ -1,6 +1,6 @@
 //! A key's partial matches packed at rest (docs/native-core.md, "Many keys: a compact key layout
 //! (design, session 17)" and "Many keys: the packed key (session 18)"): the matcher states of a
-//! key's parts as fixed-width words and its captured events as one slice of `Arc<Ev>`s, two
+//! key's parts as fixed-width words and its captured events as one slice of `Ev`s, two
 //! blocks where the live form has six per partial match (parts, runs, entries, the captures'
 //! `Arc` and their vector). Never serialised: `CEPNK` is written from the unpacked state.
 
@@ -27,13 +27,13 @@ const HAS_TPART: u64 = 1 << 33;
 /// captured several times one element of `evs`: unpacked, they are shared as they were.
 pub struct Packed {
     words: Box<[u64]>,
-    evs: Box<[Arc<Ev>]>,
+    evs: Box<[Ev]>,
 }
 
 /// The index of `x` in `seen` by pointer, added when new (with a count of 1, else counted
 /// once more); None past `MAX_SHARED`. Borrowed: no reference count written while packing.
-fn index_of<'a, T>(seen: &mut Vec<(&'a Arc<T>, u64)>, x: &'a Arc<T>) -> Option<u64> {
-    if let Some(i) = seen.iter().position(|s| Arc::ptr_eq(s.0, x)) {
+fn index_of<'a, T: Shared>(seen: &mut Vec<(&'a T, u64)>, x: &'a T) -> Option<u64> {
+    if let Some(i) = seen.iter().position(|s| std::ptr::eq(s.0.addr(), x.addr())) {
         seen[i].1 += 1;
         return Some(i as u64);
     }
@@ -44,12 +44,29 @@ fn index_of<'a, T>(seen: &mut Vec<(&'a Arc<T>, u64)>, x: &'a Arc<T>) -> Option<u
     Some(seen.len() as u64 - 1)
 }
 
+/// A handle to a shared block, compared by the block's address.
+trait Shared {
+    fn addr(&self) -> *const u8;
+}
+
+impl Shared for Caps {
+    fn addr(&self) -> *const u8 {
+        Arc::as_ptr(self).cast()
+    }
+}
+
+impl Shared for Ev {
+    fn addr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+}
+
 impl Packed {
     /// The states `parts` (fingerprint, state) packed, or None when one of them keeps running
     /// aggregates (`CapVec::acc`) or shares more than `MAX_SHARED` vectors or events.
     pub fn pack<'a>(parts: impl Iterator<Item = (u32, &'a MState)> + Clone) -> Option<Packed> {
         let mut cvs: Vec<(&Caps, u64)> = Vec::new();
-        let mut evs: Vec<(&Arc<Ev>, u64)> = Vec::new();
+        let mut evs: Vec<(&Ev, u64)> = Vec::new();
         let mut nparts = 0u64;
         let mut tail = Vec::new();
         for (fp, m) in parts {
@@ -189,7 +206,7 @@ impl Packed {
     }
 
     /// The two blocks' first lines and the events' (`prefetch_ahead`), as pointers.
-    pub fn blocks(&self) -> (*const u64, &[Arc<Ev>]) {
+    pub fn blocks(&self) -> (*const u64, &[Ev]) {
         (self.words.as_ptr(), &self.evs)
     }
 
@@ -206,13 +223,13 @@ mod tests {
     use crate::expr::{Cols, Row};
     use crate::value::Value;
 
-    fn ev(ts: i64) -> Arc<Ev> {
+    fn ev(ts: i64) -> Ev {
         let cols = Arc::new(Cols { names: vec!["card".into(), "amount".into()], py_names: Vec::new() });
-        let row = Arc::new(Row { cols, vals: vec![Value::Str(Arc::from("card-1")), Value::Int(ts * 10)] });
-        Arc::new(Ev::from_row(row, None, ts + 1, ts, Arc::from([0u32, 1])))
+        let row = Row { cols, vals: vec![Value::Str(Arc::from("card-1")), Value::Int(ts * 10)] };
+        Ev::from_row(row, None, ts + 1, ts, Arc::from([0u32, 1]))
     }
 
-    fn caps(v: &[(u32, i64, &Arc<Ev>)]) -> Caps {
+    fn caps(v: &[(u32, i64, &Ev)]) -> Caps {
         Arc::new(CapVec::from(v.iter().map(|&(var, row, ev)| Cap { var, row, ev: ev.clone() }).collect::<Vec<_>>()))
     }
 
@@ -229,7 +246,7 @@ mod tests {
                         cvs.push(c.clone());
                         cvs.len() - 1
                     });
-                    let v: Vec<_> = c.v.iter().map(|x| (x.var, x.row, Arc::as_ptr(&x.ev) as usize, x.ev.ts)).collect();
+                    let v: Vec<_> = c.v.iter().map(|x| (x.var, x.row, x.ev.as_ptr() as usize, x.ev.ts)).collect();
                     format!("cv{i} {v:?}")
                 };
                 out += &format!(" run {} matched {} tpart {:?}\n", r.start, r.matched, r.tpart.as_ref().map(&mut cv));
@@ -289,7 +306,7 @@ mod tests {
         let back = p.unpack(|_, m| m);
         assert!(Arc::ptr_eq(&back[0].runs[0].entries[0].caps, &back[0].runs[0].entries[1].caps));
         assert!(Arc::ptr_eq(&back[0].runs[0].entries[0].caps, back[0].runs[0].tpart.as_ref().expect("tpart")));
-        assert!(Arc::ptr_eq(&back[0].runs[0].entries[2].caps.v[1].ev, &c));
+        assert!(Ev::ptr_eq(&back[0].runs[0].entries[2].caps.v[1].ev, &c));
         assert!(back.iter().flat_map(|m| &m.runs).all(|r| r.entries.capacity() == r.entries.len()));
     }
 

@@ -23,8 +23,8 @@ pub const VERSION: u16 = 2;
 
 struct Enc {
     buf: Vec<u8>,
-    index: HashMap<*const Ev, u32>,
-    events: Vec<Arc<Ev>>,
+    index: HashMap<*const u8, u32>,
+    events: Vec<Ev>,
 }
 
 impl Enc {
@@ -49,7 +49,7 @@ impl Enc {
     fn caps(&mut self, caps: &[Cap]) {
         self.u32(caps.len() as u32);
         for c in caps {
-            let p = Arc::as_ptr(&c.ev);
+            let p = c.ev.as_ptr();
             let i = match self.index.get(&p) {
                 Some(&i) => i,
                 None => {
@@ -94,10 +94,10 @@ pub fn encode_vec(py: Python<'_>, s: &MState) -> PyResult<Vec<u8>> {
             e.caps(&en.caps);
         }
     }
-    let events: Vec<Arc<Ev>> = std::mem::take(&mut e.events);
+    let events: Vec<Ev> = std::mem::take(&mut e.events);
     let mut enc = EvEnc::default();
     for ev in &events {
-        let r = match &ev.row {
+        let r = match ev.row() {
             Some(row) => EvRef::Row { row, seq: ev.seqi },
             None => EvRef::Py { data: ev.obj(py)?.clone_ref(py), seq: ev.seq_obj(py)?.clone_ref(py) },
         };
@@ -164,14 +164,14 @@ pub fn decode(py: Python<'_>, data: &[u8]) -> PyResult<MState> {
         let objs = loaded.get_item(0)?;
         let seqs = loaded.get_item(1)?;
         for (i, t) in ts.into_iter().enumerate() {
-            events.push(Arc::new(Ev::from_py(objs.get_item(i)?.unbind(), seqs.get_item(i)?.unbind(), t)));
+            events.push(Ev::from_py(objs.get_item(i)?.unbind(), seqs.get_item(i)?.unbind(), t));
         }
     } else {
         for (t, ev) in decode_events(py, &mut d)? {
-            events.push(Arc::new(match ev {
+            events.push(match ev {
                 EvOwned::Py { data, seq } => Ev::from_py(data, seq, t),
                 EvOwned::Row { row, seq } => Ev::from_row_lazy(row, seq, t),
-            }));
+            });
         }
     }
     let caps = |r: &RawCaps| -> PyResult<Caps> {

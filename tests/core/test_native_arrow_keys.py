@@ -21,6 +21,7 @@ from cep.runtime.alerts import alert_record
 from cep.runtime.bind import build_embedded_engine, build_engine
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore
 from tests.core.test_native_engine import _batch, native_bundled
+from tests.core.test_native_engine_keys import _call_by_call
 from tests.hyp import examples
 
 BENCH_RULES = Path(__file__).resolve().parents[2] / "bench" / "rules" / "fraud.cep"
@@ -116,11 +117,18 @@ def test_two_key_columns_in_a_batch_that_stops_interning(merchants: int) -> None
     merchant`): each group finds its key ids by its own column's index. Three merchants: the
     merchant column stays interned (index path) while the card column has given up (text path)
     in the same rows; 8,600: both columns give up at row 8,192, and merchants 0-399 come back
-    after the switch (rows 8,600-8,999), within the rule's hour."""
+    after the switch (rows 8,600-8,999), within the rule's hour. Then with many keys
+    (`compact_from=0`: `keyed_row`, one block per event): the row feeds both groups, the first
+    one's event a copy of its values, the last one's them moved (docs/native-core.md, "Many
+    keys: one block per event (session 19, core19k)")."""
+    from cep import _core
+
     ruleset = compile_rules(BENCH_RULES.read_text() + MERCHANT_RULE)
     events = _events(_stop_rows(lambda i: f"m{i % merchants}"))
     _run(ruleset, events, [9_000])
     _run(ruleset, events, [5_000, 4_000])
+    _call_by_call(build_embedded_engine(ruleset), _core.EngineState(compact_from=0), events,
+                  3_000, ruleset=ruleset)
 
 
 @pytest.mark.parametrize("cards", [[b"a", b"a", b"\xff"], [b"a\xc3", b"a"], [b"a", b"b", b"a\xc3"]])

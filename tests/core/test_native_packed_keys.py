@@ -133,6 +133,39 @@ def test_a_packed_keys_bytes_equal_the_live_keys() -> None:
     assert compared > 0
 
 
+@pytest.mark.parametrize("compact_from", [0, 1 << 30])
+def test_keys_read_back_write_the_bytes_of_keys_never_exported(compact_from: int) -> None:
+    """Two states fed the same calls, one read back from its exports at every call: after
+    each call every key's `CEPNK` bytes are the same in both, packed or live. An event that
+    several parts of a key capture is one event of the key's table, also once read back and
+    run on (a row read back is one `Ev`, its values in it, shared by the parts and the buffer:
+    docs/native-core.md, "Many keys: one block per event (session 19, core19k)")."""
+    from cep import _core
+
+    core = build_embedded_engine(native_bundled()).core
+
+    def fresh() -> Any:
+        return _core.EngineState(track_dirty=True, keep_decoded=0, compact_from=compact_from)
+    kept, moved = _core.EngineState(compact_from=compact_from), fresh()
+    log: list[Any] = []
+    events, max_ts, compared = _waves(400, seed=33), NEG_INF, 0
+    for i in range(0, len(events), 61):
+        chunk = events[i:i + 61]
+        for st in (kept, moved):
+            core.ingest_arrow(st, _batch(chunk, False), max_ts)
+        log += core.export_blobs(moved)  # the keys this call changed
+        moved = fresh()
+        for blob in log:
+            assert core.import_blob(moved, blob) == 0
+        keys = core.keys(kept)
+        assert core.keys(moved) == keys
+        for gid, key in keys:
+            assert core.key_bytes(moved, gid, key) == core.key_bytes(kept, gid, key)
+            compared += 1
+        max_ts = max(max_ts, max(e.ts for e in chunk))
+    assert compared > 0
+
+
 @pytest.mark.parametrize("keep_decoded", [0, 1 << 30])
 def test_packed_keys_exported_and_read_back_continue_the_same(keep_decoded: int) -> None:
     """Every call's changed keys exported from a packed state (kept packed, or held as bytes
