@@ -49,7 +49,7 @@ from cep.config import Settings
 
 CARD_GAP_S = 20.0
 _OP_US = ("python_us", "engine_us", "store_us", "timer_us", "encode_us", "write_us", "init_us",
-          "prepare_us", "load_us", "read_us")
+          "prepare_us", "load_us", "read_us", "unzip_us", "import_us", "reload_us")
 
 NOOP_JOB = r'''
 import json, sys, time
@@ -194,7 +194,7 @@ def run_ours(services: Services, work: Path, topic: str, batch: int, skip: int,
     operator = {k.removesuffix("_us") + "_ms": counters[k] // 1000 for k in _OP_US
                 if k in counters}
     operator.update({k: counters[k] for k in ("state_compactions", "state_reloads",
-                                              "state_catchups", "state_reads")
+                                              "state_catchups", "state_reads", "state_follows")
                      if k in counters})
     return {"variant": name, "shards": shards, "exit": rc, "wall_s": round(wall, 1),
             "cpu_s": round(cpu, 1), "events": counters.get("events"), **_steady(progress, skip),

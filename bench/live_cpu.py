@@ -184,9 +184,11 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
            "jvm_threads": {k: round(v, 1) for k, v in th.most_common(14)},
            "ops": {k: counters.get(k, 0) // 1000 for k in
                    ("python_us", "engine_us", "store_us", "timer_us", "encode_us", "write_us",
-                    "rows_in_us", "prepare_us", "init_us")},
+                    "rows_in_us", "prepare_us", "init_us", "load_us", "read_us", "unzip_us",
+                    "import_us", "reload_us")},
            "state": {k: counters.get(k, 0) for k in
-                     ("state_reloads", "state_catchups", "state_reads", "state_compactions")},
+                     ("state_reloads", "state_catchups", "state_reads", "state_compactions",
+                      "state_follows")},
            "durations": [p["durationMs"] | {"collect": p["collect"]} for p in progress]}
     if os.environ.get("STAGES"):
         res["stages"] = summary(batches(d / "events")[MARK:])
