@@ -619,8 +619,7 @@ def phase_stats(ph: Phase, producer: Producer, reader: RedisReader,
 _OP_COUNTERS = ("events", "python_us", "rows_in_us", "prepare_us", "engine_us", "store_us",
                 "timer_us", "encode_us", "write_us", "state_writes", "state_reads",
                 "state_reloads", "state_compactions", "keys_touched", "load_us", "read_us",
-                "state_catchups", "init_us", "unzip_us", "import_us", "reload_us",
-                "state_follows")
+                "state_catchups", "init_us", "unzip_us", "import_us", "reload_us")
 
 
 def _batch_detail(batches: dict[int, dict[str, Any]],

@@ -187,8 +187,7 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
                     "rows_in_us", "prepare_us", "init_us", "load_us", "read_us", "unzip_us",
                     "import_us", "reload_us")},
            "state": {k: counters.get(k, 0) for k in
-                     ("state_reloads", "state_catchups", "state_reads", "state_compactions",
-                      "state_follows")},
+                     ("state_reloads", "state_catchups", "state_reads", "state_compactions")},
            "durations": [p["durationMs"] | {"collect": p["collect"]} for p in progress]}
     if os.environ.get("STAGES"):
         res["stages"] = summary(batches(d / "events")[MARK:])

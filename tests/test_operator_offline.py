@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -157,7 +158,7 @@ def test_operator_alerts_equal_embedded_whatever_the_batching(engine_loop: str, 
 @pytest.mark.parametrize("record_row", [False, True])
 @pytest.mark.parametrize("batch", [37, 100])
 def test_shards_moving_between_worker_processes_give_the_embedded_alerts(
-        batch: int, record_row: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        batch: int, record_row: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Each call made by one of three worker processes at random (Spark's pool with several
     stateful tasks per batch): a process whose copy of the shard is behind catches it up from
     the rows appended since, or reloads it after a compaction, and takes the registered timer
@@ -167,6 +168,7 @@ def test_shards_moving_between_worker_processes_give_the_embedded_alerts(
     from cep.runtime.alerts import AlertRow, StatsRow
     from cep.runtime.bind import build_embedded_engine
     from cep.runtime.state_store import NativeShardStore
+    from jobs.metrics import Metrics
 
     monkeypatch.setattr(op, "_HELD", {})
     monkeypatch.setattr(NativeShardStore, "COMPACT_ROWS", 4)  # compactions between moves
@@ -182,6 +184,23 @@ def test_shards_moving_between_worker_processes_give_the_embedded_alerts(
         stats = [r.info for r in got if isinstance(r, StatsRow)]
         assert sum(s["state_catchups"] for s in stats) > 5
         assert sum(s["state_compactions"] for s in stats) > 0
+        # `load_us` (the store's `begin`) holds the rows' reads, unzip and import and the
+        # reloads' part (each summed from µs-truncated spans inside it: the slack); a call
+        # without a reload reports no reload time. Reloads after compactions import rows.
+        for s in stats:
+            assert s["read_us"] + s["unzip_us"] + s["import_us"] <= s["load_us"] + 3
+            assert s["reload_us"] <= s["load_us"] + 3
+            assert s["state_reloads"] or not s["reload_us"]
+        assert all(sum(s[k] for s in stats) > 0
+                   for k in ("read_us", "unzip_us", "import_us", "reload_us"))
+        # The live job's metrics sum every timer and state counter of the operator's rows.
+        metrics = Metrics(tmp_path / "metrics.json")
+        for s in stats:
+            metrics.add_stats(s)
+        counted = {k for s in stats for k in s if k.endswith("_us") or k.startswith("state_")}
+        assert {"unzip_us", "import_us", "reload_us"} <= counted
+        assert {k: metrics.counters[k] for k in counted} == {
+            k: sum(s.get(k, 0) for s in stats) for k in counted}
 
 
 @pytest.mark.parametrize("record_row", [False, True])
