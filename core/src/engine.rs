@@ -1721,18 +1721,14 @@ impl Engine {
                 // own: theirs is built when the key is advanced).
                 let item = match &pidx[gi as usize] {
                     Some(p) => {
-                        let ev = match (last, row.take()) {
-                            (true, Some(Row { cols, mut vals })) => {
-                                let ev = Ev::from_vals(cols, vals.drain(..), None, seqs[j], ts, p.clone());
-                                buf = vals;
-                                ev
-                            }
-                            (false, Some(r)) => {
-                                let ev = Ev::from_vals(r.cols.clone(), r.vals.iter().cloned(), None, seqs[j], ts, p.clone());
-                                row = Some(r);
-                                ev
-                            }
-                            (_, None) => break,
+                        let ev = if last {
+                            let Some(Row { cols, mut vals }) = row.take() else { break };
+                            let ev = Ev::from_vals(cols, vals.drain(..), None, seqs[j], ts, p.clone());
+                            buf = vals;
+                            ev
+                        } else {
+                            let Some(r) = &row else { break };
+                            Ev::from_vals(r.cols.clone(), r.vals.iter().cloned(), None, seqs[j], ts, p.clone())
                         };
                         Item { ts, seqi: Some(seqs[j]), seq: None, data: None, row: None, ev: Some(ev) }
                     }
