@@ -49,8 +49,8 @@ pub const BLOB_VERSION: u16 = 2;
 /// No key id (`Engine.ingest_arrow`'s `key_ids`).
 const NO_ID: Id = Id::MAX;
 
-/// A buffered event: `(ts, seq, data)` of the Python engine. An event from an Arrow batch has
-/// no Python objects (`seq` and `data` None): `seqi` and `row` hold it.
+/// A buffered event: `(ts, seq, data)` of the Python engine. A row event has no Python objects
+/// (`seq` and `data` None): `seqi` and `ev` (or, from a JSON column, `row`) hold it.
 struct Item {
     ts: i64,
     seq: Option<Py<PyAny>>,
@@ -60,7 +60,8 @@ struct Item {
     /// A row not yet in an `Ev` (a JSON event: its `Ev` is made when the key is advanced).
     row: Option<Box<Row>>,
     /// An event from an Arrow batch: its `Ev`, built when the batch is read (while its row is
-    /// in the cache), with the row's values in it (`row` above is then None).
+    /// in the cache), with the row's values in it (`row` above is then None); a row event read
+    /// back from state: the `Ev` the key's parts share (`decode_key`).
     ev: Option<Ev>,
 }
 
@@ -1109,9 +1110,9 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
         packed_evs(st, id).for_each(prefetch_ev);
     }
     // A key's partial matches, a level per stage: runs, their entries, the first entry's
-    // captures, their vector, its first event (what `advance` reads for the deadline, and what
-    // a key due by time alone, with no new event, reaches first), that event's row and values
-    // (what dropping the match reads when its deadline passes).
+    // captures, their vector, its first event with its row's values (what `advance` reads for
+    // the deadline, what a key due by time alone, with no new event, reaches first, and what
+    // dropping the match reads when its deadline passes).
     if let Some(&id) = due.get(k + 7) {
         for p in parts_of(st, id) {
             prefetch(p.state.runs.as_ptr());
@@ -1721,18 +1722,14 @@ impl Engine {
                 // own: theirs is built when the key is advanced).
                 let item = match &pidx[gi as usize] {
                     Some(p) => {
-                        let ev = match (last, row.take()) {
-                            (true, Some(Row { cols, mut vals })) => {
-                                let ev = Ev::from_vals(cols, vals.drain(..), None, seqs[j], ts, p.clone());
-                                buf = vals;
-                                ev
-                            }
-                            (false, Some(r)) => {
-                                let ev = Ev::from_vals(r.cols.clone(), r.vals.iter().cloned(), None, seqs[j], ts, p.clone());
-                                row = Some(r);
-                                ev
-                            }
-                            (_, None) => break,
+                        let ev = if last {
+                            let Some(Row { cols, mut vals }) = row.take() else { break };
+                            let ev = Ev::from_vals(cols, vals.drain(..), None, seqs[j], ts, p.clone());
+                            buf = vals;
+                            ev
+                        } else {
+                            let Some(r) = &row else { break };
+                            Ev::from_vals(r.cols.clone(), r.vals.iter().cloned(), None, seqs[j], ts, p.clone())
                         };
                         Item { ts, seqi: Some(seqs[j]), seq: None, data: None, row: None, ev: Some(ev) }
                     }

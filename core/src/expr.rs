@@ -1224,11 +1224,14 @@ mod tests {
         let other = ev.clone();
         assert!(Ev::ptr_eq(&ev, &other) && std::ptr::eq(other.row_vals().as_ptr(), ev.row_vals().as_ptr()));
         assert_eq!(Arc::strong_count(&card), 2, "one count for the event's cell, however many handles");
-        drop((ev, other));
-        assert_eq!(Arc::strong_count(&card), 1, "the last handle drops the values");
-        // The block: the count, the header, the length, the values.
+        // The block: the count, the header, the length, then the values in it (their offset
+        // measured on the event, not added up).
+        let head = ev.row_vals().as_ptr() as usize - ev.as_ptr() as usize;
+        assert_eq!(head, 8 + std::mem::size_of::<EvHead>() + 8);
+        assert_eq!(head + 5 * std::mem::size_of::<Value>(), 184);
         assert_eq!(std::mem::size_of::<Ev>(), 8);
         assert_eq!(std::mem::size_of::<Option<Ev>>(), 8);
-        assert_eq!(8 + std::mem::size_of::<EvHead>() + 8 + 5 * std::mem::size_of::<Value>(), 184);
+        drop((ev, other));
+        assert_eq!(Arc::strong_count(&card), 1, "the last handle drops the values");
     }
 }

@@ -691,7 +691,7 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
     }
     let mut parts = Vec::with_capacity(raw_parts.len());
     for (fp, row, runs, deadline) in raw_parts {
-        // One `Ev` per event and part (a rule projects rows on its own fields).
+        // A row event's one `Ev` (`DEv::Row`); a Python-object event's, one per part.
         let mut evs: HashMap<u32, Ev> = HashMap::default();
         let mut first_ts = None;
         let mut caps = |r: &RawCaps| -> PyResult<Caps> {
