@@ -257,6 +257,20 @@ class NativeShardStore:
         self._shard: Any = None
         self._engine: Any = None
 
+    # The per-call counters (attribute -> the operator's stats name), handed over and reset
+    # once per call by `take_stats`.
+    _STATS = (("reloads", "state_reloads"), ("catchups", "state_catchups"),
+              ("compactions", "state_compactions"), ("load_us", "load_us"),
+              ("read_us", "read_us"), ("unzip_us", "unzip_us"), ("import_us", "import_us"),
+              ("reload_us", "reload_us"), ("encode_us", "encode_us"), ("write_us", "write_us"))
+
+    def take_stats(self) -> dict[str, int]:
+        """The counters since the last call, under the operator's stats names, reset to 0."""
+        out = {name: getattr(self, attr) for attr, name in self._STATS}
+        for attr, _ in self._STATS:
+            setattr(self, attr, 0)
+        return out
+
     def begin(self, shard: Any, engine: Any) -> None:
         """Start a call for `shard` run by `engine`: use the held copy when it is current,
         catch it up when it is behind by appended rows, else read the whole log."""

@@ -272,21 +272,12 @@ class CepProcessor(StatefulProcessor):
             stats["partial_matches"] = partials
         if self.native or self.mixed:
             nstore = self.store.native if self.mixed else self.store
-            stats["state_reloads"] = nstore.reloads
-            stats["state_catchups"] = nstore.catchups
-            stats["load_us"] = nstore.load_us
-            stats["read_us"] = nstore.read_us  # of `load_us`: reading log rows
-            # Of `load_us` too: expanding and importing the rows read; the reloads' part.
-            stats["unzip_us"], stats["import_us"] = nstore.unzip_us, nstore.import_us
-            stats["reload_us"] = nstore.reload_us
-            stats["state_compactions"] = nstore.compactions
+            # `load_us` (the record read, any catch-up or reload) holds `read_us` (the log
+            # rows' reads), `unzip_us`, `import_us` and the reloads' part (`reload_us`);
             # `store_us` = `timer_us` + `encode_us` (the core) + `write_us` (state server), up
             # to the clock reads between them: both kinds of call report all four, each its own
             # flush's (the counters are reset here, once per call).
-            stats["encode_us"], stats["write_us"] = nstore.encode_us, nstore.write_us
-            nstore.reloads = nstore.compactions = nstore.encode_us = nstore.write_us = 0
-            nstore.catchups = nstore.load_us = nstore.read_us = 0
-            nstore.unzip_us = nstore.import_us = nstore.reload_us = 0
+            stats.update(nstore.take_stats())
         self.store.writes = self.store.reads = 0
         if self._init_us:
             stats["init_us"], self._init_us = self._init_us, 0
