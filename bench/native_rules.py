@@ -4,15 +4,28 @@ events, same run, engine only from Arrow batches (bench/native_flink.py's loop).
 twice: with rule families (docs/rule-families.md: copies that differ only in constants share one
 set of NFA runs) and without (`families=False`, every rule its own pass), for A/B.
 
-    python -m bench.native_rules [--events 100000] [--keys 10000] [--copies 32] [--no-off]
+Method (session 20, docs/native-core.md "Many rules: ... (session 20, rules20f)"): one untimed
+warm-up run of each configuration, then `--pairs` pairs of timed runs, the two configurations
+alternated in the same process (the order swapped every pair), each run started after a
+`gc.collect()` with the previous run's results dropped; the figure is each pair's ratio (3-rule
+CPU time / 96-rule CPU time) and their median. Before, one 96-rule run was compared with the
+best of two 3-rule runs, the first of them the process's first engine run (slower: page faults,
+first calls), on a machine whose speed drifts within seconds.
+
+    python -m bench.native_rules [--events 100000] [--keys 10000] [--copies 32] [--pairs 6]
+                                 [--no-off] [--out results.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import os
 import re
+import statistics
 from pathlib import Path
+from typing import Any
 
 from bench.native_flink import arrow_batches, native_run
 from bench.workloads import dataset, load_rules, rules_path, stream_of
@@ -47,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--copies", type=int, default=32)
     ap.add_argument("--batch", type=int, default=100_000)
+    ap.add_argument("--pairs", type=int, default=6, help="timed pairs (3 rules, many rules)")
     ap.add_argument("--no-off", action="store_true", help="skip the run without families")
+    ap.add_argument("--out", type=Path, default=None, help="write the runs as JSON here")
     a = ap.parse_args(argv)
     path = rules_path(RULES, "fraud")
     base = load_rules(path)
@@ -56,21 +71,58 @@ def main(argv: list[str] | None = None) -> int:
     events = sorted(events_from_dicts(stream_of(base), ds.events), key=lambda e: (e.ts, e.seq))
     batches = arrow_batches(events, a.batch)
     n = len(events)
-    load = os.getloadavg()
-    res = {}
+    # Only the batches are needed from here: the generator's dicts and events are not part of
+    # the engine's heap (every garbage collection the runs trigger would walk them).
+    del events, ds
     nm = f"{len(many.rules)} rules"
-    runs = [("3 rules", base, True), (nm, many, True), ("3 rules again", base, True)]
-    if not a.no_off:
-        runs.insert(2, (f"{nm} without families", many, False))
-    for name, rs, families in runs:
+    load0 = os.getloadavg()[0]
+
+    def run(rs: object, families: bool) -> tuple[float, float, int]:
+        gc.collect()
         wall, cpu, results = native_run(rs, batches, families)
-        res[name] = cpu
-        print(f"{name}: {n / wall:,.0f} ev/s wall, {n / cpu:,.0f} ev/s CPU, {len(results)} results")
-    three = min(res["3 rules"], res["3 rules again"])
-    for name in res:
-        if name.startswith(nm):
-            print(f"ratio {name} / 3 rules (CPU): {three / res[name]:.3f}")
-    print(f"load {load[0]:.1f} → {os.getloadavg()[0]:.1f}")
+        return wall, cpu, len(results)
+
+    for rs in (base, many):  # warm-up, not timed
+        run(rs, True)
+    pairs: list[dict[str, Any]] = []
+    ratios: list[float] = []
+    threes: list[float] = []
+    for p in range(a.pairs):
+        order = [("3 rules", base), (nm, many)]
+        if p % 2:
+            order.reverse()
+        got = {}
+        for name, rs in order:
+            wall, cpu, nres = run(rs, True)
+            got[name] = (wall, cpu, nres, os.getloadavg()[0])
+            print(f"pair {p + 1} {name}: {n / wall:,.0f} ev/s wall, {n / cpu:,.0f} ev/s CPU, "
+                  f"{nres} results, load {got[name][3]:.1f}", flush=True)
+        ratio = got["3 rules"][1] / got[nm][1]
+        ratios.append(ratio)
+        threes.append(n / got["3 rules"][1])
+        pairs.append({"pair": p + 1, "first": order[0][0], "ratio": ratio,
+                      **{f"{k} ev/s CPU": n / v[1] for k, v in got.items()},
+                      **{f"{k} results": v[2] for k, v in got.items()},
+                      **{f"{k} load": v[3] for k, v in got.items()}})
+        print(f"pair {p + 1} ratio {nm} / 3 rules (CPU): {ratio:.3f}", flush=True)
+    med = statistics.median(ratios)
+    under = sum(r < 0.5 for r in ratios)
+    print(f"ratio {nm} / 3 rules (CPU), {len(ratios)} pairs: median {med:.3f}, "
+          f"min {min(ratios):.3f}, max {max(ratios):.3f}, under 0.5 in {under}")
+    off = None
+    if not a.no_off:
+        wall, cpu, nres = run(many, False)
+        off = n / cpu
+        three = statistics.median(threes)
+        print(f"{nm} without families: {n / wall:,.0f} ev/s wall, {off:,.0f} ev/s CPU, "
+              f"{nres} results; over the median 3-rule run {off / three:.3f}")
+    load1 = os.getloadavg()[0]
+    print(f"load {load0:.1f} → {load1:.1f}")
+    if a.out is not None:
+        a.out.write_text(json.dumps({
+            "events": n, "keys": a.keys, "copies": a.copies, "rules": len(many.rules),
+            "pairs": pairs, "median": med, "under_0.5": under, "without_families_ev_s": off,
+            "load": [load0, load1]}, indent=1) + "\n")
     return 0
 
 

@@ -87,14 +87,14 @@ impl<'py> FOut<'py> {
         FOut { out: Out::lazy(PyList::empty(py), key), tags: Vec::new() }
     }
 
-    /// Rule `ri`'s results, appended to `to` in order.
+    /// Rule `ri`'s results, appended to `to` in order. The engine asks once per rule of the
+    /// group (96 times a key in bench.native_rules): the tags are scanned, and only rule `ri`'s
+    /// results are read from the list (iterating the list per rule touched and counted every
+    /// result: ~3% of the 96-rule run, session 20).
     pub fn append_rule(&self, ri: usize, to: &Bound<'py, PyList>) -> PyResult<()> {
-        if self.tags.is_empty() {
-            return Ok(());
-        }
-        for (item, &tag) in self.out.list.iter().zip(&self.tags) {
+        for (k, &tag) in self.tags.iter().enumerate() {
             if tag == ri {
-                to.append(item)?;
+                to.append(self.out.list.get_item(k)?)?;
             }
         }
         Ok(())
