@@ -4,8 +4,8 @@ events, same run, engine only from Arrow batches (bench/native_flink.py's loop).
 twice: with rule families (docs/rule-families.md: copies that differ only in constants share one
 set of NFA runs) and without (`families=False`, every rule its own pass), for A/B.
 
-Method (session 20, docs/native-core.md "Many rules: ... (session 20, rules20f)"): one untimed
-warm-up run of each configuration, then `--pairs` pairs of timed runs, the two configurations
+Method (session 20, docs/native-core.md "Many rules: ... (session 20, rules20f)"): `--warmup`
+untimed rounds of both configurations, then `--pairs` pairs of timed runs, the two configurations
 alternated in the same process (the order swapped every pair), each run started after a
 `gc.collect()` with the previous run's results dropped; the figure is each pair's ratio (3-rule
 CPU time / 96-rule CPU time) and their median. Before, one 96-rule run was compared with the
@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copies", type=int, default=32)
     ap.add_argument("--batch", type=int, default=100_000)
     ap.add_argument("--pairs", type=int, default=6, help="timed pairs (3 rules, many rules)")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed rounds of both configurations first (page faults, first calls)")
     ap.add_argument("--no-off", action="store_true", help="skip the run without families")
     ap.add_argument("--out", type=Path, default=None, help="write the runs as JSON here")
     a = ap.parse_args(argv)
@@ -82,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         wall, cpu, results = native_run(rs, batches, families)
         return wall, cpu, len(results)
 
-    for rs in (base, many):  # warm-up, not timed
-        run(rs, True)
+    for _ in range(a.warmup):  # not timed: the process's first runs fault in its heap
+        for rs in (base, many):
+            run(rs, True)
     pairs: list[dict[str, Any]] = []
     ratios: list[float] = []
     threes: list[float] = []
