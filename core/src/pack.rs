@@ -172,9 +172,16 @@ impl Packed {
         let (nparts, ncv) = ((w[0] & 0xffff_ffff) as usize, (w[0] >> 32) as usize);
         let mut at = 1;
         // Each vector with the uses left: its last use takes it (no count written and dropped).
-        // On the stack (at most `MAX_SHARED`): no block allocated and freed per unpack.
-        let mut cvs: [(Option<Caps>, u64); MAX_SHARED] = std::array::from_fn(|_| (None, 0));
-        for cv in cvs.iter_mut().take(ncv) {
+        // On the stack up to 8 vectors (a fraud card has one): no block allocated and freed
+        // per unpack, and few slots to drop (a `MAX_SHARED` array's drop loop showed in the profile).
+        let (mut small, mut big): ([(Option<Caps>, u64); 8], Vec<_>) = Default::default();
+        let cvs = if ncv <= small.len() {
+            &mut small[..ncv]
+        } else {
+            big.resize(ncv, (None, 0));
+            &mut big[..]
+        };
+        for cv in cvs.iter_mut() {
             let (n, uses) = ((w[at] & 0xffff_ffff) as usize, w[at] >> 32);
             at += 1;
             let v = w[at..at + 2 * n]
@@ -378,7 +385,7 @@ mod tests {
     /// A packing written into the blocks of the key's last one (`reuse`) is the packing made
     /// afresh, whether the words and events are as many (the blocks written over), more or
     /// fewer (new blocks), or the events change: a steady key's repack, a key that grows, one
-    /// that shrinks back, shared captures.
+    /// that shrinks back, shared captures, more capture vectors than `unpack` keeps on the stack.
     #[test]
     fn packing_into_the_last_blocks_equals_packing_afresh() {
         let (a, b, c) = (ev(1), ev(2), ev(3));
@@ -392,7 +399,10 @@ mod tests {
             ],
             deadline: None,
         };
-        let states = [vec![(9, one(&a, 2))], vec![(9, one(&b, 3))], vec![(9, one(&b, 4))], vec![(9, grown), (8, one(&a, 1))], vec![(9, one(&c, 8))]];
+        // More capture vectors than `unpack` keeps on the stack.
+        let entries = (0..10).map(|i| Entry { pos: i, caps: caps(&[(0, i64::from(i), if i % 2 == 0 { &a } else { &c })]) }).collect();
+        let many = MState { row: 10, runs: vec![Run { start: 0, entries, tpart: None, matched: false }], deadline: Some(1) };
+        let states = [vec![(9, one(&a, 2))], vec![(9, one(&b, 3))], vec![(9, one(&b, 4))], vec![(9, grown), (8, one(&a, 1))], vec![(9, one(&c, 8))], vec![(9, many)], vec![(9, one(&a, 11))]];
         let pack = |s: &[(u32, MState)], reuse| Packed::pack(s.iter().map(|(fp, m)| (*fp, m)), reuse).expect("packs");
         let mut last = pack(&states[0], None);
         for s in &states[1..] {
