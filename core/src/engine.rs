@@ -24,7 +24,7 @@ use crate::expr::{Cols, Ev, Row, RowRef};
 use crate::value::Value;
 use crate::family::{self, FOut, FState, Family};
 use crate::matcher::{Core, MState, Out, NO_CID};
-use crate::pack::{Packed, Spare};
+use crate::pack::Packed;
 use crate::keycodec::{self, KeyEnc, Known, Src};
 use crate::keys::{prefetch, Id, Keys, TooManyKeys};
 use crate::{build_core, panic_message, CoreError};
@@ -136,10 +136,9 @@ enum Held {
 impl Held {
     /// `ks` packed when it can be (no buffered event, no family state, `Packed::pack`, into the
     /// blocks of `reuse` when they fit), else compacted (`KeyState::compact`).
-    fn pack(mut ks: KeyState, reuse: Option<Packed>, spare: &mut Spare) -> Held {
+    fn pack(mut ks: KeyState, reuse: Option<Packed>) -> Held {
         if ks.buffer.is_empty() && ks.fams.is_empty() {
             if let Some(p) = Packed::pack(ks.parts.iter().map(|p| (p.fp, &p.state)), reuse) {
-                ks.parts.into_iter().for_each(|p| spare.keep(p.state));
                 return Held::Packed(p);
             }
         }
@@ -149,10 +148,10 @@ impl Held {
 
     /// The live state, and the packing it was unpacked from (its blocks reused when the key is
     /// packed again: docs/native-core.md, "Many keys: the packed key's steady call (session 20)").
-    fn into_live(self, spare: &mut Spare) -> (KeyState, Option<Packed>) {
+    fn into_live(self) -> (KeyState, Option<Packed>) {
         match self {
             Held::Live(ks) => (ks, None),
-            Held::Packed(p) => (p.unpack_key(spare), Some(p)),
+            Held::Packed(p) => (p.unpack_key(), Some(p)),
         }
     }
 
@@ -160,7 +159,7 @@ impl Held {
     fn with_live<R>(&self, f: impl FnOnce(&KeyState) -> R) -> R {
         match self {
             Held::Live(ks) => f(ks),
-            Held::Packed(p) => f(&p.unpack_key(&mut Spare::default())),
+            Held::Packed(p) => f(&p.unpack_key()),
         }
     }
 
@@ -173,8 +172,8 @@ impl Held {
 }
 
 impl Packed {
-    fn unpack_key(&self, spare: &mut Spare) -> KeyState {
-        KeyState { parts: self.unpack(spare, |fp, state| Part { fp, state }), ..KeyState::default() }
+    fn unpack_key(&self) -> KeyState {
+        KeyState { parts: self.unpack(|fp, state| Part { fp, state }), ..KeyState::default() }
     }
 }
 
@@ -229,8 +228,6 @@ pub struct EngineState {
     /// `advance_key`'s per-key vectors (the key's events, their shared conditions), emptied
     /// and kept for the next key: not allocated for every key of every call.
     scratch: (Vec<Ev>, Vec<u8>),
-    /// The live blocks of packed keys' states after they ran, for the next packed key's unpack.
-    spare: Spare,
 }
 
 impl From<TooManyKeys> for PyErr {
@@ -686,7 +683,7 @@ fn advance_key(
             return Ok(());
         }
     }
-    let (KeyState { mut buffer, parts, fams: fstates }, was_packed) = loaded.map(|h| h.into_live(&mut st.spare)).unwrap_or_default();
+    let (KeyState { mut buffer, parts, fams: fstates }, was_packed) = loaded.map(Held::into_live).unwrap_or_default();
     let mut fstates = fstates.into_vec();
     // The handed-in vector of new events, once emptied into a non-empty buffer, holds the events
     // released from it (its room is kept: it is handed back to the slot after the call).
@@ -744,8 +741,7 @@ fn advance_key(
         return Ok(());
     }
     let ks = KeyState { buffer, parts: kept, fams: kept_fams.into_boxed_slice() };
-    let held = if compact { Held::pack(ks, was_packed, &mut st.spare) } else { Held::Live(ks) };
-    st.put_held(id, Some(held));
+    st.put_held(id, Some(if compact { Held::pack(ks, was_packed) } else { Held::Live(ks) }));
     let when = match due {
         None => AT_END,
         Some(d) => d.saturating_add(g.lateness).saturating_add(1),

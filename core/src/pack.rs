@@ -86,74 +86,6 @@ impl Shared for Ev {
     }
 }
 
-/// The live blocks of states dropped after their key was packed again (their runs', entries' and
-/// captures' vectors, emptied), for the next key's `unpack`: blocks just written, in cache, where a
-/// fresh block is a cold line with many keys live (docs/native-core.md, "Many keys: the packed key's
-/// steady call (session 20, core20p)"). At most `SPARE` of each.
-#[derive(Default)]
-pub struct Spare {
-    runs: Vec<Vec<Run>>,
-    entries: Vec<Vec<Entry>>,
-    caps: Vec<Caps>,
-}
-
-const SPARE: usize = 16;
-
-impl Spare {
-    /// Keep the blocks of `m`: its vectors, and capture vectors held by no one else.
-    pub fn keep(&mut self, m: MState) {
-        let mut runs = m.runs;
-        for r in runs.drain(..) {
-            let mut entries = r.entries;
-            for e in entries.drain(..) {
-                self.keep_caps(e.caps);
-            }
-            if let Some(t) = r.tpart {
-                self.keep_caps(t);
-            }
-            keep_vec(&mut self.entries, entries);
-        }
-        keep_vec(&mut self.runs, runs);
-    }
-
-    fn keep_caps(&mut self, mut c: Caps) {
-        if self.caps.len() < SPARE {
-            if let Some(cv) = Arc::get_mut(&mut c) {
-                cv.v.clear();
-                cv.acc.clear();
-                self.caps.push(c);
-            }
-        }
-    }
-
-    /// Captures filled by `fill`, in a kept vector if there is one.
-    fn caps(&mut self, fill: impl FnOnce(&mut Vec<Cap>)) -> Caps {
-        if let Some(mut c) = self.caps.pop() {
-            if let Some(cv) = Arc::get_mut(&mut c) {
-                fill(&mut cv.v);
-                return c;
-            }
-        }
-        let mut v = Vec::new();
-        fill(&mut v);
-        Arc::new(CapVec { v, acc: Vec::new() })
-    }
-}
-
-/// Keep the empty vector `v` (with room) in `pool` unless full.
-fn keep_vec<T>(pool: &mut Vec<Vec<T>>, v: Vec<T>) {
-    if pool.len() < SPARE && v.capacity() > 0 {
-        pool.push(v);
-    }
-}
-
-/// A kept vector of `pool` (or a new one) with room for `n`.
-fn take_vec<T>(pool: &mut Vec<Vec<T>>, n: usize) -> Vec<T> {
-    let mut v = pool.pop().unwrap_or_default();
-    v.reserve_exact(n);
-    v
-}
-
 /// The words of `parts` after the capture vectors (per part, run and entry: `Packed`'s layout),
 /// each given to `put`, a capture vector's index from `cv` (tpart first, then the entries'):
 /// the number of parts, or None when `cv` gives none.
@@ -235,7 +167,7 @@ impl Packed {
 
     /// The states again, each made into a `P` by `mk` (fingerprint, state): vectors of their
     /// length, shared captures shared, the same events.
-    pub fn unpack<P>(&self, spare: &mut Spare, mut mk: impl FnMut(u32, MState) -> P) -> Vec<P> {
+    pub fn unpack<P>(&self, mut mk: impl FnMut(u32, MState) -> P) -> Vec<P> {
         let w = &self.words;
         let (nparts, ncv) = ((w[0] & 0xffff_ffff) as usize, (w[0] >> 32) as usize);
         let mut at = 1;
@@ -252,11 +184,12 @@ impl Packed {
         for cv in cvs.iter_mut() {
             let (n, uses) = ((w[at] & 0xffff_ffff) as usize, w[at] >> 32);
             at += 1;
-            let caps = w[at..at + 2 * n]
+            let v = w[at..at + 2 * n]
                 .chunks_exact(2)
-                .map(|c| Cap { var: c[0] as u32, row: c[1] as i64, ev: self.evs[(c[0] >> 32) as usize].clone() });
+                .map(|c| Cap { var: c[0] as u32, row: c[1] as i64, ev: self.evs[(c[0] >> 32) as usize].clone() })
+                .collect();
             at += 2 * n;
-            *cv = (Some(spare.caps(|v| v.extend(caps))), uses);
+            *cv = (Some(Arc::new(CapVec { v, acc: Vec::new() })), uses);
         }
         let mut take = |i: u64| {
             let c = &mut cvs[i as usize];
@@ -272,13 +205,12 @@ impl Packed {
             let (head, row, deadline) = (w[at], w[at + 1] as i64, w[at + 2] as i64);
             at += 3;
             let nruns = ((head >> 32) & 0x7fff_ffff) as usize;
-            let mut runs = take_vec(&mut spare.runs, nruns);
+            let mut runs = Vec::with_capacity(nruns);
             for _ in 0..nruns {
                 let (start, flags) = (w[at] as i64, w[at + 1]);
                 at += 2;
                 let n = (flags & 0xffff_ffff) as usize;
-                let mut entries = take_vec(&mut spare.entries, n);
-                entries.extend(w[at..at + n].iter().map(|&e| Entry { pos: e as u32 as i32, caps: take(e >> 32) }));
+                let entries = w[at..at + n].iter().map(|&e| Entry { pos: e as u32 as i32, caps: take(e >> 32) }).collect();
                 at += n;
                 let tpart = (flags & HAS_TPART != 0).then(|| take(flags >> 34));
                 runs.push(Run { start, entries, tpart, matched: flags & MATCHED != 0 });
@@ -400,7 +332,7 @@ mod tests {
 
     fn round_trip(parts: &[(u32, MState)]) -> Packed {
         let p = Packed::pack(parts.iter().map(|(fp, m)| (*fp, m)), None).expect("packs");
-        let back = p.unpack(&mut Spare::default(), |fp, m| (fp, m));
+        let back = p.unpack(|fp, m| (fp, m));
         assert_eq!(shape(&back), shape(parts));
         let again = Packed::pack(back.iter().map(|(fp, m)| (*fp, m)), None).expect("packs");
         assert_eq!(again.words, p.words);
@@ -443,7 +375,7 @@ mod tests {
         let m3 = MState { row: i64::MAX, runs: vec![Run { start: i64::MIN, entries: Vec::new(), tpart: None, matched: false }], deadline: Some(i64::MIN) };
         let p = round_trip(&[(1, m1), (u32::MAX, m2), (2, m3)]);
         assert_eq!(p.evs.len(), 3, "each event once");
-        let back = p.unpack(&mut Spare::default(), |_, m| m);
+        let back = p.unpack(|_, m| m);
         assert!(Arc::ptr_eq(&back[0].runs[0].entries[0].caps, &back[0].runs[0].entries[1].caps));
         assert!(Arc::ptr_eq(&back[0].runs[0].entries[0].caps, back[0].runs[0].tpart.as_ref().expect("tpart")));
         assert!(Ev::ptr_eq(&back[0].runs[0].entries[2].caps.v[1].ev, &c));
@@ -473,8 +405,6 @@ mod tests {
         let states = [vec![(9, one(&a, 2))], vec![(9, one(&b, 3))], vec![(9, one(&b, 4))], vec![(9, grown), (8, one(&a, 1))], vec![(9, one(&c, 8))], vec![(9, many)], vec![(9, one(&a, 11))]];
         let pack = |s: &[(u32, MState)], reuse| Packed::pack(s.iter().map(|(fp, m)| (*fp, m)), reuse).expect("packs");
         let mut last = pack(&states[0], None);
-        // The blocks of each state unpacked are kept and unpacked into again (stale captures in them).
-        let mut spare = Spare::default();
         for s in &states[1..] {
             let fresh = pack(s, None);
             let same_len = last.words.len() == fresh.words.len();
@@ -482,9 +412,7 @@ mod tests {
             let p = pack(s, Some(last));
             assert_eq!(p.words, fresh.words);
             assert_eq!(p.evs.iter().map(Ev::as_ptr).collect::<Vec<_>>(), fresh.evs.iter().map(Ev::as_ptr).collect::<Vec<_>>());
-            let back = p.unpack(&mut spare, |fp, m| (fp, m));
-            assert_eq!(shape(&back), shape(s));
-            back.into_iter().for_each(|(_, m)| spare.keep(m));
+            assert_eq!(shape(&p.unpack(|fp, m| (fp, m))), shape(s));
             assert_eq!(std::ptr::eq(p.words.as_ptr(), before), same_len, "written over exactly when as long");
             last = p;
         }
