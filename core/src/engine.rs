@@ -134,11 +134,11 @@ enum Held {
 }
 
 impl Held {
-    /// `ks` packed when it can be (no buffered event, no family state, `Packed::pack`), else
-    /// compacted (`KeyState::compact`).
-    fn pack(mut ks: KeyState) -> Held {
+    /// `ks` packed when it can be (no buffered event, no family state, `Packed::pack`, into the
+    /// blocks of `reuse` when they fit), else compacted (`KeyState::compact`).
+    fn pack(mut ks: KeyState, reuse: Option<Packed>) -> Held {
         if ks.buffer.is_empty() && ks.fams.is_empty() {
-            if let Some(p) = Packed::pack(ks.parts.iter().map(|p| (p.fp, &p.state))) {
+            if let Some(p) = Packed::pack(ks.parts.iter().map(|p| (p.fp, &p.state)), reuse) {
                 return Held::Packed(p);
             }
         }
@@ -146,10 +146,12 @@ impl Held {
         Held::Live(ks)
     }
 
-    fn into_live(self) -> KeyState {
+    /// The live state, and the packing it was unpacked from (its blocks reused when the key is
+    /// packed again: docs/native-core.md, "Many keys: the packed key's steady call (session 20)").
+    fn into_live(self) -> (KeyState, Option<Packed>) {
         match self {
-            Held::Live(ks) => ks,
-            Held::Packed(p) => p.unpack_key(),
+            Held::Live(ks) => (ks, None),
+            Held::Packed(p) => (p.unpack_key(), Some(p)),
         }
     }
 
@@ -681,7 +683,7 @@ fn advance_key(
             return Ok(());
         }
     }
-    let KeyState { mut buffer, parts, fams: fstates } = loaded.map(Held::into_live).unwrap_or_default();
+    let (KeyState { mut buffer, parts, fams: fstates }, was_packed) = loaded.map(Held::into_live).unwrap_or_default();
     let mut fstates = fstates.into_vec();
     // The handed-in vector of new events, once emptied into a non-empty buffer, holds the events
     // released from it (its room is kept: it is handed back to the slot after the call).
@@ -739,7 +741,7 @@ fn advance_key(
         return Ok(());
     }
     let ks = KeyState { buffer, parts: kept, fams: kept_fams.into_boxed_slice() };
-    st.put_held(id, Some(if compact { Held::pack(ks) } else { Held::Live(ks) }));
+    st.put_held(id, Some(if compact { Held::pack(ks, was_packed) } else { Held::Live(ks) }));
     let when = match due {
         None => AT_END,
         Some(d) => d.saturating_add(g.lateness).saturating_add(1),

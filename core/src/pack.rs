@@ -30,18 +30,43 @@ pub struct Packed {
     evs: Box<[Ev]>,
 }
 
-/// The index of `x` in `seen` by pointer, added when new (with a count of 1, else counted
-/// once more); None past `MAX_SHARED`. Borrowed: no reference count written while packing.
-fn index_of<'a, T: Shared>(seen: &mut Vec<(&'a T, u64)>, x: &'a T) -> Option<u64> {
-    if let Some(i) = seen.iter().position(|s| std::ptr::eq(s.0.addr(), x.addr())) {
-        seen[i].1 += 1;
-        return Some(i as u64);
+/// Distinct shared handles (capture vectors or events) by address, in the order first seen,
+/// with their uses: at most `MAX_SHARED`, on the stack (no allocation per pack; docs/native-core.md,
+/// "Many keys: the packed key's steady call (session 20, core20p)"). Borrowed: no reference count
+/// written while packing.
+struct Seen<'a, T> {
+    at: [(Option<&'a T>, u64); MAX_SHARED],
+    n: usize,
+}
+
+impl<'a, T: Shared> Seen<'a, T> {
+    fn new() -> Self {
+        Seen { at: [(None, 0); MAX_SHARED], n: 0 }
     }
-    if seen.len() == MAX_SHARED {
-        return None;
+
+    fn seen(&self) -> impl Iterator<Item = (&'a T, u64)> + '_ {
+        self.at[..self.n].iter().map(|&(x, uses)| (x.expect("pack.rs: a seen handle"), uses))
     }
-    seen.push((x, 1));
-    Some(seen.len() as u64 - 1)
+
+    /// The index of `x` by pointer, if seen.
+    fn find(&self, x: &T) -> Option<u64> {
+        self.seen().position(|(s, _)| std::ptr::eq(s.addr(), x.addr())).map(|i| i as u64)
+    }
+
+    /// The index of `x` by pointer, added when new (with a count of 1, else counted once more);
+    /// None past `MAX_SHARED`.
+    fn index_of(&mut self, x: &'a T) -> Option<u64> {
+        if let Some(i) = self.find(x) {
+            self.at[i as usize].1 += 1;
+            return Some(i);
+        }
+        if self.n == MAX_SHARED {
+            return None;
+        }
+        self.at[self.n] = (Some(x), 1);
+        self.n += 1;
+        Some(self.n as u64 - 1)
+    }
 }
 
 /// A handle to a shared block, compared by the block's address.
@@ -61,44 +86,83 @@ impl Shared for Ev {
     }
 }
 
+/// The words of `parts` after the capture vectors (per part, run and entry: `Packed`'s layout),
+/// each given to `put`, a capture vector's index from `cv` (tpart first, then the entries'):
+/// the number of parts, or None when `cv` gives none.
+fn walk<'a>(
+    parts: impl Iterator<Item = (u32, &'a MState)>,
+    mut cv: impl FnMut(&'a Caps) -> Option<u64>,
+    mut put: impl FnMut(u64),
+) -> Option<u64> {
+    let mut nparts = 0u64;
+    for (fp, m) in parts {
+        nparts += 1;
+        let deadline = if m.deadline.is_some() { HAS_DEADLINE } else { 0 };
+        put(u64::from(fp) | (m.runs.len() as u64) << 32 | deadline);
+        put(m.row as u64);
+        put(m.deadline.unwrap_or(0) as u64);
+        for r in &m.runs {
+            let mut flags = r.entries.len() as u64 | if r.matched { MATCHED } else { 0 };
+            if let Some(t) = &r.tpart {
+                flags |= HAS_TPART | cv(t)? << 34;
+            }
+            put(r.start as u64);
+            put(flags);
+            for e in &r.entries {
+                put(u64::from(e.pos as u32) | cv(&e.caps)? << 32);
+            }
+        }
+    }
+    Some(nparts)
+}
+
 impl Packed {
     /// The states `parts` (fingerprint, state) packed, or None when one of them keeps running
-    /// aggregates (`CapVec::acc`) or shares more than `MAX_SHARED` vectors or events.
-    pub fn pack<'a>(parts: impl Iterator<Item = (u32, &'a MState)> + Clone) -> Option<Packed> {
-        let mut cvs: Vec<(&Caps, u64)> = Vec::new();
-        let mut evs: Vec<(&Ev, u64)> = Vec::new();
-        let mut nparts = 0u64;
-        let mut tail = Vec::new();
-        for (fp, m) in parts {
-            nparts += 1;
-            let deadline = if m.deadline.is_some() { HAS_DEADLINE } else { 0 };
-            tail.extend([u64::from(fp) | (m.runs.len() as u64) << 32 | deadline, m.row as u64, m.deadline.unwrap_or(0) as u64]);
-            for r in &m.runs {
-                let mut flags = r.entries.len() as u64 | if r.matched { MATCHED } else { 0 };
-                if let Some(t) = &r.tpart {
-                    flags |= HAS_TPART | index_of(&mut cvs, t)? << 34;
-                }
-                tail.extend([r.start as u64, flags]);
-                for e in &r.entries {
-                    tail.push(u64::from(e.pos as u32) | index_of(&mut cvs, &e.caps)? << 32);
-                }
-            }
-        }
-        if (nparts >> 32) != 0 || cvs.iter().any(|c| !c.0.acc.is_empty()) {
+    /// aggregates (`CapVec::acc`) or shares more than `MAX_SHARED` vectors or events. The
+    /// blocks of `reuse` (the key's packing before this call) are written over when the new
+    /// words or events are as many, else freed: a steady key allocates nothing here.
+    pub fn pack<'a>(parts: impl Iterator<Item = (u32, &'a MState)> + Clone, reuse: Option<Packed>) -> Option<Packed> {
+        let mut cvs = Seen::new();
+        let mut ntail = 0;
+        let nparts = walk(parts.clone(), |c| cvs.index_of(c), |_| ntail += 1)?;
+        if (nparts >> 32) != 0 || cvs.seen().any(|(c, _)| !c.acc.is_empty()) {
             return None;
         }
-        let ncaps: usize = cvs.iter().map(|c| 1 + 2 * c.0.v.len()).sum();
-        let mut words = Vec::with_capacity(1 + ncaps + tail.len());
-        words.push(nparts | (cvs.len() as u64) << 32);
-        for &(c, uses) in &cvs {
-            words.push(c.v.len() as u64 | uses << 32);
+        let mut evs = Seen::new();
+        for (c, _) in cvs.seen() {
             for cap in c.v.iter() {
-                words.extend([u64::from(cap.var) | index_of(&mut evs, &cap.ev)? << 32, cap.row as u64]);
+                evs.index_of(&cap.ev)?;
             }
         }
-        words.extend(tail);
-        let evs = evs.into_iter().map(|e| e.0.clone()).collect();
-        Some(Packed { words: words.into_boxed_slice(), evs })
+        let len = 1 + cvs.seen().map(|(c, _)| 1 + 2 * c.v.len()).sum::<usize>() + ntail;
+        let (old_words, old_evs) = reuse.map_or((None, None), |p| (Some(p.words), Some(p.evs)));
+        let mut words = old_words.filter(|w| w.len() == len).unwrap_or_else(|| vec![0; len].into_boxed_slice());
+        let mut at = 0;
+        let mut put = |x: u64| {
+            words[at] = x;
+            at += 1;
+        };
+        put(nparts | (cvs.n as u64) << 32);
+        for (c, uses) in cvs.seen() {
+            put(c.v.len() as u64 | uses << 32);
+            for cap in c.v.iter() {
+                put(u64::from(cap.var) | evs.find(&cap.ev)? << 32);
+                put(cap.row as u64);
+            }
+        }
+        walk(parts, |c| cvs.find(c), &mut put)?;
+        let evs = match old_evs {
+            Some(mut old) if old.len() == evs.n => {
+                for (o, (e, _)) in old.iter_mut().zip(evs.seen()) {
+                    if !Ev::ptr_eq(o, e) {
+                        *o = e.clone();
+                    }
+                }
+                old
+            }
+            _ => evs.seen().map(|(e, _)| e.clone()).collect(),
+        };
+        Some(Packed { words, evs })
     }
 
     /// The states again, each made into a `P` by `mk` (fingerprint, state): vectors of their
@@ -108,8 +172,16 @@ impl Packed {
         let (nparts, ncv) = ((w[0] & 0xffff_ffff) as usize, (w[0] >> 32) as usize);
         let mut at = 1;
         // Each vector with the uses left: its last use takes it (no count written and dropped).
-        let mut cvs: Vec<(Option<Caps>, u64)> = Vec::with_capacity(ncv);
-        for _ in 0..ncv {
+        // On the stack up to 8 vectors (a fraud card has one): no block allocated and freed
+        // per unpack, and few slots to drop (a `MAX_SHARED` array's drop loop showed in the profile).
+        let (mut small, mut big): ([(Option<Caps>, u64); 8], Vec<_>) = Default::default();
+        let cvs = if ncv <= small.len() {
+            &mut small[..ncv]
+        } else {
+            big.resize(ncv, (None, 0));
+            &mut big[..]
+        };
+        for cv in cvs.iter_mut() {
             let (n, uses) = ((w[at] & 0xffff_ffff) as usize, w[at] >> 32);
             at += 1;
             let v = w[at..at + 2 * n]
@@ -117,7 +189,7 @@ impl Packed {
                 .map(|c| Cap { var: c[0] as u32, row: c[1] as i64, ev: self.evs[(c[0] >> 32) as usize].clone() })
                 .collect();
             at += 2 * n;
-            cvs.push((Some(Arc::new(CapVec { v, acc: Vec::new() })), uses));
+            *cv = (Some(Arc::new(CapVec { v, acc: Vec::new() })), uses);
         }
         let mut take = |i: u64| {
             let c = &mut cvs[i as usize];
@@ -259,10 +331,10 @@ mod tests {
     }
 
     fn round_trip(parts: &[(u32, MState)]) -> Packed {
-        let p = Packed::pack(parts.iter().map(|(fp, m)| (*fp, m))).expect("packs");
+        let p = Packed::pack(parts.iter().map(|(fp, m)| (*fp, m)), None).expect("packs");
         let back = p.unpack(|fp, m| (fp, m));
         assert_eq!(shape(&back), shape(parts));
-        let again = Packed::pack(back.iter().map(|(fp, m)| (*fp, m))).expect("packs");
+        let again = Packed::pack(back.iter().map(|(fp, m)| (*fp, m)), None).expect("packs");
         assert_eq!(again.words, p.words);
         p
     }
@@ -310,6 +382,42 @@ mod tests {
         assert!(back.iter().flat_map(|m| &m.runs).all(|r| r.entries.capacity() == r.entries.len()));
     }
 
+    /// A packing written into the blocks of the key's last one (`reuse`) is the packing made
+    /// afresh, whether the words and events are as many (the blocks written over), more or
+    /// fewer (new blocks), or the events change: a steady key's repack, a key that grows, one
+    /// that shrinks back, shared captures, more capture vectors than `unpack` keeps on the stack.
+    #[test]
+    fn packing_into_the_last_blocks_equals_packing_afresh() {
+        let (a, b, c) = (ev(1), ev(2), ev(3));
+        let one = |e: &Ev, row| MState { row, runs: vec![Run { start: row - 1, entries: vec![Entry { pos: 1, caps: caps(&[(0, row - 1, e)]) }], tpart: None, matched: false }], deadline: Some(row * 7) };
+        let shared = caps(&[(0, 4, &b), (1, 5, &c)]);
+        let grown = MState {
+            row: 6,
+            runs: vec![
+                Run { start: 4, entries: vec![Entry { pos: 2, caps: shared.clone() }, Entry { pos: DONE, caps: shared.clone() }], tpart: Some(shared.clone()), matched: true },
+                Run { start: 5, entries: vec![Entry { pos: 1, caps: caps(&[(0, 5, &c)]) }], tpart: None, matched: false },
+            ],
+            deadline: None,
+        };
+        // More capture vectors than `unpack` keeps on the stack.
+        let entries = (0..10).map(|i| Entry { pos: i, caps: caps(&[(0, i64::from(i), if i % 2 == 0 { &a } else { &c })]) }).collect();
+        let many = MState { row: 10, runs: vec![Run { start: 0, entries, tpart: None, matched: false }], deadline: Some(1) };
+        let states = [vec![(9, one(&a, 2))], vec![(9, one(&b, 3))], vec![(9, one(&b, 4))], vec![(9, grown), (8, one(&a, 1))], vec![(9, one(&c, 8))], vec![(9, many)], vec![(9, one(&a, 11))]];
+        let pack = |s: &[(u32, MState)], reuse| Packed::pack(s.iter().map(|(fp, m)| (*fp, m)), reuse).expect("packs");
+        let mut last = pack(&states[0], None);
+        for s in &states[1..] {
+            let fresh = pack(s, None);
+            let same_len = last.words.len() == fresh.words.len();
+            let before = last.words.as_ptr();
+            let p = pack(s, Some(last));
+            assert_eq!(p.words, fresh.words);
+            assert_eq!(p.evs.iter().map(Ev::as_ptr).collect::<Vec<_>>(), fresh.evs.iter().map(Ev::as_ptr).collect::<Vec<_>>());
+            assert_eq!(shape(&p.unpack(|fp, m| (fp, m))), shape(s));
+            assert_eq!(std::ptr::eq(p.words.as_ptr(), before), same_len, "written over exactly when as long");
+            last = p;
+        }
+    }
+
     /// What stays live: captures with running aggregates, more shared vectors than `MAX_SHARED`.
     #[test]
     fn aggregates_and_many_vectors_stay_live() {
@@ -317,9 +425,9 @@ mod tests {
         let mut cv = CapVec::from(vec![Cap { var: 0, row: 0, ev: e.clone() }]);
         cv.acc.push(crate::expr::Acc { n: 1, fold: crate::expr::Fold::Empty, broken: false });
         let m = MState { row: 1, runs: vec![Run { start: 0, entries: vec![Entry { pos: 1, caps: Arc::new(cv) }], tpart: None, matched: false }], deadline: None };
-        assert!(Packed::pack([(0, &m)].into_iter()).is_none());
+        assert!(Packed::pack([(0, &m)].into_iter(), None).is_none());
         let entries = (0..=MAX_SHARED).map(|i| Entry { pos: i as i32, caps: caps(&[(0, 0, &e)]) }).collect();
         let m = MState { row: 1, runs: vec![Run { start: 0, entries, tpart: None, matched: false }], deadline: None };
-        assert!(Packed::pack([(0, &m)].into_iter()).is_none());
+        assert!(Packed::pack([(0, &m)].into_iter(), None).is_none());
     }
 }
