@@ -243,7 +243,7 @@ class NativeShardStore:
         self._old_log = old_log  # layout 1's ListState of blobs (read once, then cleared)
         self._held = held  # shard -> _Held, shared by the stores of one worker process
         self.writes = 0  # state calls that wrote the log
-        self.reads = 0  # log rows read on reloads and catch-ups
+        self.reads = 0  # log rows read from the state server on reloads and catch-ups
         self.reloads = 0  # calls that had to read the whole shard (no usable held copy)
         self.catchups = 0  # calls whose held copy was behind and read only the rows since
         self.load_us = 0  # µs in `begin`: the record read, and any catch-up or reload
@@ -331,6 +331,7 @@ class NativeShardStore:
                     if got is None:
                         return False  # (the reload names the missing row)
                     blobs.append(got[0])
+                self.reads += len(blobs)
         finally:
             self.read_us += int(1e6 * (time.perf_counter() - t0))
         dropped, records = self._import(held.engine, held.state, blobs)
@@ -347,7 +348,9 @@ class NativeShardStore:
         self.reloads += 1
         t0 = time.perf_counter()
         state = _core.EngineState(track_dirty=True, keep_decoded=self.keep_decoded)
-        dropped, records = self._import(engine, state, self._log_blobs(meta))
+        blobs = self._log_blobs(meta)
+        self.reads += len(blobs)
+        dropped, records = self._import(engine, state, blobs)
         self.reload_us += int(1e6 * (time.perf_counter() - t0))
         # Records of dropped groups leave the store at the next write (a compaction), and so
         # does a layout 1 log (rewritten as rows: `migrate`).
@@ -363,7 +366,6 @@ class NativeShardStore:
         dropped = records = 0
         unzip = imported = 0.0
         for stored in blobs:
-            self.reads += 1
             t0 = time.perf_counter()
             blob = unzip_row(stored)
             t1 = time.perf_counter()
