@@ -811,3 +811,28 @@ def test_a_catch_up_reads_the_state_server_when_the_hand_over_does_not_chain(
     ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
     want = [_run(engine, ref_log, ref_meta, ref, *c) for c in calls]
     assert got == want[3] and any(r for r, _ in want)
+
+
+def test_a_copy_ahead_of_the_store_never_takes_a_hand_over(tmp_path: Any) -> None:
+    """A's attempt at a batch failed after its flush: A's copy is a row ahead of the store,
+    which went back. B runs that batch again and the next: the store is now one row past A's
+    copy by count, and the last file chains to B's rows, not to A's token. A must not take it
+    (its copy holds the failed attempt's row): it reloads, and gives what one process gives."""
+    engine = build_embedded_engine(RULES)
+    texts = _stream(100)
+    calls = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF) for i in range(0, 100, 20)]
+    a, b = ({}, SharedRows(str(tmp_path))), ({}, SharedRows(str(tmp_path)))
+    log, meta = DictLogState(), DictValueState()
+    _shared_call(engine, log, meta, *a, *calls[0])
+    _shared_call(engine, log, meta, *a, *calls[1])
+    saved = copy.deepcopy((log.map, meta.v))
+    # A runs batch 2 with other input (a failed attempt's: its row is not the re-run's).
+    _shared_call(engine, log, meta, *a, _batch(_stream(60)[40:59], 40), 50)
+    log.map, meta.v = copy.deepcopy(saved)  # the batch failed: the store goes back
+    _shared_call(engine, log, meta, *b, *calls[2])
+    _shared_call(engine, log, meta, *b, *calls[3])
+    got, store = _shared_call(engine, log, meta, *a, *calls[4])
+    assert (store.reloads, store.catchups, store.shared_rows) == (1, 0, 0)
+    ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
+    want = [_run(engine, ref_log, ref_meta, ref, *c) for c in calls]
+    assert got == want[4] and any(r for r, _ in want)
