@@ -539,13 +539,13 @@ class SharedRows:
     """The log rows a worker process appends, also handed to the other worker processes of its
     host as files (one per flush, named by the token the flush wrote), so that their catch-ups
     read them there instead of from the state server (docs/spark-runtime.md, "A catch-up's rows
-    from the other worker's hand (session 20)"). A cache, never the state: a catch-up takes the
-    files only when they chain from its held token to the record's (each file names the token
-    its rows were appended onto; tokens are random and written once), and the right number of
-    rows; anything else (a file missing, unreadable, another host) reads the state server as
-    before. A file is written whole under another name and renamed, so a reader sees all of it
-    or none; the reader deletes the files it took, the writer its own past its last `KEEP`
-    flushes of the shard (a process 2-4 rows behind still finds them)."""
+    from the other worker's hand (session 20, live20i)"). A cache, never the state: a catch-up
+    takes the files only when they chain from its held token to the record's (each file names
+    the token its rows were appended onto; tokens are random and written once), and the right
+    number of rows; anything else (a file missing, unreadable, another host) reads the state
+    server as before. A file is written whole under another name and renamed, so a reader sees
+    all of it or none; the writer deletes its own past its last `KEEP` flushes of the shard,
+    not the reader (with three or more workers, a third may be behind by the same rows)."""
 
     MAGIC = b"CEPNS"
     KEEP = 4
@@ -592,7 +592,6 @@ class SharedRows:
         """The `rows` rows appended from token `held` up to `token`, in order, when every
         flush between left its file; else None."""
         got: list[list[bytes]] = []
-        files = []
         while rows > 0 and token != held:
             name = self._file(token)
             try:
@@ -605,12 +604,9 @@ class SharedRows:
                 return None
             token, blobs = parsed
             got.append(blobs)
-            files.append(name)
             rows -= len(blobs)
         if rows != 0 or token != held:
             return None
-        for name in files:
-            _unlink(name)
         return [b for blobs in reversed(got) for b in blobs]
 
     @classmethod
