@@ -194,7 +194,8 @@ def run_ours(services: Services, work: Path, topic: str, batch: int, skip: int,
     operator = {k.removesuffix("_us") + "_ms": counters[k] // 1000 for k in _OP_US
                 if k in counters}
     operator.update({k: counters[k] for k in ("state_compactions", "state_reloads",
-                                              "state_catchups", "state_reads")
+                                              "state_catchups", "state_reads",
+                                              "state_shared_rows")
                      if k in counters})
     return {"variant": name, "shards": shards, "exit": rc, "wall_s": round(wall, 1),
             "cpu_s": round(cpu, 1), "events": counters.get("events"), **_steady(progress, skip),

@@ -13,6 +13,7 @@ import json
 import zlib
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pandas as pd
 import pytest
@@ -25,6 +26,7 @@ from cep.runtime.alerts import decode_rows, output_rows
 from cep.runtime.bind import build_engine
 from cep.runtime.embedded import alerts_for
 from cep.runtime.engine import EOF_TS
+from cep.runtime.state_store import SharedRows
 from cep.spark import operator as op
 from cep.spark.pipeline import DEAD_STREAM, EOF_STREAM
 
@@ -36,7 +38,8 @@ DELAY = 5_000  # the bundled fraud rules' LATENESS (the watermark delay)
 def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules: str = RULES,
                  stream: str = "transactions", key_field: str = "card",
                  processes: int = 1, fail: float = 0.0, record_row: bool = False,
-                 trace: list[tuple[int, bool, int, list[Any]]] | None = None) -> list[Any]:
+                 trace: list[tuple[int, bool, int, list[Any]]] | None = None,
+                 shared: Path | None = None) -> list[Any]:
     """The events (in time order) through the operator as a replay runs it: micro-batches of
     `batch` rows grouped by shard, the watermark trailing each batch's max event time by the
     delay, expired timers after the input, then the end-of-input marker. `dead`: bad rows mixed
@@ -47,7 +50,9 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules:
     back to the batch's start, its output is dropped and the batch runs again, as Spark re-runs
     a batch from the checkpoint (the processes keep what they held: copies may be ahead).
     `record_row`: the native store's shard records in its log's reserved row (a live query
-    started since session 18). `trace`: each call's (shard, by a timer, watermark, rows)."""
+    started since session 18). `trace`: each call's (shard, by a timer, watermark, rows).
+    `shared`: the processes hand their log rows over in this directory (`SharedRows`, one per
+    process), as the workers of one Spark executor do; else none (no `SPARK_LOCAL_DIRS`)."""
     import copy
     import random
 
@@ -59,7 +64,9 @@ def run_operator(events: list[dict[str, Any]], batch: int, dead: int = 0, rules:
         proc = op.CepProcessor(RulesEngineFactory.from_path(rules), output_rows, DELAY,
                                end_of_input=max(e["ts"] for e in events),
                                record_row=record_row)
-        proc.init(Handle(state))  # type: ignore[arg-type]
+        mine = None if shared is None else SharedRows(str(shared))
+        with mock.patch.object(op, "_shared_rows", lambda mine=mine: mine):
+            proc.init(Handle(state))  # type: ignore[arg-type]
         procs.append(proc)
     rnd = random.Random(processes)
     wm, top, rows = 0, None, []
@@ -155,16 +162,20 @@ def test_operator_alerts_equal_embedded_whatever_the_batching(engine_loop: str, 
             assert s["timer_us"] + s["encode_us"] + s["write_us"] <= s["store_us"] + 3
 
 
-@pytest.mark.parametrize("record_row", [False, True])
-@pytest.mark.parametrize("batch", [37, 100])
+@pytest.mark.parametrize(("batch", "record_row", "shared"),
+                         [(37, False, False), (37, True, False), (100, False, False),
+                          (100, True, False), (37, True, True), (100, False, True)])
 def test_shards_moving_between_worker_processes_give_the_embedded_alerts(
-        batch: int, record_row: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        batch: int, record_row: bool, shared: bool, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
     """Each call made by one of three worker processes at random (Spark's pool with several
     stateful tasks per batch): a process whose copy of the shard is behind catches it up from
     the rows appended since, or reloads it after a compaction, and takes the registered timer
     from the store; the alerts are the embedded engine's, on the native loop and the mixed one
     (the fraud rules with table and window rules: both stores); with the shards' records in
-    a ValueState or in their logs' reserved row (which a reload skips and a compaction keeps)."""
+    a ValueState or in their logs' reserved row (which a reload skips and a compaction keeps);
+    with the rows handed over between the processes (`shared`: most catch-ups take them
+    there) or not."""
     from cep.runtime.alerts import AlertRow, StatsRow
     from cep.runtime.bind import build_embedded_engine
     from cep.runtime.state_store import NativeShardStore
@@ -179,10 +190,16 @@ def test_shards_moving_between_worker_processes_give_the_embedded_alerts(
     for rules in (RULES, "rules"):
         want = sorted(a["alert_id"] for a in alerts_for(build_embedded_engine(
             load_rules_dir(rules)), {"transactions": events}))
-        got = run_operator(events, batch, rules=rules, processes=3, record_row=record_row)
+        hand = tmp_path / f"shared-{rules.replace('/', '-')}" if shared else None
+        if hand is not None:
+            hand.mkdir()
+        got = run_operator(events, batch, rules=rules, processes=3, record_row=record_row,
+                           shared=hand)
         assert want and sorted(r.id for r in got if isinstance(r, AlertRow)) == want
         stats = [r.info for r in got if isinstance(r, StatsRow)]
         assert sum(s["state_catchups"] for s in stats) > 5
+        taken = sum(s["state_shared_rows"] for s in stats)
+        assert (taken > sum(s["state_catchups"] for s in stats) // 2) if shared else taken == 0
         assert sum(s["state_compactions"] for s in stats) > 0
         # `load_us` (the store's `begin`) holds the rows' reads, unzip and import and the
         # reloads' part (each summed from µs-truncated spans inside it: the slack); a call
@@ -204,14 +221,18 @@ def test_shards_moving_between_worker_processes_give_the_embedded_alerts(
 
 
 @pytest.mark.parametrize("record_row", [False, True])
-@pytest.mark.parametrize(("batch", "processes"), [(37, 1), (37, 3), (100, 2)])
+@pytest.mark.parametrize(("batch", "processes", "shared"),
+                         [(37, 1, False), (37, 3, False), (100, 2, False), (37, 3, True),
+                          (100, 2, True)])
 def test_failed_and_rerun_micro_batches_give_the_embedded_alerts(
-        batch: int, processes: int, record_row: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        batch: int, processes: int, shared: bool, record_row: bool,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Micro-batches that fail after some of their calls (or all, timers too) and run again
     from the state as it was, as Spark re-runs a batch from the checkpoint: the processes'
     held copies are then AHEAD of the store (their token and rows are the failed attempt's),
     and the re-run may go to another process, compact, or move only the timer. Each alert
-    comes out once, as the embedded engine's; no timer is lost."""
+    comes out once, as the embedded engine's; no timer is lost. With the rows handed over
+    (`shared`), a failed attempt's file is never taken (its token is in no record)."""
     from cep.runtime import state_store
     from cep.runtime.alerts import AlertRow, StatsRow
     from cep.runtime.bind import build_embedded_engine
@@ -229,10 +250,12 @@ def test_failed_and_rerun_micro_batches_give_the_embedded_alerts(
     events = sorted(ds.events, key=lambda e: e["ts"])
     want = sorted(a["alert_id"] for a in alerts_for(build_embedded_engine(
         load_rules_dir(RULES)), {"transactions": events}))
-    got = run_operator(events, batch, processes=processes, fail=0.4, record_row=record_row)
+    got = run_operator(events, batch, processes=processes, fail=0.4, record_row=record_row,
+                       shared=tmp_path if shared else None)
     assert want and sorted(r.id for r in got if isinstance(r, AlertRow)) == want
     stats = [r.info for r in got if isinstance(r, StatsRow)]
     assert sum(s["state_reloads"] for s in stats) > 3  # the copies ahead were not used
+    assert (sum(s["state_shared_rows"] for s in stats) > 0) == (shared and processes > 1)
     assert sum(s["state_compactions"] for s in stats) > 0 or batch > 37
 
 

@@ -229,16 +229,21 @@ class NativeShardStore:
         return max(cls.KEEP_DECODED, cls.DECODED_PER_JOB // shards if shards else 0)
 
     def __init__(self, log: Any, meta: Any, held: dict[Any, Any],
-                 keep_decoded: int | None = None, old_log: Any = None) -> None:
+                 keep_decoded: int | None = None, old_log: Any = None,
+                 shared: SharedRows | None = None) -> None:
         """`meta`: the shard's record (a ValueState), or None: kept in the log's reserved row
-        (`RECORD_ROW`, since session 18: one state variable to declare per task, not two)."""
+        (`RECORD_ROW`, since session 18: one state variable to declare per task, not two).
+        `shared`: this process's `SharedRows` (the rows it appends, handed to the other worker
+        processes of its host for their catch-ups), or None."""
+        self._shared = shared
+        self.shared_rows = 0  # log rows a catch-up took from `shared`, not the state server
         self.keep_decoded = self.KEEP_DECODED if keep_decoded is None else keep_decoded
         self._log = log  # MapState: row number -> (blob, token it was appended onto)
         self._meta = _RecordRow(log) if meta is None else meta
         self._old_log = old_log  # layout 1's ListState of blobs (read once, then cleared)
         self._held = held  # shard -> _Held, shared by the stores of one worker process
         self.writes = 0  # state calls that wrote the log
-        self.reads = 0  # log rows read on reloads and catch-ups
+        self.reads = 0  # log rows read from the state server on reloads and catch-ups
         self.reloads = 0  # calls that had to read the whole shard (no usable held copy)
         self.catchups = 0  # calls whose held copy was behind and read only the rows since
         self.load_us = 0  # µs in `begin`: the record read, and any catch-up or reload
@@ -262,7 +267,8 @@ class NativeShardStore:
     _STATS = (("reloads", "state_reloads"), ("catchups", "state_catchups"),
               ("compactions", "state_compactions"), ("load_us", "load_us"),
               ("read_us", "read_us"), ("unzip_us", "unzip_us"), ("import_us", "import_us"),
-              ("reload_us", "reload_us"), ("encode_us", "encode_us"), ("write_us", "write_us"))
+              ("reload_us", "reload_us"), ("encode_us", "encode_us"), ("write_us", "write_us"),
+              ("shared_rows", "state_shared_rows"))
 
     def take_stats(self) -> dict[str, int]:
         """The counters since the last call, under the operator's stats names, reset to 0."""
@@ -308,15 +314,24 @@ class NativeShardStore:
             return False
         t0 = time.perf_counter()
         try:
-            first = self._log.getValue((held.rows,))
-            if first is None or first[1] != held.token:
-                return False
-            blobs = [first[0]]
-            for i in range(held.rows + 1, meta.rows):
-                got = self._log.getValue((i,))
-                if got is None:
-                    return False  # (the reload names the missing row)
-                blobs.append(got[0])
+            # The rows as their writer handed them over on this host, when it did (the same
+            # bytes: `SharedRows.take` checks the chain of tokens); else the state server's.
+            shared = (None if self._shared is None
+                      else self._shared.take(held.token, meta.token, meta.rows - held.rows))
+            if shared is not None:
+                blobs = shared
+                self.shared_rows += len(shared)
+            else:
+                first = self._log.getValue((held.rows,))
+                if first is None or first[1] != held.token:
+                    return False
+                blobs = [first[0]]
+                for i in range(held.rows + 1, meta.rows):
+                    got = self._log.getValue((i,))
+                    if got is None:
+                        return False  # (the reload names the missing row)
+                    blobs.append(got[0])
+                self.reads += len(blobs)
         finally:
             self.read_us += int(1e6 * (time.perf_counter() - t0))
         dropped, records = self._import(held.engine, held.state, blobs)
@@ -333,7 +348,9 @@ class NativeShardStore:
         self.reloads += 1
         t0 = time.perf_counter()
         state = _core.EngineState(track_dirty=True, keep_decoded=self.keep_decoded)
-        dropped, records = self._import(engine, state, self._log_blobs(meta))
+        blobs = self._log_blobs(meta)
+        self.reads += len(blobs)
+        dropped, records = self._import(engine, state, blobs)
         self.reload_us += int(1e6 * (time.perf_counter() - t0))
         # Records of dropped groups leave the store at the next write (a compaction), and so
         # does a layout 1 log (rewritten as rows: `migrate`).
@@ -349,7 +366,6 @@ class NativeShardStore:
         dropped = records = 0
         unzip = imported = 0.0
         for stored in blobs:
-            self.reads += 1
             t0 = time.perf_counter()
             blob = unzip_row(stored)
             t1 = time.perf_counter()
@@ -436,13 +452,16 @@ class NativeShardStore:
             tz = time.perf_counter()
             rows = [zip_row(b) for b in blobs]
             zipped = time.perf_counter() - tz  # (encoding, not writing)
+            token = os.urandom(8)
+            if self._shared is not None and prev:  # (a compaction's rows: no catch-up reads them)
+                self._shared.put(self._shard, prev, token, rows)
             for i, row in enumerate(rows):
                 self._log.updateValue((cur.rows + i,), (row, prev))
             cur.rows += len(blobs)
             cur.size += sum(len(b) for b in blobs)
             cur.records += sum(map(blob_records, blobs))
             self.writes += 1
-            cur.token = os.urandom(8)
+            cur.token = token
             self._write_meta(cur)
             self.encode_us += int(1e6 * (t1 - t0 + zipped))
             self.write_us += int(1e6 * (time.perf_counter() - t1 - zipped))
@@ -514,6 +533,103 @@ class _Held:
 
 
 UNKNOWN = object()  # NativeShardStore.timer when this process does not know it
+
+
+class SharedRows:
+    """The log rows a worker process appends, also handed to the other worker processes of its
+    host as files (one per flush, named by the token the flush wrote), so that their catch-ups
+    read them there instead of from the state server (docs/spark-runtime.md, "A catch-up's rows
+    from the other worker's hand (session 20, live20i)"). A cache, never the state: a catch-up
+    takes the files only when they chain from its held token to the record's (each file names
+    the token its rows were appended onto; tokens are random and written once), and the right
+    number of rows; anything else (a file missing, unreadable, another host) reads the state
+    server as before. A file is written whole under another name and renamed, so a reader sees
+    all of it or none; the writer deletes its own past its last `KEEP` flushes of the shard,
+    not the reader (with three or more workers, a third may be behind by the same rows)."""
+
+    MAGIC = b"CEPNS"
+    KEEP = 4
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._mine: dict[Any, list[str]] = {}  # shard -> the files this process wrote, oldest first
+
+    @classmethod
+    def for_worker(cls) -> SharedRows | None:
+        """The process's `SharedRows` under Spark's local directory for its Python workers
+        (`SPARK_LOCAL_DIRS`, deleted with the executor), or None outside Spark."""
+        local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
+        if not local:
+            return None
+        path = os.path.join(local, "cep-shared-rows")
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError:
+            return None
+        return cls(path)
+
+    def _file(self, token: bytes) -> str:
+        return os.path.join(self.path, token.hex())
+
+    def put(self, shard: Any, prev: bytes, token: bytes, rows: list[bytes]) -> None:
+        """Hand over the `rows` appended onto `prev` as `token` (best effort)."""
+        data = b"".join([self.MAGIC, len(prev).to_bytes(1, "little"), prev,
+                         *(len(r).to_bytes(4, "little") + r for r in rows)])
+        name = self._file(token)
+        tmp = f"{name}.{os.getpid()}.tmp"
+        mine = self._mine.setdefault(shard, [])
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, name)
+            mine.append(name)
+        except OSError:
+            _unlink(tmp)
+        while len(mine) > self.KEEP:
+            _unlink(mine.pop(0))
+
+    def take(self, held: bytes, token: bytes, rows: int) -> list[bytes] | None:
+        """The `rows` rows appended from token `held` up to `token`, in order, when every
+        flush between left its file; else None."""
+        got: list[list[bytes]] = []
+        while rows > 0 and token != held:
+            name = self._file(token)
+            try:
+                with open(name, "rb") as f:
+                    data = f.read()
+            except OSError:
+                return None
+            parsed = self._parse(data)
+            if parsed is None:
+                return None
+            token, blobs = parsed
+            got.append(blobs)
+            rows -= len(blobs)
+        if rows != 0 or token != held:
+            return None
+        return [b for blobs in reversed(got) for b in blobs]
+
+    @classmethod
+    def _parse(cls, data: bytes) -> tuple[bytes, list[bytes]] | None:
+        """(the token the rows were appended onto, the rows) of a file `put` wrote."""
+        if not data.startswith(cls.MAGIC) or len(data) < 6:
+            return None
+        at = 6 + data[5]
+        prev, blobs = data[6:at], []
+        while at < len(data):
+            n = int.from_bytes(data[at:at + 4], "little")
+            if n == 0 or at + 4 + n > len(data):
+                return None
+            blobs.append(data[at + 4:at + 4 + n])
+            at += 4 + n
+        return (prev, blobs) if blobs and at == len(data) else None
+
+
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
 
 # The row of the log's MapState that holds the shard's record instead of a ValueState (a query
 # whose checkpoint says so: `jobs.live.checkpoint_record_row`): no log row takes it (rows are

@@ -10,6 +10,7 @@ shard, and turns the engine's output into rows.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from cep.engines import EngineFactory
 from cep.runtime.alerts import OUTPUT_SCHEMA
 from cep.runtime.bind import engine_kind
 from cep.runtime.engine import EOF_TS, Engine, Event, Output, content_seq
-from cep.runtime.state_store import UNKNOWN, MapStateKeyStore, NativeShardStore
+from cep.runtime.state_store import UNKNOWN, MapStateKeyStore, NativeShardStore, SharedRows
 from cep.spark.pipeline import DEAD_STREAM, EOF_STREAM, unpack
 
 _OUT_COLUMNS = ["kind", "rule_id", "key", "id", "payload"]
@@ -112,7 +113,8 @@ class CepProcessor(StatefulProcessor):
                                 else handle.getValueState("nshard", _BLOB_SCHEMA), _HELD,
                                 NativeShardStore.for_shards(self.shards),
                                 old_log=(handle.getListState("nlog", _BLOB_SCHEMA)
-                                         if self.layout1_log else None))
+                                         if self.layout1_log else None),
+                                shared=_shared_rows())
 
     def _begin(self, key: Any) -> None:
         if self.native:
@@ -297,6 +299,13 @@ def _us(seconds: float) -> int:
 _ENGINES: dict[int, Engine] = {}
 # Per worker process: each shard's native state as this process last wrote it (NativeShardStore).
 _HELD: dict[Any, Any] = {}
+
+
+@functools.cache
+def _shared_rows() -> SharedRows | None:
+    """The worker process's hand-over of log rows to the other workers of its executor
+    (`SharedRows`: their catch-ups read the rows there, not from the state server)."""
+    return SharedRows.for_worker()
 
 
 def _cached_engine(factory: EngineFactory) -> Engine:

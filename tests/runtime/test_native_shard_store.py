@@ -25,7 +25,7 @@ from cep.compile import compile_rules
 from cep.runtime.alerts import alert_record
 from cep.runtime.bind import build_embedded_engine, build_engine, engine_kind
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore
-from cep.runtime.state_store import NativeShardStore, _Meta, unzip_row
+from cep.runtime.state_store import NativeShardStore, SharedRows, _Meta, unzip_row
 from tests.runtime.test_bucket_store import DictValueState
 
 
@@ -737,3 +737,101 @@ def test_a_layout_2_log_of_raw_rows_goes_on_as_layout_3() -> None:
     log.map[0] = (ROW_ZIP_MAGIC + b"\x10\x00\x00\x00garbage", log.map[0][1])
     with pytest.raises(ValueError, match="does not expand.*reset it or replay"):
         _run(engine, log, meta, {}, *batches[0])
+
+
+def _shared_call(engine: Any, log: Any, meta: Any, held: dict[Any, Any], shared: Any, rb: Any,
+                 max_ts: int) -> tuple[Any, NativeShardStore]:
+    store = NativeShardStore(log, meta, held, shared=shared)
+    store.begin(("s",), engine)
+    out = engine.ingest_batch(store, rb, max_ts)
+    wake = engine.next_wake(store)
+    store.flush()
+    return (_records(engine, out), wake), store
+
+
+def test_a_catch_up_takes_the_other_workers_rows_from_its_hand(tmp_path: Any) -> None:
+    """Two worker processes (each its held copies and `SharedRows` over one directory) take
+    turns on a shard, 1 to 3 calls each: every catch-up takes the rows the other appended from
+    its files (no state read of a row) and every call gives what one process that always held
+    the shard gives. The files do not pile up: a writer keeps its last `KEEP` per shard."""
+    engine = build_embedded_engine(RULES)
+    texts = _stream(240)
+    calls = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF) for i in range(0, 240, 20)]
+    turns = [0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0]  # catch-ups of 1, 2, 3 rows
+    procs = [({}, SharedRows(str(tmp_path))), ({}, SharedRows(str(tmp_path)))]
+    log, meta = DictLogState(), DictValueState()
+    ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
+    behind = [0, 0]
+    caught, alerts = [], 0
+    for p, (rb, m) in zip(turns, calls, strict=True):
+        got, store = _shared_call(engine, log, meta, *procs[p], rb, m)
+        assert got == _run(engine, ref_log, ref_meta, ref, rb, m)
+        alerts += len(got[0])
+        if behind[p] and store.reloads == 0:
+            assert (store.catchups, store.reads, store.shared_rows) == (1, 0, behind[p])
+            caught.append(behind[p])
+        behind[p], behind[1 - p] = 0, behind[1 - p] + 1
+    assert sorted(set(caught)) == [1, 2, 3]
+    assert alerts  # (a comparison of silent runs would pass)
+    left = list(tmp_path.iterdir())
+    assert len(left) == 2 * SharedRows.KEEP and not [f for f in left if f.suffix == ".tmp"]
+
+
+@pytest.mark.parametrize("how", ["missing", "truncated", "rolled back"])
+def test_a_catch_up_reads_the_state_server_when_the_hand_over_does_not_chain(
+        tmp_path: Any, how: str) -> None:
+    """B holds the shard at A's first row. A's next row is handed over, then its file is lost
+    (missing), cut short (truncated), or its batch rolled back and run again by A (the file
+    of the discarded row stays; the re-run writes its own). B's catch-up takes a file only
+    where the chain of tokens from its copy to the record's holds: else it reads the rows from
+    the state server; its call gives what one process gives either way."""
+    engine = build_embedded_engine(RULES)
+    texts = _stream(80)
+    calls = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF) for i in range(0, 80, 20)]
+    a, b = ({}, SharedRows(str(tmp_path))), ({}, SharedRows(str(tmp_path)))
+    log, meta = DictLogState(), DictValueState()
+    _shared_call(engine, log, meta, *a, *calls[0])
+    _shared_call(engine, log, meta, *b, *calls[1])  # B reloads: it holds row 1's token
+    saved = copy.deepcopy((log.map, meta.v))
+    before = set(tmp_path.iterdir())
+    _shared_call(engine, log, meta, *a, *calls[2])
+    (written,) = set(tmp_path.iterdir()) - before
+    if how == "missing":
+        written.unlink()
+    elif how == "truncated":
+        written.write_bytes(written.read_bytes()[:-3])
+    else:
+        log.map, meta.v = copy.deepcopy(saved)  # the batch failed: the store goes back
+        a[0].clear()
+        _shared_call(engine, log, meta, *a, *calls[2])  # A runs it again (a new token)
+    got, store = _shared_call(engine, log, meta, *b, *calls[3])
+    shared = how == "rolled back"  # the re-run's own file chains; the discarded one is not read
+    assert (store.catchups, store.reads, store.shared_rows) == (1, 0 if shared else 1, int(shared))
+    ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
+    want = [_run(engine, ref_log, ref_meta, ref, *c) for c in calls]
+    assert got == want[3] and any(r for r, _ in want)
+
+
+def test_a_copy_ahead_of_the_store_never_takes_a_hand_over(tmp_path: Any) -> None:
+    """A's attempt at a batch failed after its flush: A's copy is a row ahead of the store,
+    which went back. B runs that batch again and the next: the store is now one row past A's
+    copy by count, and the last file chains to B's rows, not to A's token. A must not take it
+    (its copy holds the failed attempt's row): it reloads, and gives what one process gives."""
+    engine = build_embedded_engine(RULES)
+    texts = _stream(100)
+    calls = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF) for i in range(0, 100, 20)]
+    a, b = ({}, SharedRows(str(tmp_path))), ({}, SharedRows(str(tmp_path)))
+    log, meta = DictLogState(), DictValueState()
+    _shared_call(engine, log, meta, *a, *calls[0])
+    _shared_call(engine, log, meta, *a, *calls[1])
+    saved = copy.deepcopy((log.map, meta.v))
+    # A runs batch 2 with other input (a failed attempt's: its row is not the re-run's).
+    _shared_call(engine, log, meta, *a, _batch(_stream(60)[40:59], 40), 50)
+    log.map, meta.v = copy.deepcopy(saved)  # the batch failed: the store goes back
+    _shared_call(engine, log, meta, *b, *calls[2])
+    _shared_call(engine, log, meta, *b, *calls[3])
+    got, store = _shared_call(engine, log, meta, *a, *calls[4])
+    assert (store.reloads, store.catchups, store.shared_rows) == (1, 0, 0)
+    ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
+    want = [_run(engine, ref_log, ref_meta, ref, *c) for c in calls]
+    assert got == want[4] and any(r for r, _ in want)
