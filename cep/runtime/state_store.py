@@ -8,6 +8,7 @@ so it is tested with dicts (tests/runtime/test_bucket_store.py) and the Spark op
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
@@ -545,19 +546,29 @@ class SharedRows:
     number of rows; anything else (a file missing, unreadable, another host) reads the state
     server as before. A file is written whole under another name and renamed, so a reader sees
     all of it or none; the writer deletes its own past its last `KEEP` flushes of the shard,
-    not the reader (with three or more workers, a third may be behind by the same rows)."""
+    not the reader (with three or more workers, a third may be behind by the same rows), and
+    any writer deletes every file older than `STALE_S` (`_sweep`)."""
 
     MAGIC = b"CEPNS"
     KEEP = 4
+    # A writer deletes the directory's files older than this, at its first flush and then at
+    # most once per this period: those of a worker process that exited would otherwise stay
+    # until the executor ends, up to `KEEP` per shard for each such process (Spark stops the
+    # Python workers after a minute idle, e.g. a live job without input; a query stopped; a
+    # crash mid-write leaves a temporary file). A catch-up's files are a batch or a few old;
+    # without them it reads the state server.
+    STALE_S = 600
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._mine: dict[Any, list[str]] = {}  # shard -> the files this process wrote, oldest first
+        self._swept = float("-inf")  # when this process last swept (`time.time()`)
 
     @classmethod
     def for_worker(cls) -> SharedRows | None:
         """The process's `SharedRows` under Spark's local directory for its Python workers
-        (`SPARK_LOCAL_DIRS`, deleted with the executor), or None outside Spark."""
+        (`SPARK_LOCAL_DIRS`, deleted when the executor stops, or with an external shuffle
+        service when the application ends), or None outside Spark."""
         local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
         if not local:
             return None
@@ -587,6 +598,18 @@ class SharedRows:
             _unlink(tmp)
         while len(mine) > self.KEEP:
             _unlink(mine.pop(0))
+        now = time.time()
+        if now >= self._swept + self.STALE_S:
+            self._swept = now
+            self._sweep(now - self.STALE_S)
+
+    def _sweep(self, before: float) -> None:
+        """Delete the directory's files (any process's) last written before `before`."""
+        with contextlib.suppress(OSError), os.scandir(self.path) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.stat().st_mtime < before:
+                        os.unlink(entry.path)
 
     def take(self, held: bytes, token: bytes, rows: int) -> list[bytes] | None:
         """The `rows` rows appended from token `held` up to `token`, in order, when every
@@ -626,10 +649,8 @@ class SharedRows:
 
 
 def _unlink(name: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(name)
-    except OSError:
-        pass
 
 # The row of the log's MapState that holds the shard's record instead of a ValueState (a query
 # whose checkpoint says so: `jobs.live.checkpoint_record_row`): no log row takes it (rows are

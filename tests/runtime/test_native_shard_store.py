@@ -15,7 +15,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import pickle
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -835,3 +837,52 @@ def test_a_copy_ahead_of_the_store_never_takes_a_hand_over(tmp_path: Any) -> Non
     ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
     want = [_run(engine, ref_log, ref_meta, ref, *c) for c in calls]
     assert got == want[4] and any(r for r, _ in want)
+
+
+def test_a_hand_over_without_its_directory_reads_the_state_server(tmp_path: Any) -> None:
+    """The directory is gone (or was never made, or is not writable): the writes fail quietly,
+    and the catch-up reads the rows from the state server and gives what one process gives."""
+    engine = build_embedded_engine(RULES)
+    texts = _stream(60)
+    calls = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF) for i in range(0, 60, 20)]
+    gone = str(tmp_path / "gone")
+    a, b = ({}, SharedRows(gone)), ({}, SharedRows(gone))
+    log, meta = DictLogState(), DictValueState()
+    _shared_call(engine, log, meta, *a, *calls[0])
+    _shared_call(engine, log, meta, *b, *calls[1])
+    got, store = _shared_call(engine, log, meta, *a, *calls[2])
+    assert (store.catchups, store.reads, store.shared_rows) == (1, 1, 0)
+    ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
+    want = [_run(engine, ref_log, ref_meta, ref, *c) for c in calls]
+    assert got == want[2] and any(r for r, _ in want)
+    assert not tmp_path.joinpath("gone").exists()
+
+
+def test_a_writer_sweeps_the_files_left_by_processes_gone(tmp_path: Any) -> None:
+    """Files older than `STALE_S` (a worker process that exited left them: its own deletes
+    never come) are deleted by the next process's first write, temporary ones too; newer
+    files, any process's, stay."""
+    old = time.time() - 2 * SharedRows.STALE_S
+    stale = [tmp_path / ("ab" * 8), tmp_path / f"{'cd' * 8}.123.tmp"]
+    fresh = tmp_path / ("ef" * 8)
+    for f in [*stale, fresh]:
+        f.write_bytes(b"x")
+    for f in stale:
+        os.utime(f, (old, old))
+    SharedRows(str(tmp_path)).put(("s",), b"p" * 8, b"t" * 8, [b"row"])
+    assert sorted(f.name for f in tmp_path.iterdir()) == sorted([fresh.name, (b"t" * 8).hex()])
+
+
+def test_a_worker_hands_over_in_sparks_local_directory(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Any) -> None:
+    """Under the first of `SPARK_LOCAL_DIRS` (set by Spark for its Python workers); none
+    outside Spark, nor when the directory cannot be made."""
+    monkeypatch.delenv("SPARK_LOCAL_DIRS", raising=False)
+    assert SharedRows.for_worker() is None
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path / 'one'},{tmp_path / 'two'}")
+    shared = SharedRows.for_worker()
+    assert shared is not None and shared.path == str(tmp_path / "one" / "cep-shared-rows")
+    assert os.path.isdir(shared.path) and not tmp_path.joinpath("two").exists()
+    (tmp_path / "file").write_bytes(b"")
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "file"))
+    assert SharedRows.for_worker() is None
