@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-off", action="store_true", help="skip the run without families")
     ap.add_argument("--out", type=Path, default=None, help="write the runs as JSON here")
     a = ap.parse_args(argv)
+    if a.pairs < 1:
+        ap.error("--pairs must be at least 1 (the figure is their median)")
     path = rules_path(RULES, "fraud")
     base = load_rules(path)
     many = compile_rules(varied_rules_text(path.read_text(), a.copies), f"{path}-varied")
@@ -125,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.out is not None:
         a.out.write_text(json.dumps({
             "events": n, "keys": a.keys, "copies": a.copies, "rules": len(many.rules),
-            "pairs": pairs, "median": med, "under_0.5": under, "without_families_ev_s": off,
+            "warmup": a.warmup, "pairs": pairs, "median": med, "min": min(ratios),
+            "max": max(ratios), "under_0.5": under, "without_families_ev_s": off,
             "load": [load0, load1]}, indent=1) + "\n")
     return 0
 
