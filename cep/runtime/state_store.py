@@ -335,7 +335,15 @@ class NativeShardStore:
                 self.reads += len(blobs)
         finally:
             self.read_us += int(1e6 * (time.perf_counter() - t0))
-        dropped, records = self._import(held.engine, held.state, blobs)
+        try:
+            dropped, records = self._import(held.engine, held.state, blobs)
+        except Exception:
+            if shared is None:
+                raise
+            # A hand-over file that chains but does not import (its bytes damaged on this
+            # host's disk): the copy may be half caught up, so the shard is reloaded from the
+            # state server, which holds the same rows, instead of failing the task.
+            return False
         self.catchups += 1
         held.token, held.rows, held.size, held.due = meta.token, meta.rows, meta.size, meta.due
         held.records += records

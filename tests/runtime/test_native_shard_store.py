@@ -779,14 +779,16 @@ def test_a_catch_up_takes_the_other_workers_rows_from_its_hand(tmp_path: Any) ->
     assert len(left) == 2 * SharedRows.KEEP and not [f for f in left if f.suffix == ".tmp"]
 
 
-@pytest.mark.parametrize("how", ["missing", "truncated", "rolled back"])
+@pytest.mark.parametrize("how", ["missing", "truncated", "rolled back", "damaged"])
 def test_a_catch_up_reads_the_state_server_when_the_hand_over_does_not_chain(
         tmp_path: Any, how: str) -> None:
     """B holds the shard at A's first row. A's next row is handed over, then its file is lost
     (missing), cut short (truncated), or its batch rolled back and run again by A (the file
     of the discarded row stays; the re-run writes its own). B's catch-up takes a file only
     where the chain of tokens from its copy to the record's holds: else it reads the rows from
-    the state server; its call gives what one process gives either way."""
+    the state server; its call gives what one process gives either way. A file that chains but
+    whose row's bytes are damaged (the same length) does not import: B reloads the shard from
+    the state server instead of failing its call."""
     engine = build_embedded_engine(RULES)
     texts = _stream(80)
     calls = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF) for i in range(0, 80, 20)]
@@ -802,13 +804,20 @@ def test_a_catch_up_reads_the_state_server_when_the_hand_over_does_not_chain(
         written.unlink()
     elif how == "truncated":
         written.write_bytes(written.read_bytes()[:-3])
+    elif how == "damaged":
+        data = written.read_bytes()
+        written.write_bytes(data[:-24] + bytes(24))
     else:
         log.map, meta.v = copy.deepcopy(saved)  # the batch failed: the store goes back
         a[0].clear()
         _shared_call(engine, log, meta, *a, *calls[2])  # A runs it again (a new token)
     got, store = _shared_call(engine, log, meta, *b, *calls[3])
     shared = how == "rolled back"  # the re-run's own file chains; the discarded one is not read
-    assert (store.catchups, store.reads, store.shared_rows) == (1, 0 if shared else 1, int(shared))
+    if how == "damaged":
+        assert (store.catchups, store.reloads, store.shared_rows) == (0, 1, 1)
+    else:
+        assert (store.catchups, store.reads, store.shared_rows) == (1, 0 if shared else 1,
+                                                                    int(shared))
     ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
     want = [_run(engine, ref_log, ref_meta, ref, *c) for c in calls]
     assert got == want[3] and any(r for r, _ in want)
