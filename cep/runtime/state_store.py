@@ -319,22 +319,12 @@ class NativeShardStore:
             # bytes: `SharedRows.take` checks the chain of tokens); else the state server's.
             shared = (None if self._shared is None
                       else self._shared.take(held.token, meta.token, meta.rows - held.rows))
-            if shared is not None:
-                blobs = shared
-                self.shared_rows += len(shared)
-            else:
-                first = self._log.getValue((held.rows,))
-                if first is None or first[1] != held.token:
-                    return False
-                blobs = [first[0]]
-                for i in range(held.rows + 1, meta.rows):
-                    got = self._log.getValue((i,))
-                    if got is None:
-                        return False  # (the reload names the missing row)
-                    blobs.append(got[0])
-                self.reads += len(blobs)
+            self.shared_rows += len(shared or ())
+            blobs = shared if shared is not None else self._rows_since(held, meta)
         finally:
             self.read_us += int(1e6 * (time.perf_counter() - t0))
+        if blobs is None:
+            return False
         try:
             dropped, records = self._import(held.engine, held.state, blobs)
         except Exception:
@@ -349,6 +339,21 @@ class NativeShardStore:
         held.records += records
         held.compact = held.compact or dropped > 0
         return True
+
+    def _rows_since(self, held: _Held, meta: _Meta) -> list[bytes] | None:
+        """The log rows appended since `held`, read from the state server, or None when the
+        first was not appended onto its token or one is missing (the reload names it)."""
+        first = self._log.getValue((held.rows,))
+        if first is None or first[1] != held.token:
+            return None
+        blobs = [first[0]]
+        for i in range(held.rows + 1, meta.rows):
+            got = self._log.getValue((i,))
+            if got is None:
+                return None
+            blobs.append(got[0])
+        self.reads += len(blobs)
+        return blobs
 
     def _reload(self, engine: Any, meta: _Meta) -> _Held:
         """A new `EngineState` from the whole log (rows in order)."""

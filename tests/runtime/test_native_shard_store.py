@@ -178,14 +178,33 @@ def stored_keys(engine: Any, log: DictLogState) -> int:
     return len(replayed)
 
 
-def _run(engine: Any, buckets: Any, meta: Any, held: dict[Any, Any], rb: Any, max_ts: int,
-         ) -> tuple[list[dict[str, Any]], int | None]:
-    store = NativeShardStore(buckets, meta, held)
+def _call(engine: Any, buckets: Any, meta: Any, held: dict[Any, Any], rb: Any, max_ts: int,
+          shared: SharedRows | None = None) -> tuple[Any, NativeShardStore]:
+    """One call of a worker process (its held copies `held`, its `shared` hand-over): the
+    call's (records, wake), and the store (its counters)."""
+    store = NativeShardStore(buckets, meta, held, shared=shared)
     store.begin(("s",), engine)
     out = engine.ingest_batch(store, rb, max_ts)
     wake = engine.next_wake(store)
     store.flush()
-    return _records(engine, out), wake
+    return (_records(engine, out), wake), store
+
+
+def _run(engine: Any, buckets: Any, meta: Any, held: dict[Any, Any], rb: Any, max_ts: int,
+         ) -> tuple[list[dict[str, Any]], int | None]:
+    return _call(engine, buckets, meta, held, rb, max_ts)[0]
+
+
+def _calls(n: int) -> list[tuple[Any, int]]:
+    """`_stream(n)` as calls of 20 events, each with the watermark before it."""
+    texts = _stream(n)
+    return [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF) for i in range(0, n, 20)]
+
+
+def _one_process(engine: Any, calls: list[tuple[Any, int]]) -> list[Any]:
+    """What one process that always holds the shard gives for each of `calls`."""
+    log, meta, held = DictLogState(), DictValueState(), {}
+    return [_run(engine, log, meta, held, rb, m) for rb, m in calls]
 
 
 def _stream(n: int) -> list[tuple[str, str]]:
@@ -293,9 +312,7 @@ def test_a_copy_too_far_behind_is_reloaded_in_one_read(behind: int,
     way A's next call gives what one process that always held the store's state gives."""
     monkeypatch.setattr(NativeShardStore, "CATCH_UP_ROWS", 3)
     engine = build_embedded_engine(RULES)
-    texts = _stream(120)
-    batches = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF)
-               for i in range(0, 120, 20)]
+    batches = _calls(120)
     log, meta, a, b = DictLogState(), DictValueState(), {}, {}
     _run(engine, log, meta, a, *batches[0])
     for rb, m in batches[1:1 + behind]:
@@ -719,9 +736,7 @@ def test_a_layout_2_log_of_raw_rows_goes_on_as_layout_3() -> None:
     from cep.runtime.state_store import LOG_LAYOUT, META_MAGIC, ROW_ZIP_MAGIC
 
     engine = build_embedded_engine(RULES)
-    texts = _stream(120)
-    batches = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF)
-               for i in range(0, 120, 20)]
+    batches = _calls(120)
     log, meta = DictLogState(), DictValueState()
     for rb, m in batches[:3]:
         _run(engine, log, meta, {}, rb, m)
@@ -733,8 +748,7 @@ def test_a_layout_2_log_of_raw_rows_goes_on_as_layout_3() -> None:
     got = [_run(engine, log, meta, {}, rb, m) for rb, m in batches[3:]]
     assert not log.rows[0][0].startswith(ROW_ZIP_MAGIC) and log.rows[-1][0].startswith(
         ROW_ZIP_MAGIC)
-    ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
-    want = [_run(engine, ref_log, ref_meta, ref, rb, m) for rb, m in batches][3:]
+    want = _one_process(engine, batches)[3:]
     assert got == want and any(g[0] for g in got)
     log.map[0] = (ROW_ZIP_MAGIC + b"\x10\x00\x00\x00garbage", log.map[0][1])
     with pytest.raises(ValueError, match="does not expand.*reset it or replay"):
@@ -743,12 +757,7 @@ def test_a_layout_2_log_of_raw_rows_goes_on_as_layout_3() -> None:
 
 def _shared_call(engine: Any, log: Any, meta: Any, held: dict[Any, Any], shared: Any, rb: Any,
                  max_ts: int) -> tuple[Any, NativeShardStore]:
-    store = NativeShardStore(log, meta, held, shared=shared)
-    store.begin(("s",), engine)
-    out = engine.ingest_batch(store, rb, max_ts)
-    wake = engine.next_wake(store)
-    store.flush()
-    return (_records(engine, out), wake), store
+    return _call(engine, log, meta, held, rb, max_ts, shared)
 
 
 def test_a_catch_up_takes_the_other_workers_rows_from_its_hand(tmp_path: Any) -> None:
@@ -757,8 +766,7 @@ def test_a_catch_up_takes_the_other_workers_rows_from_its_hand(tmp_path: Any) ->
     its files (no state read of a row) and every call gives what one process that always held
     the shard gives. The files do not pile up: a writer keeps its last `KEEP` per shard."""
     engine = build_embedded_engine(RULES)
-    texts = _stream(240)
-    calls = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF) for i in range(0, 240, 20)]
+    calls = _calls(240)
     turns = [0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0]  # catch-ups of 1, 2, 3 rows
     procs = [({}, SharedRows(str(tmp_path))), ({}, SharedRows(str(tmp_path)))]
     log, meta = DictLogState(), DictValueState()
@@ -790,8 +798,7 @@ def test_a_catch_up_reads_the_state_server_when_the_hand_over_does_not_chain(
     whose row's bytes are damaged (the same length) does not import: B reloads the shard from
     the state server instead of failing its call."""
     engine = build_embedded_engine(RULES)
-    texts = _stream(80)
-    calls = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF) for i in range(0, 80, 20)]
+    calls = _calls(80)
     a, b = ({}, SharedRows(str(tmp_path))), ({}, SharedRows(str(tmp_path)))
     log, meta = DictLogState(), DictValueState()
     _shared_call(engine, log, meta, *a, *calls[0])
@@ -818,8 +825,7 @@ def test_a_catch_up_reads_the_state_server_when_the_hand_over_does_not_chain(
     else:
         assert (store.catchups, store.reads, store.shared_rows) == (1, 0 if shared else 1,
                                                                     int(shared))
-    ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
-    want = [_run(engine, ref_log, ref_meta, ref, *c) for c in calls]
+    want = _one_process(engine, calls)
     assert got == want[3] and any(r for r, _ in want)
 
 
@@ -829,8 +835,7 @@ def test_a_copy_ahead_of_the_store_never_takes_a_hand_over(tmp_path: Any) -> Non
     copy by count, and the last file chains to B's rows, not to A's token. A must not take it
     (its copy holds the failed attempt's row): it reloads, and gives what one process gives."""
     engine = build_embedded_engine(RULES)
-    texts = _stream(100)
-    calls = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF) for i in range(0, 100, 20)]
+    calls = _calls(100)
     a, b = ({}, SharedRows(str(tmp_path))), ({}, SharedRows(str(tmp_path)))
     log, meta = DictLogState(), DictValueState()
     _shared_call(engine, log, meta, *a, *calls[0])
@@ -843,8 +848,7 @@ def test_a_copy_ahead_of_the_store_never_takes_a_hand_over(tmp_path: Any) -> Non
     _shared_call(engine, log, meta, *b, *calls[3])
     got, store = _shared_call(engine, log, meta, *a, *calls[4])
     assert (store.reloads, store.catchups, store.shared_rows) == (1, 0, 0)
-    ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
-    want = [_run(engine, ref_log, ref_meta, ref, *c) for c in calls]
+    want = _one_process(engine, calls)
     assert got == want[4] and any(r for r, _ in want)
 
 
@@ -852,8 +856,7 @@ def test_a_hand_over_without_its_directory_reads_the_state_server(tmp_path: Any)
     """The directory is gone (or was never made, or is not writable): the writes fail quietly,
     and the catch-up reads the rows from the state server and gives what one process gives."""
     engine = build_embedded_engine(RULES)
-    texts = _stream(60)
-    calls = [(_batch(texts[i:i + 20], i), 3 * i - 10 if i else NEG_INF) for i in range(0, 60, 20)]
+    calls = _calls(60)
     gone = str(tmp_path / "gone")
     a, b = ({}, SharedRows(gone)), ({}, SharedRows(gone))
     log, meta = DictLogState(), DictValueState()
@@ -861,8 +864,7 @@ def test_a_hand_over_without_its_directory_reads_the_state_server(tmp_path: Any)
     _shared_call(engine, log, meta, *b, *calls[1])
     got, store = _shared_call(engine, log, meta, *a, *calls[2])
     assert (store.catchups, store.reads, store.shared_rows) == (1, 1, 0)
-    ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
-    want = [_run(engine, ref_log, ref_meta, ref, *c) for c in calls]
+    want = _one_process(engine, calls)
     assert got == want[2] and any(r for r, _ in want)
     assert not tmp_path.joinpath("gone").exists()
 
