@@ -560,9 +560,16 @@ class SharedRows:
     server as before. A file is written whole under another name and renamed, so a reader sees
     all of it or none; the writer deletes its own past its last `KEEP` flushes of the shard,
     not the reader (with three or more workers, a third may be behind by the same rows), and
-    any writer deletes every file older than `STALE_S` (`_sweep`)."""
+    any writer deletes every file older than `STALE_S` (`_sweep`).
+
+    A file: `MAGIC`, the format's version (1 byte), the CRC-32 of the rest (4 bytes, little
+    endian), the length of the token the rows were appended onto (1 byte) and that token, then
+    each row as its length (4 bytes) and its bytes. A file whose checksum or version does not
+    match is not taken (a damaged disk, or another build's file): the catch-up reads the state
+    server."""
 
     MAGIC = b"CEPNS"
+    VERSION = 2  # version 1 (session 20) had neither version byte nor checksum: its files fail both
     KEEP = 4
     # A writer deletes the directory's files older than this, at its first flush and then at
     # most once per this period: those of a worker process that exited would otherwise stay
@@ -581,9 +588,12 @@ class SharedRows:
     def for_worker(cls) -> SharedRows | None:
         """The process's `SharedRows` under Spark's local directory for its Python workers
         (`SPARK_LOCAL_DIRS`, deleted when the executor stops, or with an external shuffle
-        service when the application ends), or None outside Spark."""
+        service when the application ends), or None outside Spark, and when Spark does not
+        reuse its Python workers (`spark.python.worker.reuse` false: each task's process exits
+        after it, so no process holds a copy that a catch-up would bring up to date, and the
+        files would be written for nobody)."""
         local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
-        if not local:
+        if not local or os.environ.get("SPARK_REUSE_WORKER", "0") in ("", "0"):
             return None
         path = os.path.join(local, "cep-shared-rows")
         try:
@@ -597,8 +607,7 @@ class SharedRows:
 
     def put(self, shard: Any, prev: bytes, token: bytes, rows: list[bytes]) -> None:
         """Hand over the `rows` appended onto `prev` as `token` (best effort)."""
-        data = b"".join([self.MAGIC, len(prev).to_bytes(1, "little"), prev,
-                         *(len(r).to_bytes(4, "little") + r for r in rows)])
+        data = self._pack(prev, rows)
         name = self._file(token)
         tmp = f"{name}.{os.getpid()}.tmp"
         mine = self._mine.setdefault(shard, [])
@@ -646,12 +655,24 @@ class SharedRows:
         return [b for blobs in reversed(got) for b in blobs]
 
     @classmethod
+    def _pack(cls, prev: bytes, rows: list[bytes]) -> bytes:
+        """A file's bytes (the class docstring): `rows` appended onto token `prev`."""
+        body = b"".join([len(prev).to_bytes(1, "little"), prev,
+                         *(len(r).to_bytes(4, "little") + r for r in rows)])
+        return b"".join([cls.MAGIC, bytes([cls.VERSION]),
+                         zlib.crc32(body).to_bytes(4, "little"), body])
+
+    @classmethod
     def _parse(cls, data: bytes) -> tuple[bytes, list[bytes]] | None:
-        """(the token the rows were appended onto, the rows) of a file `put` wrote."""
-        if not data.startswith(cls.MAGIC) or len(data) < 6:
+        """(the token the rows were appended onto, the rows) of a file `_pack` wrote, or None
+        when it is not one (another version, a checksum that does not match, cut short)."""
+        head = len(cls.MAGIC) + 5
+        if (len(data) <= head or not data.startswith(cls.MAGIC)
+                or data[head - 5] != cls.VERSION
+                or int.from_bytes(data[head - 4:head], "little") != zlib.crc32(data[head:])):
             return None
-        at = 6 + data[5]
-        prev, blobs = data[6:at], []
+        at = head + 1 + data[head]
+        prev, blobs = data[head + 1:at], []
         while at < len(data):
             n = int.from_bytes(data[at:at + 4], "little")
             if n == 0 or at + 4 + n > len(data):

@@ -787,16 +787,18 @@ def test_a_catch_up_takes_the_other_workers_rows_from_its_hand(tmp_path: Any) ->
     assert len(left) == 2 * SharedRows.KEEP and not [f for f in left if f.suffix == ".tmp"]
 
 
-@pytest.mark.parametrize("how", ["missing", "truncated", "rolled back", "damaged"])
+@pytest.mark.parametrize("how", ["missing", "truncated", "rolled back", "damaged",
+                                 "not importable"])
 def test_a_catch_up_reads_the_state_server_when_the_hand_over_does_not_chain(
         tmp_path: Any, how: str) -> None:
     """B holds the shard at A's first row. A's next row is handed over, then its file is lost
-    (missing), cut short (truncated), or its batch rolled back and run again by A (the file
-    of the discarded row stays; the re-run writes its own). B's catch-up takes a file only
-    where the chain of tokens from its copy to the record's holds: else it reads the rows from
-    the state server; its call gives what one process gives either way. A file that chains but
-    whose row's bytes are damaged (the same length) does not import: B reloads the shard from
-    the state server instead of failing its call."""
+    (missing), cut short (truncated), its bytes damaged (the same length: the checksum does not
+    match), or its batch rolled back and run again by A (the file of the discarded row stays;
+    the re-run writes its own). B's catch-up takes a file only where the chain of tokens from
+    its copy to the record's holds and the checksum matches: else it reads the rows from the
+    state server; its call gives what one process gives either way. A well-formed file whose
+    row does not import (a writer's bug; `_pack` over a damaged row) makes B reload the shard
+    from the state server instead of failing its call."""
     engine = build_embedded_engine(RULES)
     calls = _calls(80)
     a, b = ({}, SharedRows(str(tmp_path))), ({}, SharedRows(str(tmp_path)))
@@ -814,13 +816,18 @@ def test_a_catch_up_reads_the_state_server_when_the_hand_over_does_not_chain(
     elif how == "damaged":
         data = written.read_bytes()
         written.write_bytes(data[:-24] + bytes(24))
+    elif how == "not importable":
+        parsed = SharedRows._parse(written.read_bytes())
+        assert parsed is not None
+        prev, (row,) = parsed
+        written.write_bytes(SharedRows._pack(prev, [row[:-24] + bytes(24)]))
     else:
         log.map, meta.v = copy.deepcopy(saved)  # the batch failed: the store goes back
         a[0].clear()
         _shared_call(engine, log, meta, *a, *calls[2])  # A runs it again (a new token)
     got, store = _shared_call(engine, log, meta, *b, *calls[3])
     shared = how == "rolled back"  # the re-run's own file chains; the discarded one is not read
-    if how == "damaged":
+    if how == "not importable":
         assert (store.catchups, store.reloads, store.shared_rows) == (0, 1, 1)
     else:
         assert (store.catchups, store.reads, store.shared_rows) == (1, 0 if shared else 1,
@@ -887,13 +894,21 @@ def test_a_writer_sweeps_the_files_left_by_processes_gone(tmp_path: Any) -> None
 def test_a_worker_hands_over_in_sparks_local_directory(monkeypatch: pytest.MonkeyPatch,
                                                        tmp_path: Any) -> None:
     """Under the first of `SPARK_LOCAL_DIRS` (set by Spark for its Python workers); none
-    outside Spark, nor when the directory cannot be made."""
+    outside Spark, nor when the directory cannot be made, nor when Spark does not reuse its
+    Python workers (`SPARK_REUSE_WORKER` unset or 0: no process would read the files)."""
     monkeypatch.delenv("SPARK_LOCAL_DIRS", raising=False)
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
     assert SharedRows.for_worker() is None
     monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path / 'one'},{tmp_path / 'two'}")
     shared = SharedRows.for_worker()
     assert shared is not None and shared.path == str(tmp_path / "one" / "cep-shared-rows")
     assert os.path.isdir(shared.path) and not tmp_path.joinpath("two").exists()
+    for reuse in ("0", ""):
+        monkeypatch.setenv("SPARK_REUSE_WORKER", reuse)
+        assert SharedRows.for_worker() is None
+    monkeypatch.delenv("SPARK_REUSE_WORKER")
+    assert SharedRows.for_worker() is None
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
     (tmp_path / "file").write_bytes(b"")
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "file"))
     assert SharedRows.for_worker() is None
