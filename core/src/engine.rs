@@ -1182,11 +1182,11 @@ const AHEAD_RUNS: usize = 8;
 /// The events per key that `prefetch_ahead` brings in ahead.
 const AHEAD_EVENTS: usize = 16;
 
-/// The allocation of an `Arc` (its counts, which a clone writes, and the value's first
-/// 112 bytes).
+/// The allocation of a `triomphe::Arc` (its count, which a clone writes, and the value's
+/// first 120 bytes).
 #[inline(always)]
-fn prefetch_arc<T>(a: &Arc<T>) {
-    let p = Arc::as_ptr(a).cast::<u8>().wrapping_sub(16);
+fn prefetch_arc<T>(a: &triomphe::Arc<T>) {
+    let p = a.heap_ptr().cast::<u8>();
     prefetch(p);
     prefetch(p.wrapping_add(64));
 }
@@ -2170,7 +2170,7 @@ fn family_state(fam: &Family, rules: &[RuleE], fstates: &mut Vec<(u32, FState)>,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::expr::{Cap, CapVec};
+    use crate::expr::{Cap, CapVec, Caps};
     use crate::keys::Slot;
     use crate::matcher::{Entry, Run};
     use std::mem::size_of;
@@ -2247,7 +2247,7 @@ mod tests {
         let caps = |n: u32| {
             let mut v = Vec::with_capacity(8);
             v.extend((0..n).map(|var| Cap { var, row: 0, ev: ev.clone() }));
-            Arc::new(CapVec::from(v))
+            Caps::new(CapVec::from(v))
         };
         let shared = caps(2);
         let mut entries = Vec::with_capacity(8);
@@ -2271,7 +2271,7 @@ mod tests {
         assert!(Ev::ptr_eq(&alone[0].ev, &ev));
         let t = r.tpart.as_ref().expect("tpart kept");
         assert_eq!((t.v.len(), t.v.capacity()), (3, 3));
-        assert!(Arc::ptr_eq(&r.entries[1].caps, &shared) && Arc::ptr_eq(&r.entries[2].caps, &shared));
+        assert!(Caps::ptr_eq(&r.entries[1].caps, &shared) && Caps::ptr_eq(&r.entries[2].caps, &shared));
         assert_eq!((shared.v.len(), shared.v.capacity()), (2, 8), "shared captures left as they are");
     }
 }

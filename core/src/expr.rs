@@ -235,7 +235,11 @@ impl From<Vec<Cap>> for CapVec {
 /// No captures (a row expression is evaluated on one event alone).
 pub static NO_CAPS: CapVec = CapVec { v: Vec::new(), acc: Vec::new() };
 
-pub type Caps = Arc<CapVec>;
+/// A partial match's captures, shared by its entries (and timeout candidates). A
+/// `triomphe::Arc`: one count, no weak count (no `Weak` of captures is ever made), so the
+/// uniqueness test of a grow in place (`Caps::get_mut`) is a plain load, not std `Arc`'s
+/// compare-exchange on the weak count (docs/native-core.md, "Trading: ... (session 21)").
+pub type Caps = triomphe::Arc<CapVec>;
 
 /// An aggregate of a rule's conditions, kept per partial match: `func` over `row` evaluated on
 /// the events captured for `var` (every event when None); `row` None is `COUNT(var.*)`.

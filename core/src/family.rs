@@ -4,7 +4,7 @@
 //! projection on bit `i`, and every step below keeps "projection of the family step = the
 //! per-rule step (`matcher.rs`) of the projection".
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -212,7 +212,7 @@ fn shifted(caps: &Caps, shift: i64) -> Caps {
         return caps.clone();
     }
     let v = caps.iter().map(|c| Cap { var: c.var, row: c.row + shift, ev: c.ev.clone() }).collect();
-    Arc::new(CapVec { v, acc: caps.acc.clone() })
+    Caps::new(CapVec { v, acc: caps.acc.clone() })
 }
 
 fn same_caps(a: &[Cap], b: &[Cap]) -> bool {
@@ -460,7 +460,7 @@ impl Family {
             }
             let cap = Cap { var: st.var as u32, row, ev: ev.clone() };
             if a.after != 0 {
-                let grown = Arc::new(rep.grown(py, &caps, cap, &t.loc));
+                let grown = Caps::new(rep.grown(py, &caps, cap, &t.loc));
                 push_next(&mut out, &st.next, grown, |pos, caps| FEntry { pos, mask: a.grow, caps });
                 out.push(FEntry { pos: st.after, mask: a.after, caps });
                 continue;
@@ -468,13 +468,13 @@ impl Family {
             // The entry itself does not go on: its captures grow in place when no other entry
             // shares them (copy on write), else are copied.
             let mut c = caps;
-            let grown: Caps = match Arc::get_mut(&mut c) {
+            let grown: Caps = match Caps::get_mut(&mut c) {
                 Some(v) => {
                     v.v.push(cap);
                     v.fold_last(&rep.cx(py, t.loc.rows));
                     c
                 }
-                None => Arc::new(rep.grown(py, &c, cap, &t.loc)),
+                None => Caps::new(rep.grown(py, &c, cap, &t.loc)),
             };
             push_next(&mut out, &st.next, grown, |pos, caps| FEntry { pos, mask: a.grow, caps });
         }
@@ -675,7 +675,7 @@ impl Family {
     fn emit<'py>(&self, rules: &mut [RuleE], py: Python<'py>, i: usize, caps: &Caps, shared: &mut Option<(Caps, Bound<'py, PyTuple>)>, out: &mut FOut<'_>) -> PyResult<()> {
         let ri = self.members[i];
         let events = match shared {
-            Some((c, t)) if Arc::ptr_eq(c, caps) => t.clone(),
+            Some((c, t)) if Caps::ptr_eq(c, caps) => t.clone(),
             _ => {
                 let t = rules[ri].core.events(py, caps)?;
                 *shared = Some((caps.clone(), t.clone()));

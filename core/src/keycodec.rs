@@ -704,7 +704,7 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
                 let ev = evs.entry(i).or_insert_with(|| src.to_ev(py)).clone();
                 v.push(Cap { var, row, ev });
             }
-            Ok(Arc::new(CapVec::from(v)))
+            Ok(Caps::new(CapVec::from(v)))
         };
         let mut out_runs = Vec::with_capacity(runs.len());
         for r in runs {

@@ -4,7 +4,6 @@
 //! preference order) and the earliest deadline. Entry position `DONE` is a complete match
 //! waiting for more preferred alternatives to be decided.
 
-use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
@@ -61,8 +60,8 @@ fn compact_caps(c: &mut Caps) {
     if c.v.capacity() == c.v.len() && c.acc.capacity() == c.acc.len() {
         return;
     }
-    if Arc::strong_count(c) == 1 {
-        if let Some(v) = Arc::get_mut(c) {
+    if Caps::strong_count(c) == 1 {
+        if let Some(v) = Caps::get_mut(c) {
             fit(&mut v.v);
             fit(&mut v.acc);
         }
@@ -154,7 +153,7 @@ impl Pool {
     /// plain load (no `Weak` of captures is ever made). It is emptied when reused (`caps_of`,
     /// whose `Arc::get_mut` is the one atomic compare-exchange it costs).
     pub(crate) fn put_caps(&mut self, c: Caps) {
-        if self.caps.len() < POOL && Arc::strong_count(&c) == 1 && c.v.capacity() <= 8 {
+        if self.caps.len() < POOL && Caps::strong_count(&c) == 1 && c.v.capacity() <= 8 {
             self.caps.push(c);
         }
     }
@@ -183,7 +182,7 @@ impl Pool {
     /// applied to them before they are shared.
     pub(crate) fn caps_of(&mut self, cap: Cap, fold: impl FnOnce(&mut CapVec)) -> Caps {
         if let Some(mut c) = self.caps.pop() {
-            if let Some(v) = Arc::get_mut(&mut c) {
+            if let Some(v) = Caps::get_mut(&mut c) {
                 v.v.clear();
                 v.acc.clear();
                 v.v.push(cap);
@@ -195,7 +194,7 @@ impl Pool {
         v.push(cap);
         let mut c = CapVec::from(v);
         fold(&mut c);
-        Arc::new(c)
+        Caps::new(c)
     }
 }
 
@@ -372,20 +371,20 @@ impl Core {
                     let st = &self.p.table[pos as usize];
                     let cap = Cap { var: st.var as u32, row, ev: ev.clone() };
                     if also_after {
-                        push_next(&mut out, &st.next, Arc::new(self.grown(py, &caps, cap, local)), |pos, caps| Entry { pos, caps });
+                        push_next(&mut out, &st.next, Caps::new(self.grown(py, &caps, cap, local)), |pos, caps| Entry { pos, caps });
                         out.push(Entry { pos: st.after, caps });
                         continue;
                     }
                     // The entry itself does not go on: its captures are grown in place when no
                     // other entry shares them (copy on write), else copied.
                     let mut c = caps;
-                    let grown: Caps = match Arc::get_mut(&mut c) {
+                    let grown: Caps = match Caps::get_mut(&mut c) {
                         Some(v) => {
                             v.v.push(cap);
                             v.fold_last(&self.cx(py, local.rows));
                             c
                         }
-                        None => Arc::new(self.grown(py, &c, cap, local)),
+                        None => Caps::new(self.grown(py, &c, cap, local)),
                     };
                     push_next(&mut out, &st.next, grown, |pos, caps| Entry { pos, caps });
                 }

@@ -4,7 +4,6 @@
 //! blocks where the live form has six per partial match (parts, runs, entries, the captures'
 //! `Arc` and their vector). Never serialised: `CEPNK` is written from the unpacked state.
 
-use std::sync::Arc;
 
 use crate::expr::{Cap, CapVec, Caps, Ev};
 use crate::matcher::{Core, Entry, MState, Run};
@@ -76,7 +75,7 @@ trait Shared {
 
 impl Shared for Caps {
     fn addr(&self) -> *const u8 {
-        Arc::as_ptr(self).cast()
+        Caps::as_ptr(self).cast()
     }
 }
 
@@ -191,7 +190,7 @@ impl Packed {
                 .map(|c| Cap { var: c[0] as u32, row: c[1] as i64, ev: self.evs[(c[0] >> 32) as usize].clone() })
                 .collect();
             at += 2 * n;
-            *cv = (Some(Arc::new(CapVec { v, acc: Vec::new() })), uses);
+            *cv = (Some(Caps::new(CapVec { v, acc: Vec::new() })), uses);
         }
         let mut take = |i: u64| {
             let c = &mut cvs[i as usize];
@@ -294,6 +293,7 @@ impl Packed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use crate::expr::{Cols, Row};
     use crate::value::Value;
 
@@ -304,7 +304,7 @@ mod tests {
     }
 
     fn caps(v: &[(u32, i64, &Ev)]) -> Caps {
-        Arc::new(CapVec::from(v.iter().map(|&(var, row, ev)| Cap { var, row, ev: ev.clone() }).collect::<Vec<_>>()))
+        Caps::new(CapVec::from(v.iter().map(|&(var, row, ev)| Cap { var, row, ev: ev.clone() }).collect::<Vec<_>>()))
     }
 
     /// The states' shape and contents, with sharing as indexes (captures by pointer to their
@@ -316,7 +316,7 @@ mod tests {
             out += &format!("part {fp} row {} deadline {:?}\n", m.row, m.deadline);
             for r in &m.runs {
                 let mut cv = |c: &Caps| {
-                    let i = cvs.iter().position(|x| Arc::ptr_eq(x, c)).unwrap_or_else(|| {
+                    let i = cvs.iter().position(|x| Caps::ptr_eq(x, c)).unwrap_or_else(|| {
                         cvs.push(c.clone());
                         cvs.len() - 1
                     });
@@ -369,7 +369,7 @@ mod tests {
                     tpart: Some(shared.clone()),
                     matched: true,
                 },
-                Run { start: 3, entries: vec![Entry { pos: 0, caps: Arc::new(CapVec::default()) }], tpart: Some(caps(&[(1, 4, &b)])), matched: false },
+                Run { start: 3, entries: vec![Entry { pos: 0, caps: Caps::new(CapVec::default()) }], tpart: Some(caps(&[(1, 4, &b)])), matched: false },
             ],
             deadline: Some(-42),
         };
@@ -378,8 +378,8 @@ mod tests {
         let p = round_trip(&[(1, m1), (u32::MAX, m2), (2, m3)]);
         assert_eq!(p.evs.len(), 3, "each event once");
         let back = p.unpack(|_, m| m);
-        assert!(Arc::ptr_eq(&back[0].runs[0].entries[0].caps, &back[0].runs[0].entries[1].caps));
-        assert!(Arc::ptr_eq(&back[0].runs[0].entries[0].caps, back[0].runs[0].tpart.as_ref().expect("tpart")));
+        assert!(Caps::ptr_eq(&back[0].runs[0].entries[0].caps, &back[0].runs[0].entries[1].caps));
+        assert!(Caps::ptr_eq(&back[0].runs[0].entries[0].caps, back[0].runs[0].tpart.as_ref().expect("tpart")));
         assert!(Ev::ptr_eq(&back[0].runs[0].entries[2].caps.v[1].ev, &c));
         assert!(back.iter().flat_map(|m| &m.runs).all(|r| r.entries.capacity() == r.entries.len()));
     }
@@ -456,7 +456,7 @@ mod tests {
         let e = ev(1);
         let mut cv = CapVec::from(vec![Cap { var: 0, row: 0, ev: e.clone() }]);
         cv.acc.push(crate::expr::Acc { n: 1, fold: crate::expr::Fold::Empty, broken: false });
-        let m = MState { row: 1, runs: vec![Run { start: 0, entries: vec![Entry { pos: 1, caps: Arc::new(cv) }], tpart: None, matched: false }], deadline: None };
+        let m = MState { row: 1, runs: vec![Run { start: 0, entries: vec![Entry { pos: 1, caps: Caps::new(cv) }], tpart: None, matched: false }], deadline: None };
         assert!(Packed::pack([(0, &m)].into_iter(), None).is_none());
         let entries = (0..=MAX_SHARED).map(|i| Entry { pos: i as i32, caps: caps(&[(0, 0, &e)]) }).collect();
         let m = MState { row: 1, runs: vec![Run { start: 0, entries, tpart: None, matched: false }], deadline: None };

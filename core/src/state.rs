@@ -8,7 +8,6 @@
 //! fails with a clear message instead of misreading an old checkpoint.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -180,7 +179,7 @@ pub fn decode(py: Python<'_>, data: &[u8]) -> PyResult<MState> {
             let ev = events.get(i as usize).ok_or_else(corrupt)?.clone();
             v.push(Cap { var, row, ev });
         }
-        Ok(Arc::new(CapVec::from(v)))
+        Ok(Caps::new(CapVec::from(v)))
     };
     let mut runs = Vec::with_capacity(raw.len());
     for (start, matched, tpart, entries) in raw {
