@@ -17,11 +17,17 @@ from cep.runtime.matcher import Dropped, Match, Timeout
 
 Row = tuple[str, str, str, str, str]  # kind, rule_id, key, id, payload (JSON)
 
+# `json.dumps(x, default=str)` and `json.dumps(x, sort_keys=True, default=str)`, the encoders
+# made once: `json.dumps` with arguments builds a new `JSONEncoder` per call (two per alert;
+# docs/native-core.md, session 21, gc21). Same text.
+_DUMPS = json.JSONEncoder(default=str).encode
+_DUMPS_SORTED = json.JSONEncoder(sort_keys=True, default=str).encode
+
 
 def alert_id(rule_id: str, version: int, key: str, kind: str,
              positions: list[tuple[int, Any]]) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps([rule_id, version, key, kind, positions], default=str).encode())
+    h.update(_DUMPS([rule_id, version, key, kind, positions]).encode())
     return h.hexdigest()[:32]
 
 
@@ -81,7 +87,7 @@ def output_rows(engine: Engine, out: Output) -> list[Row]:
         if isinstance(res, Match | Timeout):
             rec = alert_record(engine, res)
             rows.append((rec["kind"], res.rule_id, rec["key"], rec["alert_id"],
-                         json.dumps(rec, sort_keys=True, default=str)))
+                         _DUMPS_SORTED(rec)))
         elif isinstance(res, Dropped):
             info = {"rule_id": res.rule_id, "key": str(res.key), "count": res.count,
                     "ts": res.ts}
@@ -91,7 +97,7 @@ def output_rows(engine: Engine, out: Output) -> list[Row]:
                 "ts": late.event.ts, "seq": late.event.seq, "watermark": late.watermark,
                 "event": dict(late.event.data)}
         rows.append(("late", ",".join(late.rule_ids), late.key, "",
-                     json.dumps(info, default=str)))
+                     _DUMPS(info)))
     return rows
 
 

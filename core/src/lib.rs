@@ -31,7 +31,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyList, PyString, PyTuple};
 
 use crate::expr::{extract_fields, Ev};
-use crate::matcher::{Classes, Core, MState, Out, Stats, FOREVER};
+use crate::matcher::{Classes, Core, MState, Out, ResultClass, Stats, FOREVER};
 use crate::program::SkipK;
 use crate::value::PyOps;
 
@@ -189,9 +189,9 @@ pub fn build_core(py: Python<'_>, program: &Bound<'_, PyAny>, max_partial_matche
     let p = program::parse(py, program)?;
     let m = py.import("cep.runtime.matcher")?;
     let classes = Classes {
-        matched_event: m.getattr("MatchedEvent")?.unbind(),
-        match_: m.getattr("Match")?.unbind(),
-        timeout: m.getattr("Timeout")?.unbind(),
+        matched_event: ResultClass::new(py, &m, "MatchedEvent")?,
+        match_: ResultClass::new(py, &m, "Match")?,
+        timeout: ResultClass::new(py, &m, "Timeout")?,
         dropped: m.getattr("Dropped")?.unbind(),
     };
     let d = program.downcast::<PyDict>()?;

@@ -5,8 +5,9 @@
 //! waiting for more preferred alternatives to be decided.
 
 
+use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PyModule, PyString, PyTuple};
 
 use crate::expr::{Cap, CapVec, Caps, Cx, Ev, RowMemo, NO_CAPS};
 use crate::program::{Conn, Program, SkipK, DONE};
@@ -91,10 +92,50 @@ pub struct Stats {
 
 /// Python classes results are built from.
 pub struct Classes {
-    pub matched_event: Py<PyAny>,
-    pub match_: Py<PyAny>,
-    pub timeout: Py<PyAny>,
+    pub matched_event: ResultClass,
+    pub match_: ResultClass,
+    pub timeout: ResultClass,
     pub dropped: Py<PyAny>,
+}
+
+/// A result class and, when calling it only sets its fields from its arguments, their names
+/// (`plain_fields` in cep/runtime/matcher.py decides; docs/native-core.md, session 21, gc21).
+pub struct ResultClass {
+    pub cls: Py<PyAny>,
+    pub fields: Option<Vec<Py<PyString>>>,
+}
+
+impl ResultClass {
+    pub fn new(py: Python<'_>, m: &Bound<'_, PyModule>, name: &str) -> PyResult<Self> {
+        let cls = m.getattr(name)?;
+        let fields: Option<Vec<String>> = m.getattr("plain_fields")?.call1((&cls,))?.extract()?;
+        let fields = fields.map(|f| f.iter().map(|n| PyString::intern(py, n).unbind()).collect());
+        Ok(ResultClass { cls: cls.unbind(), fields })
+    }
+
+    /// An instance from `vals` (the fields in order): made and its fields set as the
+    /// dataclass's generated `__init__` sets them (`object.__setattr__`, i.e.
+    /// `PyObject_GenericSetAttr`, per field) without running that Python code, when the class
+    /// is plain; else the class called.
+    pub fn make<'py>(&self, py: Python<'py>, vals: &[Bound<'py, PyAny>]) -> PyResult<Bound<'py, PyAny>> {
+        let Some(names) = self.fields.as_ref().filter(|n| n.len() == vals.len()) else {
+            return self.cls.bind(py).call1(PyTuple::new(py, vals)?);
+        };
+        let empty = PyTuple::empty(py);
+        // SAFETY: `cls` is a type (a dataclass, checked by `plain_fields`) whose `__new__` is
+        // `object.__new__`; the pointers are live, owned by `py`-bound references.
+        let obj = unsafe {
+            let tp = self.cls.as_ptr().cast::<ffi::PyTypeObject>();
+            Bound::from_owned_ptr_or_err(py, ffi::PyType_GenericNew(tp, empty.as_ptr(), std::ptr::null_mut()))?
+        };
+        for (n, v) in names.iter().zip(vals) {
+            // SAFETY: as above; a failure sets the Python error fetched here.
+            if unsafe { ffi::PyObject_GenericSetAttr(obj.as_ptr(), n.as_ptr(), v.as_ptr()) } < 0 {
+                return Err(PyErr::fetch(py));
+            }
+        }
+        Ok(obj)
+    }
 }
 
 /// No shared condition (`Core::cids`).
@@ -837,15 +878,15 @@ impl Core {
     }
 
     pub(crate) fn events<'py>(&self, py: Python<'py>, caps: &[Cap]) -> PyResult<Bound<'py, PyTuple>> {
-        let cls = self.classes.matched_event.bind(py);
+        let cls = &self.classes.matched_event;
         let mut items = Vec::with_capacity(caps.len());
         for c in caps {
-            items.push(cls.call1((
-                self.var_names[c.var as usize].clone_ref(py),
-                c.ev.ts,
-                c.ev.seq_obj(py)?.clone_ref(py),
-                c.ev.obj(py)?.clone_ref(py),
-            ))?);
+            items.push(cls.make(py, &[
+                self.var_names[c.var as usize].bind(py).clone().into_any(),
+                c.ev.ts.into_pyobject(py)?.into_any(),
+                c.ev.seq_obj(py)?.bind(py).clone(),
+                c.ev.obj(py)?.bind(py).clone(),
+            ])?);
         }
         PyTuple::new(py, items)
     }
@@ -870,33 +911,33 @@ impl Core {
     /// same captures share them, `family.rs`).
     pub(crate) fn emit_match_with(&mut self, py: Python<'_>, caps: &CapVec, events: Bound<'_, PyTuple>, out: &Out) -> PyResult<()> {
         self.stats.matches += 1;
-        let m = self.classes.match_.bind(py).call1((
-            self.rule_id_py.clone_ref(py),
-            self.version_py.clone_ref(py),
-            self.emit_py.clone_ref(py),
-            self.key(py, caps, out)?,
-            events,
-            caps[0].ev.ts,
-            caps[caps.len() - 1].ev.ts,
-            self.measures(py, caps)?,
-        ))?;
+        let m = self.classes.match_.make(py, &[
+            self.rule_id_py.bind(py).clone(),
+            self.version_py.bind(py).clone(),
+            self.emit_py.bind(py).clone(),
+            self.key(py, caps, out)?.into_bound(py),
+            events.into_any(),
+            caps[0].ev.ts.into_pyobject(py)?.into_any(),
+            caps[caps.len() - 1].ev.ts.into_pyobject(py)?.into_any(),
+            self.measures(py, caps)?.into_any(),
+        ])?;
         out.list.append(m)
     }
 
     fn emit_timeout(&mut self, py: Python<'_>, caps: &CapVec, out: &Out) -> PyResult<()> {
         self.stats.timeouts += 1;
         let deadline = self.deadline(caps).unwrap_or(caps[caps.len() - 1].ev.ts);
-        let t = self.classes.timeout.bind(py).call1((
-            self.rule_id_py.clone_ref(py),
-            self.version_py.clone_ref(py),
-            self.timeout_py.clone_ref(py),
-            self.key(py, caps, out)?,
-            self.events(py, caps)?,
-            caps[0].ev.ts,
-            caps[caps.len() - 1].ev.ts,
-            deadline,
-            self.measures(py, caps)?,
-        ))?;
+        let t = self.classes.timeout.make(py, &[
+            self.rule_id_py.bind(py).clone(),
+            self.version_py.bind(py).clone(),
+            self.timeout_py.bind(py).clone(),
+            self.key(py, caps, out)?.into_bound(py),
+            self.events(py, caps)?.into_any(),
+            caps[0].ev.ts.into_pyobject(py)?.into_any(),
+            caps[caps.len() - 1].ev.ts.into_pyobject(py)?.into_any(),
+            deadline.into_pyobject(py)?.into_any(),
+            self.measures(py, caps)?.into_any(),
+        ])?;
         out.list.append(t)
     }
 }
