@@ -458,3 +458,20 @@ def test_the_registered_timer_is_one_never_later_than_the_wake_and_never_lost() 
             check()
         assert not {t for t in state.timers.get((0,), set()) if t <= wm}  # none left due
     assert all(seen.values()), seen
+
+
+@pytest.mark.parametrize(("reuse", "hands_over"), [(None, False), ("", False), ("1", True)])
+def test_a_worker_hands_rows_over_only_when_spark_reuses_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, reuse: str | None,
+        hands_over: bool) -> None:
+    """`_shared_rows` (uncached): a `SharedRows` under Spark's local directory when Spark reuses
+    its Python workers (`SPARK_REUSE_WORKER` set, read as pyspark's daemon reads it); else
+    none, since each task's process exits after it and no catch-up would read the files."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    if reuse is None:
+        monkeypatch.delenv("SPARK_REUSE_WORKER", raising=False)
+    else:
+        monkeypatch.setenv("SPARK_REUSE_WORKER", reuse)
+    shared = op._shared_rows.__wrapped__()
+    assert (shared is not None) == hands_over
+    assert shared is None or shared.path == str(tmp_path / "cep-shared-rows")

@@ -111,12 +111,12 @@ def plain_fields(cls: type) -> tuple[str, ...] | None:
     from its arguments (`object.__setattr__` per field: a frozen dataclass's generated
     `__init__`); else None. The native core then makes its `Match`es so, without running that
     `__init__`'s Python code (docs/native-core.md, session 21, gc21); a class that does more (a
-    `__post_init__`, an `__init__` of its own, an `InitVar`, a field without `init`, a `__new__`)
-    gives None and is called."""
+    `__post_init__`, an `__init__` of its own, an `InitVar`, a field without `init`, a `__new__`,
+    a metaclass, e.g. `ABCMeta`, whose call refuses abstract classes) gives None and is called."""
     init = cls.__dict__.get("__init__")
     code = getattr(init, "__code__", None)
-    if (not is_dataclass(cls) or code is None or hasattr(cls, "__post_init__")
-            or cls.__new__ is not object.__new__
+    if (type(cls) is not type or not is_dataclass(cls) or code is None
+            or hasattr(cls, "__post_init__") or cls.__new__ is not object.__new__
             # the generated frozen __init__ (3.11) sets fields through this closure variable;
             # an __init__ written in the class body has no such variable
             or "__dataclass_builtins_object__" not in code.co_freevars):

@@ -588,12 +588,9 @@ class SharedRows:
     def for_worker(cls) -> SharedRows | None:
         """The process's `SharedRows` under Spark's local directory for its Python workers
         (`SPARK_LOCAL_DIRS`, deleted when the executor stops, or with an external shuffle
-        service when the application ends), or None outside Spark, and when Spark does not
-        reuse its Python workers (`spark.python.worker.reuse` false: each task's process exits
-        after it, so no process holds a copy that a catch-up would bring up to date, and the
-        files would be written for nobody)."""
+        service when the application ends), or None outside Spark."""
         local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
-        if not local or os.environ.get("SPARK_REUSE_WORKER", "0") in ("", "0"):
+        if not local:
             return None
         path = os.path.join(local, "cep-shared-rows")
         try:
@@ -657,10 +654,14 @@ class SharedRows:
     @classmethod
     def _pack(cls, prev: bytes, rows: list[bytes]) -> bytes:
         """A file's bytes (the class docstring): `rows` appended onto token `prev`."""
-        body = b"".join([len(prev).to_bytes(1, "little"), prev,
-                         *(len(r).to_bytes(4, "little") + r for r in rows)])
-        return b"".join([cls.MAGIC, bytes([cls.VERSION]),
-                         zlib.crc32(body).to_bytes(4, "little"), body])
+        head = len(cls.MAGIC) + 5
+        data = bytearray(head)
+        data[:head - 4] = cls.MAGIC + bytes([cls.VERSION])
+        data += len(prev).to_bytes(1, "little") + prev
+        for r in rows:
+            data += len(r).to_bytes(4, "little") + r
+        data[head - 4:head] = zlib.crc32(memoryview(data)[head:]).to_bytes(4, "little")
+        return bytes(data)
 
     @classmethod
     def _parse(cls, data: bytes) -> tuple[bytes, list[bytes]] | None:
@@ -669,7 +670,8 @@ class SharedRows:
         head = len(cls.MAGIC) + 5
         if (len(data) <= head or not data.startswith(cls.MAGIC)
                 or data[head - 5] != cls.VERSION
-                or int.from_bytes(data[head - 4:head], "little") != zlib.crc32(data[head:])):
+                or int.from_bytes(data[head - 4:head], "little")
+                != zlib.crc32(memoryview(data)[head:])):
             return None
         at = head + 1 + data[head]
         prev, blobs = data[head + 1:at], []

@@ -27,6 +27,7 @@ from cep.runtime.bind import engine_kind
 from cep.runtime.engine import EOF_TS, Engine, Event, Output, content_seq
 from cep.runtime.state_store import UNKNOWN, MapStateKeyStore, NativeShardStore, SharedRows
 from cep.spark.pipeline import DEAD_STREAM, EOF_STREAM, unpack
+from cep.spark.worker_daemon import reuses_workers
 
 _OUT_COLUMNS = ["kind", "rule_id", "key", "id", "payload"]
 _BUCKET_SCHEMA = StructType([StructField("bucket", IntegerType())])
@@ -304,8 +305,11 @@ _HELD: dict[Any, Any] = {}
 @functools.cache
 def _shared_rows() -> SharedRows | None:
     """The worker process's hand-over of log rows to the other workers of its executor
-    (`SharedRows`: their catch-ups read the rows there, not from the state server)."""
-    return SharedRows.for_worker()
+    (`SharedRows`: their catch-ups read the rows there, not from the state server); None when
+    Spark does not reuse its Python workers: each task's process then exits after it, no
+    process holds a copy that a catch-up would bring up to date, and the files would be
+    written for nobody."""
+    return SharedRows.for_worker() if reuses_workers() else None
 
 
 def _cached_engine(factory: EngineFactory) -> Engine:

@@ -49,18 +49,25 @@ def _drop_spark_zips(path: list[str]) -> list[str]:
                                                   and p.endswith("-src.zip")))]
 
 
+def reuses_workers() -> bool:
+    """Whether Spark reuses this Python worker process for further tasks
+    (`spark.python.worker.reuse`, on by default): Spark then sets `SPARK_REUSE_WORKER` for its
+    workers, and `pyspark.daemon.manager` takes any non-empty value as reuse, so this does."""
+    return bool(os.environ.get("SPARK_REUSE_WORKER"))
+
+
 def freeze_after_first_task(worker: Callable[..., int]) -> Callable[..., int]:
     """`pyspark.daemon.worker` (one task of a forked worker) that, after the worker's first
     task, collects once and freezes what is left (the module docstring). The flag is copied
     into each forked worker, so each freezes once. Only when the task succeeded (code 0) and
-    workers are reused (`SPARK_REUSE_WORKER`, which `pyspark.daemon.manager` reads too): else
+    workers are reused (`reuses_workers`): else
     the worker exits after this task, and the collection would be spent for nothing."""
     frozen = False
 
     def run(*args: Any) -> int:
         nonlocal frozen
         code = worker(*args)
-        if not frozen and code == 0 and os.environ.get("SPARK_REUSE_WORKER"):
+        if not frozen and code == 0 and reuses_workers():
             frozen = True
             gc.collect()
             gc.freeze()

@@ -1182,8 +1182,9 @@ const AHEAD_RUNS: usize = 8;
 /// The events per key that `prefetch_ahead` brings in ahead.
 const AHEAD_EVENTS: usize = 16;
 
-/// The allocation of a `triomphe::Arc` (its count, which a clone writes, and the value's
-/// first 120 bytes).
+/// The allocation of a `triomphe::Arc` (its count, which a clone writes, and the value): two
+/// lines, since a block need not start on one (a 56-byte `Caps` block spans two lines in most
+/// of its allocator class's slots).
 #[inline(always)]
 fn prefetch_arc<T>(a: &triomphe::Arc<T>) {
     let p = a.heap_ptr().cast::<u8>();

@@ -4,7 +4,6 @@
 //! preference order) and the earliest deadline. Entry position `DONE` is a complete match
 //! waiting for more preferred alternatives to be decided.
 
-
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyModule, PyString, PyTuple};
@@ -192,7 +191,7 @@ const POOL: usize = 32;
 impl Pool {
     /// Keep `c` if nothing else holds it (else it is just dropped): by its count alone, a
     /// plain load (no `Weak` of captures is ever made). It is emptied when reused (`caps_of`,
-    /// whose `Arc::get_mut` is the one atomic compare-exchange it costs).
+    /// whose `get_mut` is a load of the count too: `Caps` is a `triomphe::Arc`).
     pub(crate) fn put_caps(&mut self, c: Caps) {
         if self.caps.len() < POOL && Caps::strong_count(&c) == 1 && c.v.capacity() <= 8 {
             self.caps.push(c);

@@ -4,7 +4,6 @@
 //! blocks where the live form has six per partial match (parts, runs, entries, the captures'
 //! `Arc` and their vector). Never serialised: `CEPNK` is written from the unpacked state.
 
-
 use crate::expr::{Cap, CapVec, Caps, Ev};
 use crate::matcher::{Core, Entry, MState, Run};
 use crate::program::DONE;

@@ -2,7 +2,7 @@
 Python objects (session 21, gc21)"): a `Match`, `Timeout` or `MatchedEvent` whose class only
 sets its fields from its arguments (`plain_fields`) is made and its fields set without running
 the dataclass's generated `__init__`; any other class is called. Either way a result must be
-the Python engine's: same class, equal, frozen, hashable where the class is.
+the Python engine's: same class, equal, frozen.
 
 Rules here: a family (three copies differing in a threshold and a window), a rule with
 MEASURES, and one with ON TIMEOUT (so `Timeout`s with measures and events come out too);
@@ -11,6 +11,7 @@ native from Event lists and from one Arrow batch, against the Python engine, res
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import sys
 from typing import Any
@@ -127,11 +128,39 @@ def test_plain_fields() -> None:
         a: int
         b: dataclasses.InitVar[int]
 
+    @dataclasses.dataclass(frozen=True)
+    class NoInitOnly:  # caught only by its field's `init=False` (its argument count matches)
+        a: int
+        b: int = dataclasses.field(init=False, default=0)
+        c: dataclasses.InitVar[int] = 0
+
+    @dataclasses.dataclass(frozen=True)
+    class New:
+        a: int
+
+        def __new__(cls, *args: object) -> New:
+            return super().__new__(cls)
+
+    class Meta(abc.ABCMeta):
+        pass
+
+    @dataclasses.dataclass(frozen=True)
+    class WithMeta(metaclass=Meta):
+        a: int
+
+    @dataclasses.dataclass(frozen=True)
+    class Abstract(abc.ABC):
+        a: int
+
+        @abc.abstractmethod
+        def f(self) -> None: ...
+
     class NotDataclass:
         def __init__(self, a: int) -> None:
             self.a = a
 
-    for cls in (Post, Own, NoInit, WithInitVar, NotDataclass):
+    for cls in (Post, Own, NoInit, WithInitVar, NoInitOnly, New, WithMeta, Abstract,
+                NotDataclass):
         assert plain_fields(cls) is None, cls.__name__
 
 

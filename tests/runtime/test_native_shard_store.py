@@ -18,6 +18,7 @@ import math
 import os
 import pickle
 import time
+import zlib
 from typing import Any
 
 import pyarrow as pa
@@ -894,21 +895,31 @@ def test_a_writer_sweeps_the_files_left_by_processes_gone(tmp_path: Any) -> None
 def test_a_worker_hands_over_in_sparks_local_directory(monkeypatch: pytest.MonkeyPatch,
                                                        tmp_path: Any) -> None:
     """Under the first of `SPARK_LOCAL_DIRS` (set by Spark for its Python workers); none
-    outside Spark, nor when the directory cannot be made, nor when Spark does not reuse its
-    Python workers (`SPARK_REUSE_WORKER` unset or 0: no process would read the files)."""
+    outside Spark, nor when the directory cannot be made."""
     monkeypatch.delenv("SPARK_LOCAL_DIRS", raising=False)
-    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
     assert SharedRows.for_worker() is None
     monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path / 'one'},{tmp_path / 'two'}")
     shared = SharedRows.for_worker()
     assert shared is not None and shared.path == str(tmp_path / "one" / "cep-shared-rows")
     assert os.path.isdir(shared.path) and not tmp_path.joinpath("two").exists()
-    for reuse in ("0", ""):
-        monkeypatch.setenv("SPARK_REUSE_WORKER", reuse)
-        assert SharedRows.for_worker() is None
-    monkeypatch.delenv("SPARK_REUSE_WORKER")
-    assert SharedRows.for_worker() is None
-    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
     (tmp_path / "file").write_bytes(b"")
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "file"))
     assert SharedRows.for_worker() is None
+
+
+def test_a_hand_over_file_is_taken_only_whole_and_of_its_version() -> None:
+    """`_parse` gives back what `_pack` wrote, and None for a file cut short anywhere, a byte
+    changed anywhere (the CRC-32), or another format version even with its checksum right."""
+    prev, rows = b"p" * 8, [b"row one", b"r2" * 40]
+    data = SharedRows._pack(prev, rows)
+    assert SharedRows._parse(data) == (prev, rows)
+    assert all(SharedRows._parse(data[:n]) is None for n in range(len(data)))
+    for i in range(len(data)):
+        bad = bytearray(data)
+        bad[i] ^= 0x10
+        assert SharedRows._parse(bytes(bad)) is None, i
+    head = len(SharedRows.MAGIC) + 5
+    other = bytearray(data)
+    other[head - 5] = SharedRows.VERSION + 1
+    assert zlib.crc32(other[head:]) == int.from_bytes(other[head - 4:head], "little")
+    assert SharedRows._parse(bytes(other)) is None
