@@ -1,7 +1,7 @@
 """The native core against the Python engine, embedded, one core, same events, same run.
 
     .venv/bin/python -m bench.native [--events N] [--keys K] [--domain fraud|trading|machines]
-                                     [--batch B] [--out bench/results/native.md]
+                                     [--batch B] [--repeat R] [--out bench/results/native.md]
 
 Four configurations run the bundled bench rules over the same generated stream (sorted by
 (ts, seq), batches of B events, the watermark from before each batch, end of input at the last
@@ -16,11 +16,19 @@ event time), and their alerts must be identical:
 
 Prints events/s (wall and CPU time of the process) of each and the ratios to `python`; with
 `--out` also writes them as a Markdown table with the command and the machine's load.
+
+`--repeat R` runs each native configuration R times, each on a fresh engine, and takes the run
+of median CPU time (every run's figure is printed). The Python engine runs once: at 1-2k
+events/s its one run lasts tens of seconds, while a native run lasts a fraction of a second,
+short enough to fall whole into one of the slow or fast spells a shared machine's speed goes
+through (single native runs of the same build were seen 2x apart within a minute here, session
+21). The median of several spreads the native figure over the time the Python run spans.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import sys
@@ -83,6 +91,8 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--batch", type=int, default=10_000)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each native configuration, "
+                    "each on a fresh engine; the median by CPU time is reported")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     ruleset = load_rules(rules_path(RULES, args.domain))
@@ -92,25 +102,43 @@ def main() -> None:
     n = len(events)
 
     python = build_engine(ruleset, use_native=False)
-    stage1 = build_engine(ruleset, use_native=True)
-    stage2 = build_embedded_engine(ruleset, use_native=True)
-    stage2b = build_embedded_engine(ruleset, use_native=True)
-    assert {matcher_kind(r.matcher) for r in stage1.rules.values()} == {"native"}
-    assert engine_kind(stage2) == "native", "a bench rule does not run on the native engine"
-    runs = [
-        ("python engine, python matcher", lambda: _events_run(python, events, args.batch)),
-        ("stage 1: python engine, native matcher", lambda: _events_run(stage1, events, args.batch)),
-        ("stage 2: native engine, Event objects", lambda: _events_run(stage2, events, args.batch)),
-        ("stage 2: native engine, Arrow batches", lambda: _arrow_run(stage2b, batches)),
+    assert {matcher_kind(r.matcher) for r in build_engine(ruleset, use_native=True).rules.values()
+            } == {"native"}
+    assert engine_kind(build_embedded_engine(ruleset, use_native=True)) == "native", \
+        "a bench rule does not run on the native engine"
+    def embedded() -> Any:
+        return build_embedded_engine(ruleset, use_native=True)
+
+    # (name, runs, a fresh engine (built before the clock starts), the timed run on it)
+    runs: list[tuple[str, int, Any, Any]] = [
+        ("python engine, python matcher", 1, lambda: python,
+         lambda e: _events_run(e, events, args.batch)),
+        ("stage 1: python engine, native matcher", args.repeat,
+         lambda: build_engine(ruleset, use_native=True),
+         lambda e: _events_run(e, events, args.batch)),
+        ("stage 2: native engine, Event objects", args.repeat, embedded,
+         lambda e: _events_run(e, events, args.batch)),
+        ("stage 2: native engine, Arrow batches", args.repeat, embedded,
+         lambda e: _arrow_run(e, batches)),
     ]
     results = []
-    for name, fn in runs:
-        alerts, wall, cpu = _timed(fn)
+    for name, times, make, run in runs:
+        timed = []
+        for _ in range(times):
+            engine = make()
+            timed.append(_timed(functools.partial(run, engine)))
+        if times > 1:
+            print(f"  {name}: " + ", ".join(f"{n / cpu:,.0f}" for _, _, cpu in timed)
+                  + " ev/s cpu per run; the median run below", flush=True)
+        alerts, wall, cpu = sorted(timed, key=lambda t: t[2])[(times - 1) // 2]
+        if any(t[0] != alerts for t in timed):
+            raise SystemExit(f"{name}: runs gave different alerts")
         results.append((name, alerts, wall, cpu))
     load = os.getloadavg()
     ref_alerts, ref_wall, ref_cpu = results[0][1], results[0][2], results[0][3]
     lines = [f"{args.domain}: {n:,} events, {args.keys:,} keys, {len(ruleset.rules)} rules, "
-             f"batches of {args.batch:,}, load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"]
+             f"batches of {args.batch:,}, native runs {args.repeat} (median), "
+             f"load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"]
     rows = []
     same = True
     for name, alerts, wall, cpu in results:
