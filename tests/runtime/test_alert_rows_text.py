@@ -40,7 +40,8 @@ def _rows(engine: object) -> list[tuple[str, str, str, str, str]]:
 
 
 def test_payloads_and_ids_are_json_dumps_defaults() -> None:
-    for engine in (build_engine(load_rules_dir(RULES)), build_embedded_engine(load_rules_dir(RULES))):
+    rules = load_rules_dir(RULES)
+    for engine in (build_engine(rules), build_embedded_engine(rules)):
         rows = _rows(engine)
         kinds = {r[0] for r in rows}
         assert "late" in kinds and kinds & {"match", "timeout"}
