@@ -761,6 +761,21 @@ def _shared_call(engine: Any, log: Any, meta: Any, held: dict[Any, Any], shared:
     return _call(engine, log, meta, held, rb, max_ts, shared)
 
 
+Worker = tuple[dict[Any, Any], SharedRows]
+
+
+def _two_workers(path: str) -> tuple[Worker, Worker, DictLogState, DictValueState]:
+    """Two worker processes (each its held copies and its `SharedRows` over `path`) and the
+    shard's state they take turns on."""
+    return ({}, SharedRows(path)), ({}, SharedRows(path)), DictLogState(), DictValueState()
+
+
+def _gives_what_one_process_gives(engine: Any, calls: list[tuple[Any, int]], k: int,
+                                  got: Any) -> None:
+    want = _one_process(engine, calls)
+    assert got == want[k] and any(r for r, _ in want)
+
+
 def test_a_catch_up_takes_the_other_workers_rows_from_its_hand(tmp_path: Any) -> None:
     """Two worker processes (each its held copies and `SharedRows` over one directory) take
     turns on a shard, 1 to 3 calls each: every catch-up takes the rows the other appended from
@@ -769,8 +784,7 @@ def test_a_catch_up_takes_the_other_workers_rows_from_its_hand(tmp_path: Any) ->
     engine = build_embedded_engine(RULES)
     calls = _calls(240)
     turns = [0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0]  # catch-ups of 1, 2, 3 rows
-    procs = [({}, SharedRows(str(tmp_path))), ({}, SharedRows(str(tmp_path)))]
-    log, meta = DictLogState(), DictValueState()
+    *procs, log, meta = _two_workers(str(tmp_path))
     ref_log, ref_meta, ref = DictLogState(), DictValueState(), {}
     behind = [0, 0]
     caught, alerts = [], 0
@@ -802,8 +816,7 @@ def test_a_catch_up_reads_the_state_server_when_the_hand_over_does_not_chain(
     from the state server instead of failing its call."""
     engine = build_embedded_engine(RULES)
     calls = _calls(80)
-    a, b = ({}, SharedRows(str(tmp_path))), ({}, SharedRows(str(tmp_path)))
-    log, meta = DictLogState(), DictValueState()
+    a, b, log, meta = _two_workers(str(tmp_path))
     _shared_call(engine, log, meta, *a, *calls[0])
     _shared_call(engine, log, meta, *b, *calls[1])  # B reloads: it holds row 1's token
     saved = copy.deepcopy((log.map, meta.v))
@@ -833,8 +846,7 @@ def test_a_catch_up_reads_the_state_server_when_the_hand_over_does_not_chain(
     else:
         assert (store.catchups, store.reads, store.shared_rows) == (1, 0 if shared else 1,
                                                                     int(shared))
-    want = _one_process(engine, calls)
-    assert got == want[3] and any(r for r, _ in want)
+    _gives_what_one_process_gives(engine, calls, 3, got)
 
 
 def test_a_copy_ahead_of_the_store_never_takes_a_hand_over(tmp_path: Any) -> None:
@@ -844,8 +856,7 @@ def test_a_copy_ahead_of_the_store_never_takes_a_hand_over(tmp_path: Any) -> Non
     (its copy holds the failed attempt's row): it reloads, and gives what one process gives."""
     engine = build_embedded_engine(RULES)
     calls = _calls(100)
-    a, b = ({}, SharedRows(str(tmp_path))), ({}, SharedRows(str(tmp_path)))
-    log, meta = DictLogState(), DictValueState()
+    a, b, log, meta = _two_workers(str(tmp_path))
     _shared_call(engine, log, meta, *a, *calls[0])
     _shared_call(engine, log, meta, *a, *calls[1])
     saved = copy.deepcopy((log.map, meta.v))
@@ -856,8 +867,7 @@ def test_a_copy_ahead_of_the_store_never_takes_a_hand_over(tmp_path: Any) -> Non
     _shared_call(engine, log, meta, *b, *calls[3])
     got, store = _shared_call(engine, log, meta, *a, *calls[4])
     assert (store.reloads, store.catchups, store.shared_rows) == (1, 0, 0)
-    want = _one_process(engine, calls)
-    assert got == want[4] and any(r for r, _ in want)
+    _gives_what_one_process_gives(engine, calls, 4, got)
 
 
 def test_a_hand_over_without_its_directory_reads_the_state_server(tmp_path: Any) -> None:
@@ -866,14 +876,12 @@ def test_a_hand_over_without_its_directory_reads_the_state_server(tmp_path: Any)
     engine = build_embedded_engine(RULES)
     calls = _calls(60)
     gone = str(tmp_path / "gone")
-    a, b = ({}, SharedRows(gone)), ({}, SharedRows(gone))
-    log, meta = DictLogState(), DictValueState()
+    a, b, log, meta = _two_workers(gone)
     _shared_call(engine, log, meta, *a, *calls[0])
     _shared_call(engine, log, meta, *b, *calls[1])
     got, store = _shared_call(engine, log, meta, *a, *calls[2])
     assert (store.catchups, store.reads, store.shared_rows) == (1, 1, 0)
-    want = _one_process(engine, calls)
-    assert got == want[2] and any(r for r, _ in want)
+    _gives_what_one_process_gives(engine, calls, 2, got)
     assert not tmp_path.joinpath("gone").exists()
 
 
