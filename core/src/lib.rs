@@ -18,6 +18,7 @@ mod keycodec;
 mod keys;
 mod keytable;
 mod matcher;
+mod mi;
 mod pack;
 mod program;
 mod state;
@@ -38,7 +39,7 @@ use crate::value::PyOps;
 // Every allocation of the core (per event, per partial match, per encoded state) goes through
 // mimalloc: glibc's malloc/free were ~30% of the engine's samples (bench/results/native.md).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: mi::Mi = mi::Mi;
 
 extern "C" {
     /// mimalloc's option setter (in the allocator's C library linked above).
