@@ -18,7 +18,6 @@ mod keycodec;
 mod keys;
 mod keytable;
 mod matcher;
-mod mi;
 mod pack;
 mod program;
 mod state;
@@ -39,7 +38,7 @@ use crate::value::PyOps;
 // Every allocation of the core (per event, per partial match, per encoded state) goes through
 // mimalloc: glibc's malloc/free were ~30% of the engine's samples (bench/results/native.md).
 #[global_allocator]
-static GLOBAL: mi::Mi = mi::Mi;
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 extern "C" {
     /// mimalloc's option setter (in the allocator's C library linked above).
