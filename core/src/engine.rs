@@ -51,7 +51,6 @@ const NO_ID: Id = Id::MAX;
 
 /// A buffered event: `(ts, seq, data)` of the Python engine. A row event has no Python objects
 /// (`seq` and `data` None): `seqi` and `ev` (or, from a JSON column, `row`) hold it.
-#[derive(Default)]
 struct Item {
     ts: i64,
     seq: Option<Py<PyAny>>,
@@ -194,19 +193,8 @@ pub struct EngineState {
     /// The keys, their slots and the wake index (as the Python engine's `Wake`: one time per
     /// key, when it is due).
     keys: Keys<KeySlot>,
-    /// The keys the current call brought events to (their `KeySlot::new`, or `arena`); with
-    /// many keys once per event (`finish` sorts and dedups it, `in_id_order`).
+    /// The keys the current call brought events to (their `KeySlot::new`).
     arrived: Vec<Id>,
-    /// With many keys (`compact_from`), the current call's events in arrival order with their
-    /// key's id, instead of a vector per key (`KeySlot::new`): ~100k keys arrive per call, and
-    /// each key's vector was a block popped cold at ingest and freed at its advance.
-    /// `finish` gives each due key its events (`index_arena`). docs/native-core.md, "Many keys:
-    /// the allocator's aligned path (session 22, keys22)".
-    arena: Vec<(Id, Item)>,
-    /// `finish`'s index of `arena`: (id << 32 | position) in id order (so a key's events stay
-    /// in arrival order), and where each due key's events start in it (`index_arena`).
-    arena_at: Vec<u64>,
-    arena_from: Vec<usize>,
     /// The keys advanced since `Engine.export_blobs` last ran (kept only when `track_dirty`):
     /// what a store that writes changed keys back must write. A dirty key keeps its id until
     /// that export, even with no state left (its record is then a tombstone).
@@ -258,11 +246,6 @@ impl EngineState {
 
     /// An event for the key with id `id` in the current call.
     fn add_new_at(&mut self, id: Id, item: Item) {
-        if self.decoded >= self.compact_from {
-            self.arrived.push(id);
-            self.arena.push((id, item));
-            return;
-        }
         let slot = self.keys.val_mut(id);
         if slot.new.is_empty() {
             self.arrived.push(id);
@@ -272,45 +255,10 @@ impl EngineState {
 
     /// Forget the events a failed call left in the keys' slots (each call starts with it).
     fn drop_new(&mut self) {
-        self.arena.clear();
-        let mut arrived = std::mem::take(&mut self.arrived);
-        in_id_order(&mut arrived);
-        for id in arrived {
+        for id in std::mem::take(&mut self.arrived) {
             self.keys.val_mut(id).new.clear();
             self.release_if_empty(id);
         }
-    }
-
-    /// Index the arena's events by key: `due` is in id order and holds every key with one.
-    fn index_arena(&mut self, due: &[Id]) {
-        self.arena_at.clear();
-        self.arena_from.clear();
-        if self.arena.is_empty() {
-            return;
-        }
-        self.arena_at.extend(self.arena.iter().enumerate().map(|(i, (id, _))| (u64::from(*id) << 32) | i as u64));
-        self.arena_at.sort_unstable();
-        let mut at = 0;
-        for &id in due {
-            self.arena_from.push(at);
-            while self.arena_at.get(at).is_some_and(|&x| x >> 32 == u64::from(id)) {
-                at += 1;
-            }
-        }
-        debug_assert_eq!(at, self.arena_at.len(), "EngineState: every key with events in the arena is due");
-        self.arena_from.push(at);
-    }
-
-    /// The arena's events of `due[k]` (`index_arena`), as positions in `arena_at`.
-    fn arena_range(&self, k: usize) -> std::ops::Range<usize> {
-        match (self.arena_from.get(k), self.arena_from.get(k + 1)) {
-            (Some(&a), Some(&b)) => a..b,
-            _ => 0..0,
-        }
-    }
-
-    fn arena_items(&self, k: usize) -> impl Iterator<Item = &Item> {
-        self.arena_at[self.arena_range(k)].iter().map(|&x| &self.arena[x as u32 as usize].1)
     }
 
     /// Free the key's id when nothing refers to it any more.
@@ -1013,7 +961,6 @@ impl Engine {
             st.keys.pop_due(max_ts, &mut due);
         }
         in_id_order(&mut due);
-        st.index_arena(&due);
         let matches = PyList::empty(py);
         let mut counts = Counts::default();
         let mut runs: Vec<(u32, Arc<str>, usize, usize)> = Vec::new();
@@ -1026,10 +973,7 @@ impl Engine {
             };
             // Outside the rules' own guards (decoding, the key table's counts): a panic still
             // becomes an error naming the rules of the key's group.
-            let pending = st.arena_range(k);
-            let r = catch_unwind(AssertUnwindSafe(|| {
-                self.finish_key(py, st, (id, gi, &key, pending), max_ts, eof, &matches, &mut counts)
-            }))
+            let r = catch_unwind(AssertUnwindSafe(|| self.finish_key(py, st, (id, gi, &key), max_ts, eof, &matches, &mut counts)))
                 .unwrap_or_else(|p| {
                     let ids = self.groups[gi as usize].rule_ids.join(", ");
                     Err(engine_failed(&ids, p))
@@ -1050,8 +994,6 @@ impl Engine {
                 runs.push((self.rank[gi as usize], key, start, matches.len()));
             }
         }
-        // Every event was taken (`finish_key`): what is left are emptied items.
-        st.arena.clear();
         Ok((in_key_order(py, matches, runs)?, counts))
     }
 
@@ -1061,7 +1003,7 @@ impl Engine {
         &mut self,
         py: Python<'_>,
         st: &mut EngineState,
-        (id, gi, key, pending): (Id, u32, &Arc<str>, std::ops::Range<usize>),
+        (id, gi, key): (Id, u32, &Arc<str>),
         max_ts: i64,
         eof: bool,
         matches: &Bound<'_, PyList>,
@@ -1078,11 +1020,7 @@ impl Engine {
         }
         let g = &mut self.groups[gi as usize];
         let safe = if eof { max_ts } else { max_ts.saturating_sub(g.lateness).saturating_sub(1) };
-        let mut new = std::mem::take(&mut st.keys.val_mut(id).new);
-        new.reserve_exact(pending.len());
-        for &x in &st.arena_at[pending] {
-            new.push(std::mem::take(&mut st.arena[x as u32 as usize].1));
-        }
+        let new = std::mem::take(&mut st.keys.val_mut(id).new);
         let new = (!new.is_empty()).then_some(new);
         let partials = self.partials.as_deref_mut();
         let fams = (&self.families[..], &self.fam_of[..]);
@@ -1159,9 +1097,6 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
         st.keys.prefetch_entry(id);
         prefetch(Arc::as_ptr(&s.key).cast::<u8>());
         prefetch(s.val.new.as_ptr());
-        if let Some(it) = st.arena_items(k + 8).next() {
-            prefetch(it as *const Item);
-        }
         match &s.val.state {
             Some(Held::Live(ks)) => {
                 prefetch(ks.buffer.as_ptr());
@@ -1203,7 +1138,7 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
     }
     if let Some(&id) = due.get(k + 3) {
         let s = st.keys.slot(id);
-        for it in s.val.new.iter().chain(st.arena_items(k + 3)).take(AHEAD_EVENTS) {
+        for it in s.val.new.iter().take(AHEAD_EVENTS) {
             // An Arrow event's row is in its `Ev`'s block (built when the batch was read).
             prefetch_item(it);
         }
