@@ -160,8 +160,10 @@ def live_jvm(settings: Settings) -> Settings:
     C2 compiler's threads took half the JVM's CPU minutes into a run, on the cores the batch
     needs (bench/results/latency_live.md, sessions 10 and 12: C1 about halved the CPU per
     micro-batch and its duration; session 16 at 60k-row batches: C2's code took 40% off the map
-    stage's JVM CPU, and its compiler ~9 µs per row over the run's first minute). Whether C2's
-    faster code pays that back over hours is not measured: `java_options` (e.g.
+    stage's JVM CPU, and its compiler ~9 µs per row over the run's first minute). Session 22 ran
+    C2 up to ten minutes (docs/spark-runtime.md, "The JIT over longer warm-ups"): its compiling
+    was still a third of its JVM's CPU after five, and C1 had the lower or equal latency in every
+    pair. Whether C2's faster code pays back over hours is not measured: `java_options` (e.g.
     "-XX:+TieredCompilation") brings the JVM's default back.
 
     And G1 regions of 16 MB (`LIVE_JAVA_OPTIONS`): the job's byte arrays of 1-4 MB (packs, state
