@@ -2139,7 +2139,7 @@ fn decode_key(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
     let parts = dk.parts.into_iter().map(|(fp, state)| Part { fp, state }).collect();
     let mut buffer = Vec::with_capacity(dk.buffer.len());
     for i in dk.buffer {
-        buffer.push(match &dk.events[i] {
+        buffer.push(match &*dk.events[i] {
             // The event's one `Ev`, shared with the parts that capture it (as when live).
             keycodec::DEv::Row(ev) => {
                 Item { ts: ev.ts, seqi: Some(ev.seqi), seq: None, data: None, row: None, ev: Some(ev.clone()) }

@@ -44,7 +44,6 @@
 //! tail: uv n, then (when not 0) the list of Python objects pickled
 //! ```
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
@@ -194,7 +193,7 @@ pub struct KeyEnc<'k, 'a> {
 pub struct Decoded {
     pub parts: Vec<(u32, MState)>,
     pub buffer: Vec<usize>,
-    pub events: Vec<DEv>,
+    pub events: Vec<Arc<DEv>>,
 }
 
 /// A decoded event: a row (its one `Ev`, shared by every part and the buffer that hold it, as
@@ -481,15 +480,11 @@ fn corrupt() -> PyErr {
     PyValueError::new_err("native engine key state: truncated or corrupt bytes")
 }
 
-/// A run as read, before the key's events are (`decode`): its capture lists and entries as
-/// ranges of vectors shared by the key's runs, not vectors of their own (each allocated and
-/// dropped once per decode: session 22, docs/native-core.md, "The live operator's calls").
 struct RawRun {
     start: i64,
     matched: bool,
-    tpart: Option<Range<usize>>,
-    /// In the key's entries: (position, range of its captures).
-    entries: Range<usize>,
+    tpart: Option<RawCaps>,
+    entries: Vec<(i32, RawCaps)>,
 }
 
 /// `n` captures written in segments after a capture at (`row`, `idx`), appended to `v`.
@@ -522,35 +517,27 @@ fn read_caps(d: &mut Dec<'_>, n: usize, mut row: i64, mut idx: i64, v: &mut RawC
     Ok(())
 }
 
-/// The next capture list, read into `prev` (the list before it, which it may refer to: a
-/// suffix or a continued prefix of it).
-fn raw_caps(d: &mut Dec<'_>, start: i64, prev: &mut RawCaps) -> PyResult<()> {
+fn raw_caps(d: &mut Dec<'_>, start: i64, prev: &mut RawCaps) -> PyResult<RawCaps> {
     let h = d.uv()?;
     let m = usize::try_from(h >> 2).map_err(|_| corrupt())?;
-    match h & 3 {
+    let caps = match h & 3 {
         0 => {
-            prev.clear();
-            read_caps(d, m, start, -1, prev)
+            let mut v = Vec::with_capacity(m.min(1 << 12));
+            read_caps(d, m, start, -1, &mut v)?;
+            v
         }
-        1 if m < prev.len() => {
-            prev.drain(..m);
-            Ok(())
-        }
-        2 if m > 0 && m <= prev.len() => {
-            prev.truncate(m);
+        1 => prev.get(m..).filter(|s| !s.is_empty()).ok_or_else(corrupt)?.to_vec(),
+        2 => {
+            let mut v = prev.get(..m).filter(|s| !s.is_empty()).ok_or_else(corrupt)?.to_vec();
             let n = d.uv()? as usize;
-            let (row, idx) = (prev[m - 1].1, i64::from(prev[m - 1].2));
-            read_caps(d, n, row, idx, prev)
+            let (row, idx) = (v[m - 1].1, i64::from(v[m - 1].2));
+            read_caps(d, n, row, idx, &mut v)?;
+            v
         }
-        _ => Err(corrupt()),
-    }
-}
-
-/// `raw_caps`, kept at the end of the key's captures `all`: its range there.
-fn next_caps(d: &mut Dec<'_>, start: i64, prev: &mut RawCaps, all: &mut RawCaps) -> PyResult<Range<usize>> {
-    raw_caps(d, start, prev)?;
-    all.extend_from_slice(prev);
-    Ok(all.len() - prev.len()..all.len())
+        _ => return Err(corrupt()),
+    };
+    prev.clone_from(&caps);
+    Ok(caps)
 }
 
 fn val(d: &mut Dec<'_>, ts: i64, key: &Arc<str>, strings: &mut Vec<Arc<str>>, py_at: &mut Vec<usize>) -> PyResult<Value> {
@@ -587,30 +574,26 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
     let mut d = Dec { data, at: 7, var: true };
     let nparts = d.uv()? as usize;
     let mut raw_parts = Vec::with_capacity(nparts.min(1 << 10));
-    // The parts' runs, entries and capture lists, one after another (`RawRun`).
-    let (mut all_runs, mut entries, mut all_caps) = (Vec::new(), Vec::new(), Vec::new());
-    let mut prev = Vec::new();
     for _ in 0..nparts {
         let fp = u32::from_le_bytes(d.take(4)?.try_into().map_err(|_| corrupt())?);
         let row = d.iv()?;
         let nruns = d.uv()? as usize;
-        let from_run = all_runs.len();
-        prev.clear();
+        let mut runs = Vec::with_capacity(nruns.min(1 << 12));
+        let mut prev = Vec::new();
         for _ in 0..nruns {
             let start = row.wrapping_sub(d.iv()?);
             let flags = d.u8()?;
-            let tpart = if flags & 2 != 0 { Some(next_caps(&mut d, start, &mut prev, &mut all_caps)?) } else { None };
+            let tpart = if flags & 2 != 0 { Some(raw_caps(&mut d, start, &mut prev)?) } else { None };
             let one = flags >> 2;
             let n = if one == 0 { d.uv()? as usize } else { 1 };
-            let from = entries.len();
+            let mut entries = Vec::with_capacity(n.min(1 << 12));
             for _ in 0..n {
                 let pos = if one == 0 { d.uv()? as i64 - 1 } else { i64::from(one) - 2 };
                 let pos = i32::try_from(pos).map_err(|_| corrupt())?;
-                entries.push((pos, next_caps(&mut d, start, &mut prev, &mut all_caps)?));
+                entries.push((pos, raw_caps(&mut d, start, &mut prev)?));
             }
-            all_runs.push(RawRun { start, matched: flags & 1 != 0, tpart, entries: from..entries.len() });
+            runs.push(RawRun { start, matched: flags & 1 != 0, tpart, entries });
         }
-        let runs = from_run..all_runs.len();
         let deadline = match d.u8()? {
             0 => None,
             1 => Some(d.iv()?),
@@ -696,7 +679,7 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
     };
     let mut events = Vec::with_capacity(slots.len());
     for slot in slots {
-        events.push(match slot {
+        events.push(Arc::new(match slot {
             Slot::Py(ts, i) => DEv::Py { data: get(i)?, seq: get(i.checked_add(1).ok_or_else(corrupt)?)?, ts },
             Slot::Row(ts, seq, t, mut vals, py_at) => {
                 for (c, i) in py_at {
@@ -704,35 +687,30 @@ pub fn decode(py: Python<'_>, data: &[u8], key: &str, known: [&Known; 2]) -> PyR
                 }
                 DEv::Row(Ev::from_row_lazy(Row { cols: tables[t].clone(), vals }, seq, ts))
             }
-        });
+        }));
     }
     let mut parts = Vec::with_capacity(raw_parts.len());
     for (fp, row, runs, deadline) in raw_parts {
-        // A row event's one `Ev` (`DEv::Row`); a Python-object event's, one per part (the map
-        // allocates only for those).
+        // A row event's one `Ev` (`DEv::Row`); a Python-object event's, one per part.
         let mut evs: HashMap<u32, Ev> = HashMap::default();
         let mut first_ts = None;
-        let mut caps = |r: &Range<usize>| -> PyResult<Caps> {
-            let r = &all_caps[r.clone()];
+        let mut caps = |r: &RawCaps| -> PyResult<Caps> {
             let mut v = Vec::with_capacity(r.len());
             for &(var, row, i) in r {
                 let src = events.get(i as usize).ok_or_else(corrupt)?;
                 if first_ts.is_none() {
                     first_ts = Some(src.ts());
                 }
-                let ev = match src {
-                    DEv::Row(ev) => ev.clone(),
-                    DEv::Py { .. } => evs.entry(i).or_insert_with(|| src.to_ev(py)).clone(),
-                };
+                let ev = evs.entry(i).or_insert_with(|| src.to_ev(py)).clone();
                 v.push(Cap { var, row, ev });
             }
             Ok(Caps::new(CapVec::from(v)))
         };
         let mut out_runs = Vec::with_capacity(runs.len());
-        for r in &all_runs[runs] {
+        for r in runs {
             let tpart = r.tpart.as_ref().map(&mut caps).transpose()?;
             let mut es = Vec::with_capacity(r.entries.len());
-            for (pos, c) in &entries[r.entries.clone()] {
+            for (pos, c) in &r.entries {
                 es.push(Entry { pos: *pos, caps: caps(c)? });
             }
             out_runs.push(Run { start: r.start, entries: es, tpart, matched: r.matched });
@@ -796,40 +774,9 @@ mod tests {
         let mut d = Dec { data: &out, at: 0, var: true };
         let mut prev: RawCaps = Vec::new();
         for l in &lists {
-            raw_caps(&mut d, start, &mut prev).expect("decodes");
-            assert_eq!(&prev, l);
+            assert_eq!(&raw_caps(&mut d, start, &mut prev).expect("decodes"), l);
         }
         assert_eq!(d.at, out.len());
-    }
-
-    /// A list that refers to the one before it (`raw_caps`, read in place into it) must name a
-    /// non-empty suffix or prefix of it: a reference past it, or to none of it, is corrupt;
-    /// the captures of a key's lists are kept one after another (`next_caps`).
-    #[test]
-    fn a_list_refers_to_a_part_of_the_list_before() {
-        let before: RawCaps = vec![(0, 40, 0), (1, 41, 1), (2, 42, 2)];
-        // (header, reads): suffixes after 0, 2, 3, 4 captures; prefixes of 0, 3, 4.
-        let cases = [(1u64, true), (2 << 2 | 1, true), (3 << 2 | 1, false), (4 << 2 | 1, false)];
-        for (h, ok) in cases.into_iter().chain([(2, false), (3 << 2 | 2, true), (4 << 2 | 2, false)]) {
-            let mut out = Vec::new();
-            put_uv(&mut out, h);
-            put_uv(&mut out, 0); // a prefix continued by no capture
-            let mut prev = before.clone();
-            let got = raw_caps(&mut Dec { data: &out, at: 0, var: true }, 40, &mut prev);
-            assert_eq!(got.is_ok(), ok, "header {h}");
-        }
-        let (mut prev, mut all) = (before.clone(), vec![(9, 9, 9)]);
-        let mut out = Vec::new();
-        put_uv(&mut out, 1 << 2 | 1); // the suffix after the first
-        put_uv(&mut out, 1 << 2 | 2); // its first, continued by one capture
-        put_uv(&mut out, 1);
-        put_uv(&mut out, 0); // the capture: variable 0, the same row, the next event
-        put_iv(&mut out, 0);
-        put_iv(&mut out, 0);
-        let mut d = Dec { data: &out, at: 0, var: true };
-        assert_eq!(next_caps(&mut d, 40, &mut prev, &mut all).expect("decodes"), 1..3);
-        assert_eq!(next_caps(&mut d, 40, &mut prev, &mut all).expect("decodes"), 3..5);
-        assert_eq!(all, [(9, 9, 9), (1, 41, 1), (2, 42, 2), (1, 41, 1), (0, 41, 2)]);
     }
 
     /// A capture count from corrupt bytes is an error, never a huge allocation or a loop over it
