@@ -7,6 +7,9 @@ event of the ingest and of the export over the calls after `--warmup`. From live
 script (docs/spark-runtime.md, "The operator's Python per row at a high rate (session 22,
 live22)"); run from a tree's root so that it imports that tree's core:
     python -m bench.operator_core [--calls 30 --batch 20000 --cards 400000 --budget-mb 2.67]
+(as a module: run as a file from bench/, bench/operator.py would shadow the standard library's
+`operator`; for a tree without this file, run a copy of it kept outside any bench/ directory
+with that tree's root as the working directory and PYTHONPATH.)
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def main() -> None:
     eng.track_partials = True
     n = args.batch
     s = _Store(int(args.budget_mb * (1 << 20)))
-    batches = [_batch(b * n, (b + 1) * n, bo.T0 + 1000 * b, n, args.cards) for b in range(args.calls)]
+    batches = [_batch(b * n, (b + 1) * n, bo.T0 + 1000 * b, n, args.cards)
+               for b in range(args.calls)]
     ing = exp = 0.0
     for b, bt in enumerate(batches):
         t = time.process_time()
