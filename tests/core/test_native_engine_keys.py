@@ -664,3 +664,40 @@ def test_compacted_vectors_of_many_keys_match_the_python_engine(batch: int) -> N
         n_late, n_results = _call_by_call(native, _core.EngineState(compact_from=compact_from),
                                           events, batch, ruleset=ruleset)
         assert n_results > 0 and n_late > 0
+
+
+@pytest.mark.parametrize("keep_decoded", [400, 3_000])
+def test_keys_evicted_past_a_budget_at_every_export_keep_their_bytes_and_state(
+        keep_decoded: int) -> None:
+    """The operator's shard: every call's changed keys exported, then the decoded keys past a
+    budget of a few keys held as bytes (`export_blobs`' eviction, dozens of keys per export, in
+    id order with their states asked for ahead: docs/native-core.md, "The live operator's
+    calls (session 22, export22)"). After every call each key's bytes equal those of a state
+    never exported, and the results the Python engine's, to the end of input."""
+    from cep import _core
+
+    events, python, native = _waves(900, seed=23), *_engines()
+    core = native.core
+    py_store, max_ts = MemoryKeyStore(), NEG_INF
+    kept = _core.EngineState()
+    state = _core.EngineState(track_dirty=True, keep_decoded=keep_decoded)
+    compared = 0
+    for i in range(0, len(events), 150):
+        chunk = events[i:i + 150]
+        want = python.ingest(py_store, chunk, max_ts).matches
+        core.ingest_arrow(kept, _batch(chunk, False), max_ts)
+        got, *_ = core.ingest_arrow(state, _batch(chunk, False), max_ts)
+        assert _records(native, got) == _records(python, want)
+        core.export_blobs(state)
+        keys = core.keys(kept)
+        assert sorted(core.keys(state)) == sorted(keys)
+        held = [core.key_bytes(state, gid, key) for gid, key in keys]
+        assert held == [core.key_bytes(kept, gid, key) for gid, key in keys]
+        # Every key's bytes held once (decoded beside its bytes, or held as bytes).
+        assert core.raw_bytes(state) == sum(len(b) for b in held)
+        compared += len(keys)
+        max_ts = max(max_ts, max(e.ts for e in chunk))
+    want = python.advance(py_store, max_ts, end_of_input=max_ts).matches
+    got, *_ = core.ingest_arrow(state, _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
+    assert _records(native, got) == _records(python, want) and compared > 0
+    assert len(state) == 0

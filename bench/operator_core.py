@@ -1,0 +1,84 @@
+"""The Rust core's cost in the live Spark operator's calls, offline (session 22).
+
+One `EngineState(track_dirty=True, keep_decoded=budget)` as the operator's shard holds it:
+per call `ingest_batch` of `--batch` fraud events over `--cards` cards, then `export_blobs`
+(the changed keys encoded, the state evicted down to the budget). Prints the process CPU per
+event of the ingest and of the export over the calls after `--warmup`. From live22's profiling
+script (docs/spark-runtime.md, "The operator's Python per row at a high rate (session 22,
+live22)"); run from a tree's root so that it imports that tree's core:
+    python -m bench.operator_core [--calls 30 --batch 20000 --cards 400000 --budget-mb 2.67]
+(as a module: run as a file from bench/, bench/operator.py would shadow the standard library's
+`operator`; for a tree without this file, run a copy of it kept outside any bench/ directory
+with that tree's root as the working directory and PYTHONPATH.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import pyarrow as pa
+
+from bench import operator as bo
+from cep import _core
+from cep.engines import RulesEngineFactory
+
+
+class _Store:
+    """The operator's shard as the engine sees it: one native state."""
+
+    def __init__(self, budget: int) -> None:
+        self.st = _core.EngineState(track_dirty=True, keep_decoded=budget)
+
+    def native_state(self, _engine: object) -> object:
+        return self.st
+
+
+def _batch(lo: int, hi: int, t0: int, n: int, cards: int) -> pa.RecordBatch:
+    rows = [
+        (t0 + j * 1000 // n, t0 * 100 + j,
+         json.dumps({"ts": t0 + j * 1000 // n, "card": f"c{i % cards}", "amount": 50,
+                     "merchant": "m", "country": "NL"}))
+        for j, i in enumerate(range(lo, hi))
+    ]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(["transactions"] * len(rows)), pa.array([r[0] for r in rows], pa.int64()),
+         pa.array([r[1] for r in rows], pa.int64()), pa.array([r[2] for r in rows]),
+         pa.array(["card"] * len(rows))],
+        names=["stream", "ts", "seq", "data", "route"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=20000)
+    ap.add_argument("--cards", type=int, default=400000)
+    ap.add_argument("--budget-mb", type=float, default=16 / 6, help="keep_decoded, MB")
+    args = ap.parse_args()
+    _, build = RulesEngineFactory.from_path(bo.RULES).load()
+    eng = build()
+    eng.track_partials = True
+    n = args.batch
+    s = _Store(int(args.budget_mb * (1 << 20)))
+    batches = [_batch(b * n, (b + 1) * n, bo.T0 + 1000 * b, n, args.cards)
+               for b in range(args.calls)]
+    ing = exp = 0.0
+    for b, bt in enumerate(batches):
+        t = time.process_time()
+        eng.ingest_batch(s, bt, bo.T0 + 1000 * b - 5000)
+        a = time.process_time()
+        eng.core.export_blobs(s.st)
+        e = time.process_time()
+        if b >= args.warmup:
+            ing += a - t
+            exp += e - a
+    m = (args.calls - args.warmup) * n
+    print(json.dumps({"core": _core.__file__, "ingest_us_ev": round(1e6 * ing / m, 2),
+                      "export_us_ev": round(1e6 * exp / m, 2), "keys": len(s.st),
+                      "raw_bytes": eng.core.raw_bytes(s.st)}))
+
+
+if __name__ == "__main__":
+    main()
