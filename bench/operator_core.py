@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 import pyarrow as pa
 
@@ -36,8 +37,11 @@ class _Store:
 
 
 def _batch(lo: int, hi: int, t0: int, n: int, cards: int) -> pa.RecordBatch:
+    """Events `lo`..`hi` over one second from `t0`, cards round-robin. One amount and country
+    for all (unlike `bench.operator.batch_frames`): no rule matches, and a card's partial
+    matches are those of the same charge repeated."""
     rows = [
-        (t0 + j * 1000 // n, t0 * 100 + j,
+        (t0 + j * 1000 // n, i,
          json.dumps({"ts": t0 + j * 1000 // n, "card": f"c{i % cards}", "amount": 50,
                      "merchant": "m", "country": "NL"}))
         for j, i in enumerate(range(lo, hi))
@@ -57,8 +61,10 @@ def main() -> None:
     ap.add_argument("--cards", type=int, default=400000)
     ap.add_argument("--budget-mb", type=float, default=16 / 6, help="keep_decoded, MB")
     args = ap.parse_args()
+    if args.calls <= args.warmup:
+        ap.error("--calls must exceed --warmup")
     _, build = RulesEngineFactory.from_path(bo.RULES).load()
-    eng = build()
+    eng: Any = build()  # the native engine (`ingest_batch`, `core`)
     eng.track_partials = True
     n = args.batch
     s = _Store(int(args.budget_mb * (1 << 20)))

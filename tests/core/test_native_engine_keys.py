@@ -670,9 +670,10 @@ def test_compacted_vectors_of_many_keys_match_the_python_engine(batch: int) -> N
 def test_keys_evicted_past_a_budget_at_every_export_keep_their_bytes_and_state(
         keep_decoded: int) -> None:
     """The operator's shard: every call's changed keys exported, then the decoded keys past a
-    budget of a few keys held as bytes (`export_blobs`' eviction, dozens of keys per export, in
-    id order with their states asked for ahead: docs/native-core.md, "The live operator's
-    calls (session 22, export22)"). After every call each key's bytes equal those of a state
+    budget of a few keys held as bytes (`export_blobs`' eviction, in id order with their states
+    asked for ahead: docs/native-core.md, "The live operator's calls: the eviction's drops, out
+    of the caches (session 22, export22)"), more than the prefetch's reach in some export (and
+    a budget that holds them all). After every call each key's bytes equal those of a state
     never exported, and the results the Python engine's, to the end of input."""
     from cep import _core
 
@@ -681,7 +682,7 @@ def test_keys_evicted_past_a_budget_at_every_export_keep_their_bytes_and_state(
     py_store, max_ts = MemoryKeyStore(), NEG_INF
     kept = _core.EngineState()
     state = _core.EngineState(track_dirty=True, keep_decoded=keep_decoded)
-    compared = 0
+    compared = evicted = 0
     for i in range(0, len(events), 150):
         chunk = events[i:i + 150]
         want = python.ingest(py_store, chunk, max_ts).matches
@@ -696,8 +697,16 @@ def test_keys_evicted_past_a_budget_at_every_export_keep_their_bytes_and_state(
         # Every key's bytes held once (decoded beside its bytes, or held as bytes).
         assert core.raw_bytes(state) == sum(len(b) for b in held)
         compared += len(keys)
+        # The decoded keys' bytes total at most the budget, so the rest are held as bytes: at
+        # least as many keys as the largest sizes it takes to cover the excess.
+        excess, sizes = sum(map(len, held)) - keep_decoded, sorted(map(len, held), reverse=True)
+        evicted = max(evicted, next((n for n in range(len(sizes) + 1)
+                                     if sum(sizes[:n]) >= excess), len(sizes)))
         max_ts = max(max_ts, max(e.ts for e in chunk))
     want = python.advance(py_store, max_ts, end_of_input=max_ts).matches
     got, *_ = core.ingest_arrow(state, _batch(events[:1], False).slice(0, 0), max_ts, max_ts)
     assert _records(native, got) == _records(python, want) and compared > 0
     assert len(state) == 0
+    # 400: some export evicted more keys than `prefetch_ahead` looks ahead (14); 3,000: the
+    # budget holds every key's bytes at every export, so none is evicted.
+    assert evicted > 14 if keep_decoded == 400 else evicted == 0
