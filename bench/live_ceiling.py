@@ -215,6 +215,52 @@ def run_noop(services: Services, work: Path, topic: str, batch: int, skip: int,
             "cpu_s": round(cpu, 1), "events": res["events"], **_steady(res["progress"], skip)}
 
 
+def measure(events: int, batch: int, rate: int, rounds: int, skip: int, work: Path,
+            shards: int, *, baseline: Path | None = None, base_shards: int | None = None,
+            noop: bool = True) -> dict[str, Any]:
+    """The runs above, in turn per round, and each round's ratios: `ratios[r]` maps "noop" (and
+    "base" with a `baseline`) to ours' steady rows/s over that job's, and "<other>_with_end" to
+    the same with the last batch kept."""
+    work.mkdir(parents=True, exist_ok=True)
+    services = Services(work / "services")
+    out: dict[str, Any] = {"events": events, "batch": batch, "rate": rate,
+                           "load_start": os.getloadavg(), "runs": [], "ratios": []}
+    try:
+        services.start()
+        topic = f"ceiling-{os.getpid()}"
+        load_topic(services.bootstrap, topic, events, rate)
+        for r in range(rounds):
+            ours = functools.partial(run_ours, shards=shards)
+            jobs: list[Any] = [functools.partial(run_noop, shards=shards)] if noop else []
+            if baseline is not None:  # old and new in turn: which goes first alternates
+                base = functools.partial(run_ours, code=baseline, shards=base_shards or shards)
+                jobs += [base, ours] if r % 2 == 0 else [ours, base]
+            else:
+                jobs.append(ours)
+            for fn in jobs:
+                res = fn(services, work, topic, batch, skip, str(r))
+                res["load"] = os.getloadavg()
+                out["runs"].append(res)
+                print(json.dumps({k: v for k, v in res.items() if k != "batch_ms"}), flush=True)
+    finally:
+        services.stop()
+    out["load_end"] = os.getloadavg()
+    per = len(out["runs"]) // max(1, rounds)
+    for r in range(rounds):
+        pair = {x["variant"]: x for x in out["runs"][per * r:per * r + per]}
+        ratios: dict[str, float] = {}
+        for other in ("base", "noop"):
+            if pair.get(other, {}).get("rows_per_s") and pair["ours"].get("rows_per_s"):
+                o, b = pair["ours"], pair[other]
+                ratios[other] = o["rows_per_s"] / b["rows_per_s"]
+                ratios[f"{other}_with_end"] = o["rows_per_s_with_end"] / b["rows_per_s_with_end"]
+                print(f"round {r}: ours {o['rows_per_s']:,} rows/s, {other} "
+                      f"{b['rows_per_s']:,} rows/s: ratio {ratios[other]:.2f} (with the last "
+                      f"batch, as until session 15: {ratios[other + '_with_end']:.2f})")
+        out["ratios"].append(ratios)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.live_ceiling")
     ap.add_argument("--events", type=int, default=200_000)
@@ -231,41 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the live job's shards (and the no-op's); default: the setting's")
     ap.add_argument("--base-shards", type=int, help="the baseline's shards (default: --shards)")
     a = ap.parse_args(argv)
-    a.work.mkdir(parents=True, exist_ok=True)
-    services = Services(a.work / "services")
-    out: dict[str, Any] = {"events": a.events, "batch": a.batch, "rate": a.rate,
-                           "load_start": os.getloadavg(), "runs": []}
-    try:
-        services.start()
-        topic = f"ceiling-{os.getpid()}"
-        load_topic(services.bootstrap, topic, a.events, a.rate)
-        for r in range(a.rounds):
-            ours = functools.partial(run_ours, shards=a.shards)
-            jobs: list[Any] = [] if a.no_noop else [functools.partial(run_noop, shards=a.shards)]
-            if a.baseline is not None:  # old and new in turn: which goes first alternates
-                base = functools.partial(run_ours, code=a.baseline,
-                                         shards=a.base_shards or a.shards)
-                jobs += [base, ours] if r % 2 == 0 else [ours, base]
-            else:
-                jobs.append(ours)
-            for fn in jobs:
-                res = fn(services, a.work, topic, a.batch, a.skip, str(r))
-                res["load"] = os.getloadavg()
-                out["runs"].append(res)
-                print(json.dumps({k: v for k, v in res.items() if k != "batch_ms"}), flush=True)
-    finally:
-        services.stop()
-    out["load_end"] = os.getloadavg()
-    per = len(out["runs"]) // max(1, a.rounds)
-    for r in range(a.rounds):
-        pair = {x["variant"]: x for x in out["runs"][per * r:per * r + per]}
-        for other in ("base", "noop"):
-            if pair.get(other, {}).get("rows_per_s") and pair["ours"].get("rows_per_s"):
-                o, b = pair["ours"], pair[other]
-                print(f"round {r}: ours {o['rows_per_s']:,} rows/s, {other} "
-                      f"{b['rows_per_s']:,} rows/s: ratio {o['rows_per_s'] / b['rows_per_s']:.2f}"
-                      f" (with the last batch, as until session 15: "
-                      f"{o['rows_per_s_with_end'] / b['rows_per_s_with_end']:.2f})")
+    out = measure(a.events, a.batch, a.rate, a.rounds, a.skip, a.work, a.shards,
+                  baseline=a.baseline, base_shards=a.base_shards, noop=not a.no_noop)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     return 0

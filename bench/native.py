@@ -85,20 +85,15 @@ def _arrow_run(engine: Any, batches: list[tuple[Any, int]]) -> list[tuple]:
     return alerts
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--domain", default="fraud")
-    ap.add_argument("--events", type=int, default=200_000)
-    ap.add_argument("--keys", type=int, default=10_000)
-    ap.add_argument("--batch", type=int, default=10_000)
-    ap.add_argument("--repeat", type=int, default=1, help="runs of each native configuration, "
-                    "each on a fresh engine; the median by CPU time is reported")
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
-    ruleset = load_rules(rules_path(RULES, args.domain))
-    ds = dataset(args.domain, args.events, args.keys, 10)
+def measure(domain: str, n_events: int, keys: int, batch: int, repeat: int,
+            ends_only: bool = False) -> list[tuple[str, list[tuple], float, float, int]]:
+    """The four configurations above on the same events: (name, alerts, wall s, CPU s, events)
+    each, the Python engine's first; `ends_only`: the Python engine and the core from Arrow
+    batches only."""
+    ruleset = load_rules(rules_path(RULES, domain))
+    ds = dataset(domain, n_events, keys, 10)
     events = sorted(events_from_dicts(stream_of(ruleset), ds.events), key=lambda e: (e.ts, e.seq))
-    batches = arrow_batches(events, args.batch)
+    batches = arrow_batches(events, batch)
     n = len(events)
 
     python = build_engine(ruleset, use_native=False)
@@ -114,14 +109,16 @@ def main() -> None:
     # (name, runs, a fresh engine (built before the clock starts), the timed run on it)
     runs: list[tuple[str, int, Any, Any]] = [
         ("python engine, python matcher", 1, lambda: python,
-         lambda e: _events_run(e, events, args.batch)),
-        ("stage 1: python engine, native matcher", args.repeat, stage1,
-         lambda e: _events_run(e, events, args.batch)),
-        ("stage 2: native engine, Event objects", args.repeat, embedded,
-         lambda e: _events_run(e, events, args.batch)),
-        ("stage 2: native engine, Arrow batches", args.repeat, embedded,
+         lambda e: _events_run(e, events, batch)),
+        ("stage 1: python engine, native matcher", repeat, stage1,
+         lambda e: _events_run(e, events, batch)),
+        ("stage 2: native engine, Event objects", repeat, embedded,
+         lambda e: _events_run(e, events, batch)),
+        ("stage 2: native engine, Arrow batches", repeat, embedded,
          lambda e: _arrow_run(e, batches)),
     ]
+    if ends_only:
+        runs = [runs[0], runs[-1]]
     results = []
     for name, times, make, run in runs:
         timed = []
@@ -133,8 +130,24 @@ def main() -> None:
                   + " ev/s cpu per run; the median run below", flush=True)
         alerts, wall, cpu = sorted(timed, key=lambda t: t[2])[(times - 1) // 2]
         if any(t[0] != alerts for t in timed):
-            raise SystemExit(f"{name}: runs gave different alerts")
-        results.append((name, alerts, wall, cpu))
+            raise RuntimeError(f"{name}: runs gave different alerts")
+        results.append((name, alerts, wall, cpu, n))
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--domain", default="fraud")
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--batch", type=int, default=10_000)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each native configuration, "
+                    "each on a fresh engine; the median by CPU time is reported")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    results = measure(args.domain, args.events, args.keys, args.batch, args.repeat)
+    ruleset = load_rules(rules_path(RULES, args.domain))
+    n = results[0][4]
     load = os.getloadavg()
     ref_alerts, ref_wall, ref_cpu = results[0][1], results[0][2], results[0][3]
     lines = [f"{args.domain}: {n:,} events, {args.keys:,} keys, {len(ruleset.rules)} rules, "
@@ -142,7 +155,7 @@ def main() -> None:
              f"load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"]
     rows = []
     same = True
-    for name, alerts, wall, cpu in results:
+    for name, alerts, wall, cpu, _ in results:
         ok = alerts == ref_alerts
         same &= ok
         lines.append(f"  {name:<42} {n / wall:>10,.0f} ev/s wall {n / cpu:>10,.0f} ev/s cpu  "

@@ -48,6 +48,25 @@ def native_run(ruleset: Any, batches: list[tuple[Any, int]],
     return time.perf_counter() - t0, time.process_time() - c0, results
 
 
+def native_runs(ruleset: Any, ds: Any, batch: int, runs: int) -> dict[str, Any]:
+    """`runs` timed runs of `native_run` over the data set `ds` as Arrow batches of `batch`
+    events (built before timing): the event count, each run's (wall s, CPU s), the best wall
+    figure in events/s and the match alerts (kind, rule, key, first ts, last ts) of the last."""
+    events = sorted(events_from_dicts(stream_of(ruleset), ds.events), key=lambda e: (e.ts, e.seq))
+    n = len(events)
+    batches = arrow_batches(events, batch)
+    del events
+    timed: list[tuple[float, float]] = []
+    alerts: set[tuple[Any, ...]] = set()
+    for _ in range(runs):
+        wall, cpu, results = native_run(ruleset, batches)
+        timed.append((wall, cpu))
+        alerts = {(r.kind, r.rule_id, str(r.key), r.first_ts, r.last_ts)
+                  for r in results if r.kind == "match"}
+    return {"events": n, "batch": batch, "runs": timed,
+            "events_per_s": n / min(w for w, _ in timed), "alerts": alerts}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -62,17 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()
     ruleset = load_rules(rules_path(RULES, "fraud"))
     ds = dataset("fraud", a.events, a.keys, a.inject)
-    events = sorted(events_from_dicts(stream_of(ruleset), ds.events), key=lambda e: (e.ts, e.seq))
-    n = len(events)
-    batches = arrow_batches(events, a.batch)
-    del events
-    runs = []
-    native_alerts: set[tuple[Any, ...]] = set()
-    for _ in range(a.runs):
-        wall, cpu, results = native_run(ruleset, batches)
-        runs.append((wall, cpu))
-        native_alerts = {(r.kind, r.rule_id, str(r.key), r.first_ts, r.last_ts)
-                         for r in results if r.kind == "match"}
+    measured = native_runs(ruleset, ds, a.batch, a.runs)
+    n, runs, native_alerts = measured["events"], measured["runs"], measured["alerts"]
     best_wall = min(w for w, _ in runs)
     print(f"native, Arrow batches of {a.batch:,}: {n:,} events, runs "
           + ", ".join(f"{n / w:,.0f} ev/s wall ({n / c:,.0f} CPU)" for w, c in runs)

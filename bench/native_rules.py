@@ -54,26 +54,16 @@ def varied_rules_text(text: str, copies: int) -> str:
     return "".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--events", type=int, default=100_000)
-    ap.add_argument("--keys", type=int, default=10_000)
-    ap.add_argument("--copies", type=int, default=32)
-    ap.add_argument("--batch", type=int, default=100_000)
-    ap.add_argument("--pairs", type=int, default=6, help="timed pairs (3 rules, many rules)")
-    ap.add_argument("--warmup", type=int, default=2,
-                    help="untimed rounds of both configurations first (page faults, first calls)")
-    ap.add_argument("--no-off", action="store_true", help="skip the run without families")
-    ap.add_argument("--out", type=Path, default=None, help="write the runs as JSON here")
-    a = ap.parse_args(argv)
-    if a.pairs < 1:
-        ap.error("--pairs must be at least 1 (the figure is their median)")
+def measure(n_events: int, keys: int, copies: int = 32, batch: int = 100_000,
+            n_pairs: int = 6, warmup: int = 2, off_run: bool = True) -> dict[str, Any]:
+    """The method above: the pairs' ratios (3-rule CPU time / many-rule CPU time), their median,
+    min and max, and (`off_run`) one run of the many rules without families."""
     path = rules_path(RULES, "fraud")
     base = load_rules(path)
-    many = compile_rules(varied_rules_text(path.read_text(), a.copies), f"{path}-varied")
-    ds = dataset("fraud", a.events, a.keys, 100)
+    many = compile_rules(varied_rules_text(path.read_text(), copies), f"{path}-varied")
+    ds = dataset("fraud", n_events, keys, 100)
     events = sorted(events_from_dicts(stream_of(base), ds.events), key=lambda e: (e.ts, e.seq))
-    batches = arrow_batches(events, a.batch)
+    batches = arrow_batches(events, batch)
     n = len(events)
     # Only the batches are needed from here: the generator's dicts and events are not part of
     # the engine's heap (a full collection the runs trigger would walk them; as bench.native_flink
@@ -87,13 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         wall, cpu, results = native_run(rs, batches, families)
         return wall, cpu, len(results)
 
-    for _ in range(a.warmup):  # not timed: the process's first runs fault in its heap
+    for _ in range(warmup):  # not timed: the process's first runs fault in its heap
         for rs in (base, many):
             run(rs, True)
     pairs: list[dict[str, Any]] = []
     ratios: list[float] = []
     threes: list[float] = []
-    for p in range(a.pairs):
+    for p in range(n_pairs):
         order = [("3 rules", base), (nm, many)]
         if p % 2:
             order.reverse()
@@ -116,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratio {nm} / 3 rules (CPU), {len(ratios)} pairs: median {med:.3f}, "
           f"min {min(ratios):.3f}, max {max(ratios):.3f}, under 0.5 in {under}")
     off = None
-    if not a.no_off:
+    if off_run:
         wall, cpu, nres = run(many, False)
         off = n / cpu
         three = statistics.median(threes)
@@ -124,12 +114,29 @@ def main(argv: list[str] | None = None) -> int:
               f"{nres} results; over the median 3-rule run {off / three:.3f}")
     load1 = os.getloadavg()[0]
     print(f"load {load0:.1f} → {load1:.1f}")
-    if a.out is not None:
-        a.out.write_text(json.dumps({
-            "events": n, "keys": a.keys, "copies": a.copies, "rules": len(many.rules),
-            "warmup": a.warmup, "pairs": pairs, "median": med, "min": min(ratios),
+    return {"events": n, "keys": keys, "copies": copies, "rules": len(many.rules),
+            "warmup": warmup, "pairs": pairs, "median": med, "min": min(ratios),
             "max": max(ratios), "under_0.5": under, "without_families_ev_s": off,
-            "load": [load0, load1]}, indent=1) + "\n")
+            "load": [load0, load1]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--copies", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=100_000)
+    ap.add_argument("--pairs", type=int, default=6, help="timed pairs (3 rules, many rules)")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed rounds of both configurations first (page faults, first calls)")
+    ap.add_argument("--no-off", action="store_true", help="skip the run without families")
+    ap.add_argument("--out", type=Path, default=None, help="write the runs as JSON here")
+    a = ap.parse_args(argv)
+    if a.pairs < 1:
+        ap.error("--pairs must be at least 1 (the figure is their median)")
+    res = measure(a.events, a.keys, a.copies, a.batch, a.pairs, a.warmup, not a.no_off)
+    if a.out is not None:
+        a.out.write_text(json.dumps(res, indent=1) + "\n")
     return 0
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shlex
@@ -45,19 +46,21 @@ from bench.workloads import (
 )
 
 ALL = ("embedded", "scaling", "state", "growth", "profile", "tables", "windows", "percolator",
-       "mokaccino", "lucene", "corpus", "spark", "flink", "latency")
+       "mokaccino", "lucene", "corpus", "spark", "flink", "native", "live", "latency")
+NOT_QUICK = ("live", "latency")  # live Spark jobs with Kafka: `--quick --only live,latency`
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="small sizes, a few Spark variants, no latency (2-3 minutes)")
+                    help="small sizes, a few Spark variants, no live or latency (3-4 minutes)")
     ap.add_argument("--events", type=int, help="fraud events (default 1,000,000; quick 60,000)")
     ap.add_argument("--keys", type=int, help="fraud cards (default 10,000; quick 1,000)")
     ap.add_argument("--only",
                     help=f"comma-separated subset of: {', '.join(ALL)} (default: all; with "
-                         "--quick all but latency, which tests/test_latency_quick.py runs)")
+                         "--quick all but live and latency (tests/test_latency_quick.py runs "
+                         "the latter))")
     ap.add_argument("--spark-variants",
                     help="comma-separated subset of: " + ", ".join(spark_path.VARIANTS)
                     + " (default: all but state_only; quick: ceiling_aipws, ours, "
@@ -71,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--work", type=Path, help="scratch folder (default OUT/tmp)")
     args = ap.parse_args(argv)
     if args.only is None:
-        args.only = ",".join(b for b in ALL if not (args.quick and b == "latency"))
+        args.only = ",".join(b for b in ALL if not (args.quick and b in NOT_QUICK))
     unknown = set(args.only.split(",")) - set(ALL)
     if unknown:
         ap.error(f"unknown benchmark(s) {', '.join(sorted(unknown))}; known: {', '.join(ALL)}")
@@ -146,11 +149,79 @@ def _latency() -> Any:
     return latency
 
 
+def _live_ceiling() -> Any:
+    from bench import live_ceiling
+    return live_ceiling
+
+
+def _live_shards() -> int:
+    from cep.config import Settings
+    return Settings().live_shards
+
+
+def native_parts(sizes: Sizes, ds: Any, fraud_rules: Path,
+                 work: Path) -> dict[str, Callable[[], Any]]:
+    """Issue 13's targets on the native core, each part measured by its own module's functions
+    (bench.native_flink, .native_rules, .native_keys, .native, .native_state; their docstrings
+    give the methods). `fraud` runs on this run's fraud data set, the one the flink step reads."""
+    from bench import native, native_flink, native_keys, native_rules, native_state
+
+    cfg = sizes.native
+    expected = set(map(tuple, expected_alerts(ds)))
+
+    def fraud() -> dict[str, Any]:
+        m = native_flink.native_runs(load_rules(fraud_rules), ds, cfg["batch"], cfg["fraud_runs"])
+        found = {a[1:] for a in m.pop("alerts")}
+        return {**m, "match_alerts": len(found), "alerts_as_injected": found == expected}
+
+    def trading() -> dict[str, Any]:
+        (_, py_alerts, py_wall, py_cpu, n), (_, alerts, wall, cpu, _) = native.measure(
+            "trading", **cfg["trading"], ends_only=True)
+        return {"events": n, "keys": cfg["trading"]["keys"], "repeat": cfg["trading"]["repeat"],
+                "python_cpu_eps": n / py_cpu, "core_cpu_eps": n / cpu,
+                "python_wall_eps": n / py_wall, "core_wall_eps": n / wall,
+                "ratio_cpu": py_cpu / cpu, "alerts": len(alerts),
+                "identical": alerts == py_alerts}
+
+    return {
+        "fraud": fraud,
+        "rules": lambda: native_rules.measure(**cfg["rules"]),
+        "keys": lambda: native_keys.measure(**cfg["keys"], cache=work / "native-ab"),
+        "trading": trading,
+        "state": lambda: native_state.growth_point(cfg["state_keys"]),
+    }
+
+
+def latency_step(sizes: Sizes, res: dict[str, Any], work: Path) -> dict[str, Any]:
+    """bench.latency at rates from this run's Flink figure F (Sizes.latency says which), or at
+    the fixed `rates` when the flink step did not run; the plan is kept with the results."""
+    from bench.latency import lateness_ms
+
+    cfg = dict(sizes.latency)
+    multiples, fixed = cfg.pop("flink_multiples"), cfg.pop("rates")
+    flink = (res.get("flink") or {}).get("events_per_s")
+    if flink:
+        p99_rate = min(20_000, _up500(0.4 * flink))
+        rates = tuple(sorted({p99_rate, *(_up500(m * flink) for m in multiples)}))
+    else:
+        p99_rate, rates = None, tuple(fixed)
+    out = dict(_latency().run(rates=rates, **cfg, work=work))
+    out["plan"] = {"flink_eps": flink, "p99_rate": p99_rate, "rates": list(rates),
+                   "lateness_s": lateness_ms(None) / 1000}
+    return out
+
+
+def _up500(x: float) -> int:
+    return math.ceil(x / 500) * 500
+
+
 def _step(res: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
+    """Runs one step; its result goes to res[name], or to res[group][part] for "group.part"."""
     print(f"bench: {name} ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
+    group, _, part = name.rpartition(".")
     try:
-        res[name] = fn()
+        (res.setdefault(group, {}) if group else res)[part] = fn()
     except Exception as exc:  # a failed benchmark is reported, the others still run
         res.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:1500]
         traceback.print_exc()
@@ -209,8 +280,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                                                              sizes.spark_warmup, variants))
         if "flink" in only:
             _step(res, "flink", lambda: flink_peer.run(data, runs=sizes.flink_runs))
+    if "native" in only:
+        for part, fn in native_parts(sizes, ds, fraud_rules, work).items():
+            _step(res, f"native.{part}", fn)
+    if "live" in only:
+        _step(res, "live", lambda: _live_ceiling().measure(
+            **sizes.live, work=work / "live-ceiling", shards=_live_shards()))
     if "latency" in only:
-        _step(res, "latency", lambda: _latency().run(**sizes.latency, work=work / "latency"))
+        _step(res, "latency", lambda: latency_step(sizes, res, work / "latency"))
     res["meta"]["seconds"] = time.perf_counter() - started
     res["meta"]["machine"]["load average at end"] = " ".join(
         f"{x:.2f}" for x in os.getloadavg())
@@ -274,7 +351,7 @@ def write_batch(res: dict[str, Any], path: Path) -> None:
 def write(res: dict[str, Any], out: Path) -> Path:
     h = res["headline"]
     bars = [(name, h[key]) for name, key in (
-        ("embedded engine (1 core)", "embedded"), ("Spark path, ours", "spark_ours"),
+        ("Python spec engine (1 core)", "embedded"), ("Spark path, ours", "spark_ours"),
         ("ceiling: TWS no-op", "ceiling_tws"), ("ceiling: AIPWS no-op", "ceiling_aipws"),
         ("JVM only", "jvm_only"), ("Flink CEP (warm)", "flink")) if h.get(key)]
     made = [plots.summary(out, bars), *plots.scaling(out, res.get("scaling") or {}),

@@ -40,7 +40,15 @@ class Sizes:
     perc_queries: tuple[int, ...]
     perc_events: int
     inject: int
-    latency: dict[str, Any]       # bench.latency.run's sizes (rates, seconds per rate, warm-up)
+    # bench.latency.run's sizes (seconds per rate, warm-up, ...). bench.run measures at rates
+    # from the flink step's figure F of the same run: min(20,000, 0.4 F) (issue 14's latency
+    # target) and `flink_multiples` x F (its throughput target), each rounded up to 500/s; `rates`
+    # only when no Flink figure was measured. The full run warms the job for 240 s at the first
+    # rate first, as the lead's session-22 runs (bench/results/latency_live.md): a live job in
+    # production is warm, and Flink's figure is its warm run's.
+    latency: dict[str, Any]
+    native: dict[str, Any]        # issue 13's parts of bench.run's native step
+    live: dict[str, Any]          # bench.live_ceiling.measure's sizes (ours vs the no-op)
 
     @classmethod
     def full(cls) -> Sizes:
@@ -49,7 +57,18 @@ class Sizes:
                    scale_rules=(3, 6, 12, 24), state_points=(50_000, 100_000, 200_000, 400_000),
                    profile_events=100_000, spark_files=10, spark_warmup=2, flink_runs=2,
                    perc_queries=(1_000, 10_000, 100_000), perc_events=1_000, inject=100,
-                   latency={"rates": (5_000, 20_000, 50_000), "seconds": 20, "warmup": 20})
+                   latency={"rates": (15_000, 38_000, 42_000), "flink_multiples": (1.0, 1.1),
+                            "seconds": 20, "warmup": 240, "default_only": True},
+                   native={"fraud_runs": 3, "batch": 100_000,
+                           "rules": {"n_events": 100_000, "keys": 10_000, "copies": 32,
+                                     "n_pairs": 6, "warmup": 2, "off_run": False},
+                           "keys": {"rounds": 4, "many_set": (2_000_000, 1_000_000),
+                                    "few_set": (1_000_000, 1_000)},
+                           "trading": {"n_events": 60_000, "keys": 500, "batch": 100_000,
+                                       "repeat": 5},
+                           "state_keys": 10_000},
+                   live={"events": 400_000, "batch": 20_000, "rate": 20_000, "rounds": 2,
+                         "skip": 2})
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -58,7 +77,18 @@ class Sizes:
                    scale_rules=(3, 6), state_points=(10_000, 20_000),
                    profile_events=10_000, spark_files=2, spark_warmup=1, flink_runs=2,
                    perc_queries=(1_000, 5_000), perc_events=300, inject=10,
-                   latency={"rates": (5_000,), "seconds": 10, "warmup": 10, "quick": True})
+                   latency={"rates": (5_000,), "flink_multiples": (), "seconds": 10,
+                            "warmup": 10, "quick": True},
+                   native={"fraud_runs": 1, "batch": 10_000,
+                           "rules": {"n_events": 10_000, "keys": 1_000, "copies": 32,
+                                     "n_pairs": 2, "warmup": 1, "off_run": False},
+                           "keys": {"rounds": 2, "many_set": (40_000, 20_000),
+                                    "few_set": (20_000, 100)},
+                           "trading": {"n_events": 3_000, "keys": 50, "batch": 1_000,
+                                       "repeat": 1},
+                           "state_keys": 1_000},
+                   live={"events": 40_000, "batch": 10_000, "rate": 20_000, "rounds": 1,
+                         "skip": 1})
 
     def override(self, events: int | None, keys: int | None) -> Sizes:
         from dataclasses import replace
