@@ -53,6 +53,7 @@ def render(res: dict[str, Any], plots: list[str]) -> str:
     out += _section(res, "tables", _tables_md) + _section(res, "windows", _windows_md)
     out += _percolator(res, plots) + _section(res, "mokaccino", _mokaccino_md)
     out += _section(res, "lucene", _lucene_md) + _section(res, "corpus", _corpus_md)
+    out += _section(res, "native", _native_md) + _section(res, "live", _live_md)
     out += _section(res, "latency", _latency_md)
     out += _growth_md(res, plots) + _profile(res) + _missing(res)
     return "\n".join(out) + "\n"
@@ -218,6 +219,54 @@ def _corpus_md(section: dict[str, Any]) -> str:
 def _lucene_md(section: dict[str, Any]) -> str:
     from bench import lucene_peer
     return str(lucene_peer.render_md(section))
+
+
+def _native_md(nat: dict[str, Any]) -> str:
+    """The native step's runs behind the targets table's issue-13 rows."""
+    out = ["## Native core (issue 13): the runs", ""]
+    fr = nat.get("fraud")
+    if fr:
+        out.append(f"- fraud, {fr['events']:,} events in Arrow batches of {fr['batch']:,}, one "
+                   "core, engine only (bench.native_flink): " + ", ".join(
+                       f"{fr['events'] / w:,.0f} ev/s wall ({fr['events'] / c:,.0f} CPU)"
+                       for w, c in fr["runs"]) + f"; {fr['match_alerts']} alerts, as injected: "
+                   f"{fr['alerts_as_injected']}")
+    ru = nat.get("rules")
+    if ru:
+        out.append(f"- {ru['rules']} vs 3 rules, {ru['events']:,} events (bench.native_rules): "
+                   "pair ratios " + ", ".join(f"{x['ratio']:.3f}" for x in ru["pairs"]))
+    ke = nat.get("keys")
+    if ke:
+        out.append(f"- {ke['many'][1]:,} cards ({ke['many'][0]:,} events) vs {ke['few'][1]:,} "
+                   f"({ke['few'][0]:,}) (bench.native_keys), ev/s CPU per run: "
+                   + ", ".join(f"{c:,.0f}" for c, _ in ke["many_runs"]) + " vs "
+                   + ", ".join(f"{c:,.0f}" for c, _ in ke["few_runs"]))
+    tr = nat.get("trading")
+    if tr:
+        out.append(f"- trading, {tr['events']:,} events, {tr['keys']:,} symbols (bench.native, "
+                   f"the core's median of {tr['repeat']}): Python engine "
+                   f"{tr['python_cpu_eps']:,.0f} ev/s CPU, the core {tr['core_cpu_eps']:,.0f}; "
+                   f"{tr['alerts']} alerts, identical: {tr['identical']}")
+    st = nat.get("state")
+    if st:
+        out.append(f"- state (bench.native_state, {st['keys']:,} cards, "
+                   f"{st['events_ingested']:,} events in): {st['native_bytes']:,} B over "
+                   f"{st['native_keys']:,} keys")
+    return "\n".join(out)
+
+
+def _live_md(live: dict[str, Any]) -> str:
+    """bench.live_ceiling's jobs, behind the targets table's live / no-op row."""
+    rows = [[str(i), r["variant"], f"{r['rows_per_s'] or 0:,}", f"{r['steady_batches']}",
+             f"{r['wall_s']}", str(r["exit"])]
+            for i, r in enumerate(live.get("runs", []))]
+    out = ["## The live job against a bare streaming stateful no-op (issue 14)", "",
+           f"{live['events']:,} events loaded into one Kafka partition first, then each job "
+           f"reads them in batches of {live['batch']:,} (bench.live_ceiling: steady rows/s = "
+           "input rows / triggerExecution over the batches between the start-up ones and the "
+           "last).", ""]
+    out += _table(["job", "variant", "steady rows/s", "steady batches", "wall s", "exit"], rows)
+    return "\n".join(out)
 
 
 def _latency_md(section: dict[str, Any]) -> str:

@@ -3,14 +3,44 @@
 Runs every benchmark it can in one process, on data generated in this run, and writes
 bench/results/latest.md (tables, ratios, machine, command), latest.json (raw figures) and PNG
 plots. A benchmark that fails is reported as failed, with its error; nothing is filled in.
+latest.md opens with the open issues' targets (13, 14: bench.report.targets), each from figures
+of this run only, "not run" where one is missing.
 
-Benchmarks (names for --only): embedded, scaling, state, growth, profile, percolator, mokaccino,
-lucene, corpus (real-text percolator vs Lucene Monitor), spark, flink, latency.
+Benchmarks (names for --only), in the order they run, with the full run's duration on this
+2-core machine (measured: the 2026-11-21 full run's step times; estimated: steps added since,
+from the hand runs of the same modules in bench/results; the machine's load stretches them):
 
-The spark step includes `cep replay`'s batch plan (`replay_batch`) and its bare Spark batch
-ceiling (`ceiling_batch`); their figures and ratios (to the ceiling, and to Flink when the flink
-step ran in the same invocation) go to OUT/replay_batch.md, e.g.
-`python -m bench.run --only spark,flink --spark-variants replay_batch,ceiling_batch`.
+- embedded (~5 min, measured; the Python specification engine), scaling (~1 min), state
+  (20 s), profile (15 s), growth (1 min), tables (~1-2 min, estimated), windows (~1 min,
+  estimated), percolator (1 min), mokaccino (2 min), lucene (1.5 min), corpus (~3-5 min,
+  estimated);
+- spark (3 min measured before replay_batch/ceiling_batch joined it, ~5 min now, estimated):
+  the Spark path from files and Kafka against its no-op ceilings, and `cep replay`'s batch plan
+  (`replay_batch`) against its bare Spark batch ceiling (`ceiling_batch`): their figures and
+  ratios (to the ceiling, and to Flink when the flink step ran in the same invocation) go to
+  OUT/replay_batch.md, e.g. `python -m bench.run --only spark,flink --spark-variants
+  replay_batch,ceiling_batch`;
+- flink (1 min): Flink CEP on the same files, two slots, its warm run;
+- native (~4-5 min, estimated; issue 13, on the native core): `native.fraud` (this run's fraud
+  data, engine only from Arrow batches, best of 3: bench.native_flink; the ratio to the flink
+  step's figure), `native.rules` (96 vs 3 rules, alternated pairs: bench.native_rules, ~15 s),
+  `native.keys` (1M vs 1k cards, 4 alternated rounds of fresh processes, medians:
+  bench.native_keys, ~2-3 min with its data sets' generation), `native.trading` (the core
+  against the Python engine on the trading rules, median of 5 core runs: bench.native, ~1 min),
+  `native.state` (bytes per fraud key: bench.native_state's growth point, ~10 s);
+- live (~4 min, estimated from the lead's session-22 runs; issue 14): `cep run` against a bare
+  streaming stateful no-op over the same Kafka input, 2 alternated rounds (bench.live_ceiling);
+- latency (~7 min, estimated likewise; issue 14): the live job's end-to-end latency at rates
+  derived from the flink step's figure F of this run: min(20k, 0.4 F) (the latency target) and
+  1.0 F, 1.1 F (the throughput target), each rounded up to 500/s, after a 240 s warm-up at the
+  first rate (Sizes.latency: a live job in production is warm, and Flink's figure is its warm
+  run's; docs/spark-runtime.md, lat22's section), 20 s measured per rate, the job as shipped
+  only (`--default-only`: `python -m bench.latency` runs the LATENESS 0s and real-time probes).
+
+In all ~40 minutes (the 2026-11-21 run took 18.5 minutes for the steps it had then).
+`--quick` runs all but live and latency at small sizes (3-4 minutes; the native step ~10 s);
+`--quick --only flink,native,live,latency` exercises the issue-13/14 steps end to end (~5-6
+minutes): their sizes are far below the issues' workloads, and latest.md says so.
 """
 
 from __future__ import annotations
