@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import embedded, flink_peer, percolation, plots, spark_path
-from bench.report import headline
+from bench.report import headline, targets
 from bench.report_md import render
 from bench.workloads import (
     DEFAULT_RULES,
@@ -412,6 +412,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {key}: {h[key]:,.3f}", file=sys.stderr)
     for key, value in (res.get("replay_batch") or {}).items():
         print(f"  replay batch {key}: {value}", file=sys.stderr)
+    for t in targets(res):
+        if t["status"] != "not run":
+            print(f"  issue {t['issue']}: {t['what']}: {t['figure']}, target {t['target']}: "
+                  f"{t['status']}", file=sys.stderr)
     return 1 if res.get("errors") else 0
 
 

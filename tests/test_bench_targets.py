@@ -77,6 +77,12 @@ def test_a_value_past_its_bound_is_missed() -> None:
     assert rows[9]["status"] == "missed"  # exactly 1.5 s is not below 1.5 s
     # kept up at every rate, the highest 41,900/s: met, and said to be a lower bound
     assert rows[7]["status"] == "met" and "or more" in rows[7]["figure"]
+    # kept up at every rate, but none as high as Flink's figure: a lower bound short of the
+    # target, neither met nor missed
+    low = _latency(100_000.0, 6.0, kept=(True, True, True))
+    row = targets(result(latency=low))[7]
+    assert row["status"] == "not run" and row["value"] == 41_900 / 100_000
+    assert row["figure"].startswith("not run at the target's rate: 0.42 or more")
 
 
 def test_a_censored_p99_never_meets_a_target_below() -> None:
