@@ -271,7 +271,17 @@ def _live_md(live: dict[str, Any]) -> str:
 
 def _latency_md(section: dict[str, Any]) -> str:
     from bench import latency
-    return str(latency.render_md(section))
+    text = str(latency.render_md(section))
+    plan = section.get("plan")
+    if not plan:
+        return text
+    rates = ", ".join(f"{r:,}" for r in plan["rates"])
+    how = (f"from this run's Flink figure F = {plan['flink_eps']:,.0f} ev/s: min(20,000, 0.4 F) "
+           "for the latency target and multiples of F for the throughput target, rounded up to "
+           "500/s (bench.run's `latency_step`)" if plan.get("flink_eps") else
+           "fixed (`Sizes.latency`): no Flink figure was measured in this run")
+    head, _, rest = text.partition("\n\n")
+    return f"{head}\n\nRates {rates} ev/s, {how}.\n\n{rest}"
 
 
 def _growth_md(res: dict[str, Any], plots: list[str]) -> list[str]:
