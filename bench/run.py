@@ -21,25 +21,28 @@ from the hand runs of the same modules in bench/results; the machine's load stre
   OUT/replay_batch.md, e.g. `python -m bench.run --only spark,flink --spark-variants
   replay_batch,ceiling_batch`;
 - flink (1 min): Flink CEP on the same files, two slots, its warm run;
-- native (~4-5 min, estimated; issue 13, on the native core): `native.fraud` (this run's fraud
-  data, engine only from Arrow batches, best of 3: bench.native_flink; the ratio to the flink
-  step's figure), `native.rules` (96 vs 3 rules, alternated pairs: bench.native_rules, ~15 s),
-  `native.keys` (1M vs 1k cards, 4 alternated rounds of fresh processes, medians:
-  bench.native_keys, ~2-3 min with its data sets' generation), `native.trading` (the core
-  against the Python engine on the trading rules, median of 5 core runs: bench.native, ~1 min),
-  `native.state` (bytes per fraud key: bench.native_state's growth point, ~10 s);
-- live (~4 min, estimated from the lead's session-22 runs; issue 14): `cep run` against a bare
-  streaming stateful no-op over the same Kafka input, 2 alternated rounds (bench.live_ceiling);
-- latency (~7 min, estimated likewise; issue 14): the live job's end-to-end latency at rates
-  derived from the flink step's figure F of this run: min(20k, 0.4 F) (the latency target) and
-  1.0 F, 1.1 F (the throughput target), each rounded up to 500/s, after a 240 s warm-up at the
-  first rate (Sizes.latency: a live job in production is warm, and Flink's figure is its warm
-  run's; docs/spark-runtime.md, lat22's section), 20 s measured per rate, the job as shipped
-  only (`--default-only`: `python -m bench.latency` runs the LATENESS 0s and real-time probes).
+- native (4.3 min, measured alone at load 4-7, 2026-11-27: `--only native`; issue 13, on the
+  native core): `native.fraud` (this run's fraud data, engine only from Arrow batches, best of
+  3: bench.native_flink; the ratio to the flink step's figure; 22 s), `native.rules` (96 vs 3
+  rules, alternated pairs: bench.native_rules, 11 s), `native.keys` (1M vs 1k cards, 4
+  alternated rounds of fresh processes, medians: bench.native_keys, 160 s with its data sets'
+  generation), `native.trading` (the core against the Python engine on the trading rules,
+  median of 5 core runs: bench.native, 52 s), `native.state` (bytes per fraud key:
+  bench.native_state's growth point, 5 s);
+- live (~3-4 min, estimated from the lead's session-22 run of the same sizes; issue 14):
+  `cep run` against a bare streaming stateful no-op over the same Kafka input, 2 alternated
+  rounds (bench.live_ceiling);
+- latency (~6-7 min, estimated likewise: the lead's 240 s warm-up run took 6 min; issue 14):
+  the live job's end-to-end latency at rates derived from the flink step's figure F of this
+  run: min(20k, 0.4 F) (the latency target) and 1.0 F, 1.1 F (the throughput target), each
+  rounded up to 500/s, after a 240 s warm-up at the first rate (Sizes.latency: a live job in
+  production is warm, and Flink's figure is its warm run's; docs/spark-runtime.md, lat22's
+  section), 20 s measured per rate, the job as shipped only (`--default-only`;
+  `python -m bench.latency` runs the LATENESS 0s variant and the real-time probe).
 
-In all ~40 minutes (the 2026-11-21 run took 18.5 minutes for the steps it had then).
-`--quick` runs all but live and latency at small sizes (3-4 minutes; the native step ~10 s);
-`--quick --only flink,native,live,latency` exercises the issue-13/14 steps end to end (~5-6
+In all ~40 minutes (the 2026-11-21 run took 18.5 minutes for the steps it had then). `--quick`
+runs all but live and latency at small sizes (6 minutes at load 5-8, the native step 18 s of
+it); `--quick --only flink,native,live,latency` runs the issue-13/14 steps end to end (3.5
 minutes): their sizes are far below the issues' workloads, and latest.md says so.
 """
 
