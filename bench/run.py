@@ -239,15 +239,22 @@ def latency_step(sizes: Sizes, res: dict[str, Any], work: Path) -> dict[str, Any
     cfg = dict(sizes.latency)
     multiples, fixed = cfg.pop("flink_multiples"), cfg.pop("rates")
     flink = (res.get("flink") or {}).get("events_per_s")
-    if flink:
-        p99_rate = min(20_000, _up500(0.4 * flink))
-        rates = tuple(sorted({p99_rate, *(_up500(m * flink) for m in multiples)}))
-    else:
-        p99_rate, rates = None, tuple(fixed)
+    p99_rate, rates = latency_rates(flink, multiples, fixed)
     out = dict(_latency().run(rates=rates, **cfg, work=work))
     out["plan"] = {"flink_eps": flink, "p99_rate": p99_rate, "rates": list(rates),
                    "lateness_s": lateness_ms(None) / 1000}
     return out
+
+
+def latency_rates(flink: float | None, multiples: tuple[float, ...],
+                  fixed: tuple[int, ...]) -> tuple[int | None, tuple[int, ...]]:
+    """(the rate of issue 14's latency target, every rate to measure): min(20k, 0.4 F) and each
+    multiple of F, rounded up to 500/s (a target met at the rate is met at the exact multiple),
+    or (None, `fixed`) without a Flink figure F."""
+    if not flink:
+        return None, tuple(fixed)
+    p99_rate = min(20_000, _up500(0.4 * flink))
+    return p99_rate, tuple(sorted({p99_rate, *(_up500(m * flink) for m in multiples)}))
 
 
 def _up500(x: float) -> int:

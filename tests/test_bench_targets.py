@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.report import target_table, targets
+from bench.run import latency_rates
 
 
 def _latency(flink: float | None, p99_s: float, censored: bool = False,
@@ -113,3 +114,13 @@ def test_the_table_has_a_row_per_target() -> None:
     assert table[0].startswith("| issue |") and len(table) == 2 + 10
     assert table[2].endswith("| ≥ 17 | **met** |")
     assert table[4].endswith("| missed |")
+
+
+def test_latency_rates_follow_the_runs_flink_figure() -> None:
+    # Flink at 37,600/s: 0.4x = 15,040 -> 15,500; 1.0x -> 38,000; 1.1x = 41,360 -> 41,500
+    assert latency_rates(37_600.0, (1.0, 1.1), (1, 2)) == (15_500, (15_500, 38_000, 41_500))
+    # a faster machine: the latency target is at 20k, not 0.4x
+    assert latency_rates(60_000.0, (1.0,), (1,)) == (20_000, (20_000, 60_000))
+    assert latency_rates(40_000.0, (), (1,)) == (16_000, (16_000,))
+    # no Flink figure in the run: the fixed rates, and no target rate
+    assert latency_rates(None, (1.0, 1.1), (15_000, 38_000)) == (None, (15_000, 38_000))
