@@ -56,7 +56,6 @@ bench: setup-all
 	$(PY) -m bench.run
 
 bench-quick: setup-all
-	$(PY) -m pytest -q -m bench
 	$(PY) -m bench.run --quick
 
 clean:
