@@ -20,6 +20,7 @@ mod keytable;
 mod matcher;
 mod pack;
 mod program;
+mod rowzip;
 mod state;
 mod validate;
 mod value;
