@@ -146,8 +146,7 @@ class NativeShardStore:
     Layout (3, since session 16; 2 since session 15): a MapState of rows by number, each a blob
     the core writes (`Engine.export_blobs`: records of group, key, wake time and versioned
     `CEPNK` bytes, or none for a key whose state is gone), stored compressed since layout 3
-    (`zip_row`'s bytes; since session 23 the core writes and reads them: `Engine.export_rows`,
-    `Engine.import_row`), and the token of the log it was appended onto, applied in row order; and a
+    (`zip_row`), and the token of the log it was appended onto, applied in row order; and a
     record (`_Meta`: `META_MAGIC`, the layout, then the token,
     log rows, log bytes, calls deferred and the registered timer) in a ValueState, or since
     session 18 (a query started so) in the log's reserved row `RECORD_ROW`.
@@ -250,8 +249,7 @@ class NativeShardStore:
         self.catchups = 0  # calls whose held copy was behind and read only the rows since
         self.load_us = 0  # µs in `begin`: the record read, and any catch-up or reload
         self.read_us = 0  # µs of it in the state server's reads of log rows
-        # µs of it expanding the rows read: since session 23 the core's, in `import_us`.
-        self.unzip_us = 0
+        self.unzip_us = 0  # µs of it expanding the rows read (`unzip_row`)
         self.import_us = 0  # µs of it in the core's `import_blob` of the rows read
         self.reload_us = 0  # µs of it in reloads (their reads, unzip and import included)
         self.compactions = 0
@@ -380,13 +378,18 @@ class NativeShardStore:
         """Apply `blobs` in order to `state` (a reload's or a catch-up's rows): the keys of
         dropped rule groups and the records read."""
         dropped = records = 0
-        t0 = time.perf_counter()
+        unzip = imported = 0.0
         for stored in blobs:
-            # The core expands a compressed row (`Engine.import_row`, the bytes `zip_row`
-            # writes) and checks the blob's header (another format version, a corrupt one).
-            gone, read = engine.core.import_row(state, stored)
-            dropped, records = dropped + gone, records + read
-        self.import_us += int(1e6 * (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            blob = unzip_row(stored)
+            t1 = time.perf_counter()
+            # The core first: it checks the header and gives the clearer error (a blob of
+            # another format version, a corrupt one).
+            dropped += engine.core.import_blob(state, blob)
+            unzip, imported = unzip + t1 - t0, imported + time.perf_counter() - t1
+            records += blob_records(blob)
+        self.unzip_us += int(1e6 * unzip)
+        self.import_us += int(1e6 * imported)
         self.dropped += dropped
         return dropped, records
 
@@ -432,10 +435,8 @@ class NativeShardStore:
             core = self._engine.core
             t0 = time.perf_counter()
             prev = cur.token
-            # The stored rows (`Engine.export_rows`: each blob as `zip_row` writes it), with
-            # each blob's size and record count.
             if self._compact_turn(cur):
-                out = core.export_rows(cur.state, True)
+                blobs = core.export_blobs(cur.state, True)
                 t1 = time.perf_counter()
                 # (A record in the log's reserved row goes too: `_write_meta` below rewrites it.)
                 self._log.clear()
@@ -450,32 +451,34 @@ class NativeShardStore:
                 # of the old log is never caught up from these (`_catch_up`).
                 prev, cur.rows, cur.size, cur.records = b"", 0, 0, 0
             else:
-                out = core.export_rows(cur.state)
+                blobs = core.export_blobs(cur.state)
                 t1 = time.perf_counter()
-                if not out:
+                if not blobs:
                     self.encode_us += int(1e6 * (t1 - t0))
                     if cur.timer != cur.stored_timer:
                         self._write_meta(cur)  # the same token: only the timer moved
                     self.write_us += int(1e6 * (time.perf_counter() - t1))
                     self._held[self._shard] = cur  # nothing changed: the token stays valid
                     return
-            # Each row names the token it was appended onto (`_catch_up`); stored compressed.
-            # The log's size counts the rows' bytes before compression, as the compaction's
-            # bounds always have.
-            rows = [row for row, _, _ in out]
+            # Each row names the token it was appended onto (`_catch_up`); stored compressed
+            # (`zip_row`). The log's size counts the rows' bytes before compression, as the
+            # compaction's bounds always have.
+            tz = time.perf_counter()
+            rows = [zip_row(b) for b in blobs]
+            zipped = time.perf_counter() - tz  # (encoding, not writing)
             token = os.urandom(8)
             if self._shared is not None and prev:  # (a compaction's rows: no catch-up reads them)
                 self._shared.put(self._shard, prev, token, rows)
             for i, row in enumerate(rows):
                 self._log.updateValue((cur.rows + i,), (row, prev))
-            cur.rows += len(rows)
-            cur.size += sum(size for _, size, _ in out)
-            cur.records += sum(n for _, _, n in out)
+            cur.rows += len(blobs)
+            cur.size += sum(len(b) for b in blobs)
+            cur.records += sum(map(blob_records, blobs))
             self.writes += 1
             cur.token = token
             self._write_meta(cur)
-            self.encode_us += int(1e6 * (t1 - t0))
-            self.write_us += int(1e6 * (time.perf_counter() - t1))
+            self.encode_us += int(1e6 * (t1 - t0 + zipped))
+            self.write_us += int(1e6 * (time.perf_counter() - t1 - zipped))
             self._held[self._shard] = cur
         except BaseException:
             self._held.pop(self._shard, None)
@@ -801,9 +804,7 @@ def blob_records(blob: bytes) -> int:
 # blob (`Engine.export_blobs`: `CEPNB` ...) as one zstd frame. Measured on the bench input's
 # rows (~250-430 KB, session 16): ~5x smaller for ~0.6 ms to compress and ~0.3 ms to expand
 # (pyarrow's zstd, level 1), where the state server and RocksDB move each row's bytes on every
-# append, catch-up and reload. Since session 23 the store's rows are made and read by the core
-# (`Engine.export_rows`, `Engine.import_row`: core/src/rowzip.rs, the same bytes, one zstd
-# context kept per process); these two read and write the same rows in Python (tests, tools).
+# append, catch-up and reload.
 ROW_ZIP_MAGIC = b"CEPNZ"
 _ZSTD_LEVEL = 1
 

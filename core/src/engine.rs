@@ -27,7 +27,6 @@ use crate::matcher::{Core, MState, Out, NO_CID};
 use crate::pack::Packed;
 use crate::keycodec::{self, KeyEnc, Known, Src};
 use crate::keys::{prefetch, Id, Keys, TooManyKeys};
-use crate::rowzip;
 use crate::{build_core, panic_message, CoreError};
 
 /// Hash maps (by key id, field name, condition text) with foldhash (seeded per process, much cheaper than SipHash
@@ -1892,38 +1891,128 @@ impl Engine {
     /// as bytes until needed again.
     #[pyo3(signature = (state, all=false, max_bytes=4 << 20))]
     fn export_blobs(&self, py: Python<'_>, state: &Bound<'_, EngineState>, all: bool, max_bytes: usize) -> PyResult<Vec<Py<PyAny>>> {
-        self.export_each(py, state, all, max_bytes, |_, size, fill| {
-            Ok(PyBytes::new_with(py, size, |buf| {
-                fill(buf);
+        let mut st = state.try_borrow_mut()?;
+        let st = &mut *st;
+        st.bind(self.ident)?;
+        // Decoded keys without bytes: when tracked, only keys advanced since the last export.
+        let decoded = |st: &EngineState, id: Id| st.keys.slot(id).val.state.is_some() && !st.enc.contains_key(&id);
+        let mut fresh: Vec<Id> = if all || !st.track_dirty {
+            st.keys.ids().filter(|&id| decoded(st, id)).collect()
+        } else {
+            st.dirty.iter().copied().filter(|&id| decoded(st, id)).collect()
+        };
+        // In id order (the slots' order in memory), each key's allocations asked for a few
+        // keys ahead (`prefetch_encode`): encoding reads a key's slot, state, parts and rows,
+        // and each was a cache miss taken one at a time (perf: loads in encode_key).
+        fresh.sort_unstable();
+        for (k, &id) in fresh.iter().enumerate() {
+            prefetch_encode(st, &fresh, k);
+            let slot = st.keys.slot(id);
+            let Some(h) = &slot.val.state else { continue };
+            let bytes = h.with_live(|ks| encode_key(py, ks, &slot.key, [&self.known, &st.imported], &self.families, &self.rules))?;
+            st.enc.insert(id, bytes);
+        }
+        let was = std::mem::take(&mut st.was);
+        let mut keys: Vec<Id> = if all {
+            st.with_state()
+        } else {
+            st.dirty.iter().copied().filter(|id| was.get(id).is_none_or(|b| st.enc.get(id) != Some(b))).collect()
+        };
+        // Over the budget: keys not changed in this call are held as bytes first.
+        let over = st.enc.values().map(Vec::len).sum::<usize>().saturating_sub(st.keep_decoded);
+        if over > 0 {
+            // In id order (the slots' order in memory), each key's state asked for a few keys
+            // ahead (`prefetch_ahead`, as when advancing): the keys evicted are mostly those
+            // decoded in an earlier call, out of the caches, and dropping a state walks its
+            // parts, runs, entries, captures and events one miss at a time (perf, session 22:
+            // these drops were ~10% of the offline operator loop's samples, bench.operator_core).
+            let mut evict = to_evict(&st.enc, &st.dirty, over);
+            evict.sort_unstable();
+            for (k, &id) in evict.iter().enumerate() {
+                prefetch_ahead(st, &evict, k);
+                st.put_state(id, None);
+                if let Some(b) = st.enc.remove(&id) {
+                    st.put_raw(id, b);
+                }
+            }
+        }
+        // Keys left without state keep their ids until their tombstones are written (below).
+        let written: Vec<Id> = st.dirty.drain().collect();
+        let order = |id: &Id| {
+            let s = st.keys.slot(*id);
+            (self.rank[s.group as usize], s.key.clone())
+        };
+        keys.sort_by_cached_key(order);
+        // Every blob of the call starts with the same header (its record count set per blob).
+        let mut head: Vec<u8> = Vec::new();
+        head.extend_from_slice(BLOB_MAGIC);
+        head.extend_from_slice(&BLOB_VERSION.to_le_bytes());
+        head.extend_from_slice(&0u32.to_le_bytes());
+        let tables: Vec<&Arc<Cols>> = self.known.tables().into_iter().chain(st.imported.tables()).collect();
+        put_uv(&mut head, tables.len() as u64);
+        for t in tables {
+            put_uv(&mut head, t.names.len() as u64);
+            for n in &t.names {
+                put_str(&mut head, n);
+            }
+        }
+        put_uv(&mut head, self.groups.len() as u64);
+        for g in &self.groups {
+            put_str(&mut head, &g.gid);
+        }
+        // The records' heads first (each blob's wake deltas start from 0), so that each blob's
+        // size is known and the blob is written once, straight into its bytes object: grown by
+        // doubling in a vector and then copied, it was a third of the export's samples (perf,
+        // bench.state_moves: ~180-300 KB a call at the live ceiling's input).
+        let bytes_of = |id: Id| st.enc.get(&id).or_else(|| st.raw.get(&id)).map_or(&[][..], Vec::as_slice);
+        let mut heads: Vec<u8> = Vec::new();
+        let mut ends: Vec<usize> = Vec::with_capacity(keys.len()); // each record's head's end
+        let mut blobs: Vec<(usize, usize)> = Vec::new(); // (records up to, bytes)
+        let (mut size, mut wake) = (0, 0i64);
+        for (i, &id) in keys.iter().enumerate() {
+            if size == 0 {
+                (size, wake) = (head.len(), 0);
+            }
+            let slot = st.keys.slot(id);
+            let n = bytes_of(id).len();
+            let w = st.keys.wake_of(id).unwrap_or(AT_END);
+            let at = heads.len();
+            put_uv(&mut heads, u64::from(slot.group));
+            put_str(&mut heads, &slot.key);
+            put_iv(&mut heads, w.wrapping_sub(wake));
+            put_uv(&mut heads, n as u64);
+            ends.push(heads.len());
+            wake = w;
+            size += heads.len() - at + n;
+            if size >= max_bytes || i + 1 == keys.len() {
+                blobs.push((i + 1, size));
+                size = 0;
+            }
+        }
+        let mut out = Vec::with_capacity(blobs.len());
+        let mut from = 0;
+        for (to, size) in blobs {
+            let blob = PyBytes::new_with(py, size, |buf| {
+                buf[..head.len()].copy_from_slice(&head);
+                buf[7..11].copy_from_slice(&((to - from) as u32).to_le_bytes());
+                let mut at = head.len();
+                for i in from..to {
+                    let h = &heads[if i == 0 { 0 } else { ends[i - 1] }..ends[i]];
+                    for part in [h, bytes_of(keys[i])] {
+                        buf[at..at + part.len()].copy_from_slice(part);
+                        at += part.len();
+                    }
+                }
+                debug_assert_eq!(at, size);
                 Ok(())
-            })?
-            .into_any()
-            .unbind())
-        })
-    }
-
-    /// `export_blobs`, each blob as the native store keeps it (`rowzip`: `CEPNZ`, its length,
-    /// one zstd frame): (row, the blob's length, its records).
-    #[pyo3(signature = (state, all=false, max_bytes=4 << 20))]
-    fn export_rows(&self, py: Python<'_>, state: &Bound<'_, EngineState>, all: bool, max_bytes: usize) -> PyResult<Vec<(Py<PyAny>, usize, usize)>> {
-        // One buffer for the call's blobs, each compressed from it (`rowzip::zip_row`).
-        let mut blob = Vec::new();
-        self.export_each(py, state, all, max_bytes, |records, size, fill| {
-            blob.clear();
-            blob.resize(size, 0);
-            fill(&mut blob);
-            Ok((rowzip::zip_row(py, &blob)?.into_any().unbind(), size, records))
-        })
-    }
-
-    /// Apply a stored row (`export_rows`' or the store's Python `zip_row`'s; or a raw blob, as
-    /// layout 2 stored them) as `import_blob` does: (records dropped, records read).
-    fn import_row(&self, py: Python<'_>, state: &Bound<'_, EngineState>, row: &[u8]) -> PyResult<(usize, usize)> {
-        rowzip::with_blob(row, |blob| {
-            let dropped = self.import_blob(py, state, blob)?;
-            // (The header was read by `import_blob`: magic, version, then the record count.)
-            Ok((dropped, u32::from_le_bytes(blob[7..11].try_into().expect("4 bytes")) as usize))
-        })
+            })?;
+            out.push(blob.into_any().unbind());
+            from = to;
+        }
+        for id in written {
+            st.release_if_empty(id);
+        }
+        Ok(out)
     }
 
     /// The bytes of the keys' states as last encoded (held raw, or kept beside the decoded
@@ -2193,140 +2282,5 @@ mod tests {
         assert_eq!((t.v.len(), t.v.capacity()), (3, 3));
         assert!(Caps::ptr_eq(&r.entries[1].caps, &shared) && Caps::ptr_eq(&r.entries[2].caps, &shared));
         assert_eq!((shared.v.len(), shared.v.capacity()), (2, 8), "shared captures left as they are");
-    }
-}
-
-impl Engine {
-    /// `export_blobs`' work: `emit(records, size, fill)` makes each blob's value, `fill`
-    /// writing the blob's `size` bytes into the buffer it is given.
-    fn export_each<T>(
-        &self,
-        py: Python<'_>,
-        state: &Bound<'_, EngineState>,
-        all: bool,
-        max_bytes: usize,
-        mut emit: impl FnMut(usize, usize, &dyn Fn(&mut [u8])) -> PyResult<T>,
-    ) -> PyResult<Vec<T>> {
-        let mut st = state.try_borrow_mut()?;
-        let st = &mut *st;
-        st.bind(self.ident)?;
-        // Decoded keys without bytes: when tracked, only keys advanced since the last export.
-        let decoded = |st: &EngineState, id: Id| st.keys.slot(id).val.state.is_some() && !st.enc.contains_key(&id);
-        let mut fresh: Vec<Id> = if all || !st.track_dirty {
-            st.keys.ids().filter(|&id| decoded(st, id)).collect()
-        } else {
-            st.dirty.iter().copied().filter(|&id| decoded(st, id)).collect()
-        };
-        // In id order (the slots' order in memory), each key's allocations asked for a few
-        // keys ahead (`prefetch_encode`): encoding reads a key's slot, state, parts and rows,
-        // and each was a cache miss taken one at a time (perf: loads in encode_key).
-        fresh.sort_unstable();
-        for (k, &id) in fresh.iter().enumerate() {
-            prefetch_encode(st, &fresh, k);
-            let slot = st.keys.slot(id);
-            let Some(h) = &slot.val.state else { continue };
-            let bytes = h.with_live(|ks| encode_key(py, ks, &slot.key, [&self.known, &st.imported], &self.families, &self.rules))?;
-            st.enc.insert(id, bytes);
-        }
-        let was = std::mem::take(&mut st.was);
-        let mut keys: Vec<Id> = if all {
-            st.with_state()
-        } else {
-            st.dirty.iter().copied().filter(|id| was.get(id).is_none_or(|b| st.enc.get(id) != Some(b))).collect()
-        };
-        // Over the budget: keys not changed in this call are held as bytes first.
-        let over = st.enc.values().map(Vec::len).sum::<usize>().saturating_sub(st.keep_decoded);
-        if over > 0 {
-            // In id order (the slots' order in memory), each key's state asked for a few keys
-            // ahead (`prefetch_ahead`, as when advancing): the keys evicted are mostly those
-            // decoded in an earlier call, out of the caches, and dropping a state walks its
-            // parts, runs, entries, captures and events one miss at a time (perf, session 22:
-            // these drops were ~10% of the offline operator loop's samples, bench.operator_core).
-            let mut evict = to_evict(&st.enc, &st.dirty, over);
-            evict.sort_unstable();
-            for (k, &id) in evict.iter().enumerate() {
-                prefetch_ahead(st, &evict, k);
-                st.put_state(id, None);
-                if let Some(b) = st.enc.remove(&id) {
-                    st.put_raw(id, b);
-                }
-            }
-        }
-        // Keys left without state keep their ids until their tombstones are written (below).
-        let written: Vec<Id> = st.dirty.drain().collect();
-        let order = |id: &Id| {
-            let s = st.keys.slot(*id);
-            (self.rank[s.group as usize], s.key.clone())
-        };
-        keys.sort_by_cached_key(order);
-        // Every blob of the call starts with the same header (its record count set per blob).
-        let mut head: Vec<u8> = Vec::new();
-        head.extend_from_slice(BLOB_MAGIC);
-        head.extend_from_slice(&BLOB_VERSION.to_le_bytes());
-        head.extend_from_slice(&0u32.to_le_bytes());
-        let tables: Vec<&Arc<Cols>> = self.known.tables().into_iter().chain(st.imported.tables()).collect();
-        put_uv(&mut head, tables.len() as u64);
-        for t in tables {
-            put_uv(&mut head, t.names.len() as u64);
-            for n in &t.names {
-                put_str(&mut head, n);
-            }
-        }
-        put_uv(&mut head, self.groups.len() as u64);
-        for g in &self.groups {
-            put_str(&mut head, &g.gid);
-        }
-        // The records' heads first (each blob's wake deltas start from 0), so that each blob's
-        // size is known and the blob is written once, straight into its bytes object: grown by
-        // doubling in a vector and then copied, it was a third of the export's samples (perf,
-        // bench.state_moves: ~180-300 KB a call at the live ceiling's input).
-        let bytes_of = |id: Id| st.enc.get(&id).or_else(|| st.raw.get(&id)).map_or(&[][..], Vec::as_slice);
-        let mut heads: Vec<u8> = Vec::new();
-        let mut ends: Vec<usize> = Vec::with_capacity(keys.len()); // each record's head's end
-        let mut blobs: Vec<(usize, usize)> = Vec::new(); // (records up to, bytes)
-        let (mut size, mut wake) = (0, 0i64);
-        for (i, &id) in keys.iter().enumerate() {
-            if size == 0 {
-                (size, wake) = (head.len(), 0);
-            }
-            let slot = st.keys.slot(id);
-            let n = bytes_of(id).len();
-            let w = st.keys.wake_of(id).unwrap_or(AT_END);
-            let at = heads.len();
-            put_uv(&mut heads, u64::from(slot.group));
-            put_str(&mut heads, &slot.key);
-            put_iv(&mut heads, w.wrapping_sub(wake));
-            put_uv(&mut heads, n as u64);
-            ends.push(heads.len());
-            wake = w;
-            size += heads.len() - at + n;
-            if size >= max_bytes || i + 1 == keys.len() {
-                blobs.push((i + 1, size));
-                size = 0;
-            }
-        }
-        let mut out = Vec::with_capacity(blobs.len());
-        let mut from = 0;
-        for (to, size) in blobs {
-            let fill = |buf: &mut [u8]| {
-                buf[..head.len()].copy_from_slice(&head);
-                buf[7..11].copy_from_slice(&((to - from) as u32).to_le_bytes());
-                let mut at = head.len();
-                for i in from..to {
-                    let h = &heads[if i == 0 { 0 } else { ends[i - 1] }..ends[i]];
-                    for part in [h, bytes_of(keys[i])] {
-                        buf[at..at + part.len()].copy_from_slice(part);
-                        at += part.len();
-                    }
-                }
-                debug_assert_eq!(at, size);
-            };
-            out.push(emit(to - from, size, &fill)?);
-            from = to;
-        }
-        for id in written {
-            st.release_if_empty(id);
-        }
-        Ok(out)
     }
 }

@@ -20,7 +20,6 @@ mod keytable;
 mod matcher;
 mod pack;
 mod program;
-mod rowzip;
 mod state;
 mod validate;
 mod value;

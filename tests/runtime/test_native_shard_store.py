@@ -756,64 +756,6 @@ def test_a_layout_2_log_of_raw_rows_goes_on_as_layout_3() -> None:
         _run(engine, log, meta, {}, *batches[0])
 
 
-class _Held:
-    """A shard's native state as `ingest_batch` reaches it (`NativeShardStore.native_state`)."""
-
-    def __init__(self) -> None:
-        from cep import _core
-
-        self.state = _core.EngineState(track_dirty=True)
-
-    def native_state(self, _engine: Any) -> Any:
-        return self.state
-
-
-def test_the_cores_rows_are_the_python_stores_rows_both_ways() -> None:
-    """Session 23: the core makes and reads the stored rows (`Engine.export_rows`,
-    `Engine.import_row`). A row it writes expands in Python (`unzip_row`, pyarrow's zstd) to the
-    blob `export_blobs` gives for the same calls, with that blob's size and record count; a row
-    `zip_row` writes, and a raw blob (layout 2), import as that blob does; a row whose header
-    says another size is refused with what to do."""
-    from cep import _core
-
-    from cep.runtime.state_store import ROW_ZIP_MAGIC, blob_records, zip_row
-
-    engine = build_embedded_engine(RULES)
-    plain, zipped = _Held(), _Held()
-    blobs: list[bytes] = []
-    for rb, m in _calls(200):
-        for held in (plain, zipped):
-            engine.ingest_batch(held, rb, m)
-        got = engine.core.export_rows(zipped.state, max_bytes=400)
-        want = engine.core.export_blobs(plain.state, max_bytes=400)
-        assert [unzip_row(row) for row, _, _ in got] == want
-        assert [(size, n) for _, size, n in got] == [(len(b), blob_records(b)) for b in want]
-        assert all(row.startswith(ROW_ZIP_MAGIC) for row, _, _ in got)
-        blobs += want
-    assert len(blobs) > 10 and any(blob_records(b) > 1 for b in blobs)
-
-    def replayed(rows: list[bytes], how: str) -> tuple[list[bytes], int]:
-        state, records = _core.EngineState(), 0
-        for row in rows:
-            if how == "blob":
-                engine.core.import_blob(state, row)
-                records += blob_records(row)
-            else:
-                dropped, n = engine.core.import_row(state, row)
-                records += n
-                assert dropped == 0
-        return engine.core.export_blobs(state, True), records
-
-    want = replayed(blobs, "blob")
-    assert want[1] == sum(map(blob_records, blobs)) and want[0]
-    assert replayed([zip_row(b) for b in blobs], "row") == want
-    assert replayed(blobs, "row") == want  # raw rows, as layout 2 stored them
-    row = zip_row(blobs[0])
-    bad = row[:5] + (len(blobs[0]) + 1).to_bytes(4, "little") + row[9:]
-    with pytest.raises(ValueError, match="does not expand.*reset it or replay"):
-        engine.core.import_row(_core.EngineState(), bad)
-
-
 def _shared_call(engine: Any, log: Any, meta: Any, held: dict[Any, Any], shared: Any, rb: Any,
                  max_ts: int) -> tuple[Any, NativeShardStore]:
     return _call(engine, log, meta, held, rb, max_ts, shared)
