@@ -70,7 +70,7 @@ def run(calls: int, per_call: int) -> dict[str, Any]:
     class Timed:  # the core with its import and export timed (CPU)
         def __getattr__(self, name: str) -> Any:
             method = getattr(core, name)
-            if name not in ("import_blob", "export_blobs", "import_row", "export_rows"):
+            if name not in ("import_blob", "export_blobs"):
                 return method
 
             def call(*a: Any) -> Any:
