@@ -7,6 +7,7 @@ event of the ingest and of the export over the calls after `--warmup`. From live
 script (docs/spark-runtime.md, "The operator's Python per row at a high rate (session 22,
 live22)"); run from a tree's root so that it imports that tree's core:
     python -m bench.operator_core [--calls 30 --batch 20000 --cards 400000 --budget-mb 2.67]
+    python -m bench.operator_core --input ceiling --batch 3333 --calls 40 [--gap-s 20]
 (as a module: run as a file from bench/, bench/operator.py would shadow the standard library's
 `operator`; for a tree without this file, run a copy of it kept outside any bench/ directory
 with that tree's root as the working directory and PYTHONPATH.)
@@ -60,6 +61,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=20000)
     ap.add_argument("--cards", type=int, default=400000)
     ap.add_argument("--budget-mb", type=float, default=16 / 6, help="keep_decoded, MB")
+    ap.add_argument("--input", choices=("alike", "ceiling"), default="alike",
+                    help="ceiling: one shard's calls of the live ceiling's input instead "
+                         "(bench.state_moves' `_batch`: every 6th card; --cards unused)")
+    ap.add_argument("--gap-s", type=float, default=20.0,
+                    help="with --input ceiling: each card seen every this many seconds "
+                         "(bench.live_ceiling.CARD_GAP_S; a call is one second)")
     args = ap.parse_args()
     if args.calls <= args.warmup:
         ap.error("--calls must exceed --warmup")
@@ -68,12 +75,22 @@ def main() -> None:
     eng.track_partials = True
     n = args.batch
     s = _Store(int(args.budget_mb * (1 << 20)))
-    batches = [_batch(b * n, (b + 1) * n, bo.T0 + 1000 * b, n, args.cards)
-               for b in range(args.calls)]
+    batches = [(_batch(b * n, (b + 1) * n, bo.T0 + 1000 * b, n, args.cards),
+                bo.T0 + 1000 * b - 5000) for b in range(args.calls)]
+    if args.input == "ceiling":  # (session 23, live23: the decoded-keys budget's worth)
+        import bench.live_ceiling as lc
+        from bench.state_moves import _batch as shard_batch
+
+        lc.CARD_GAP_S = args.gap_s
+        batches, at, wm = [], 0, -(2**62)
+        for _ in range(args.calls):
+            bt, at, last = shard_batch(at, n)
+            batches.append((bt, wm))
+            wm = last - 5000
     ing = exp = 0.0
-    for b, bt in enumerate(batches):
+    for b, (bt, wm) in enumerate(batches):
         t = time.process_time()
-        eng.ingest_batch(s, bt, bo.T0 + 1000 * b - 5000)
+        eng.ingest_batch(s, bt, wm)
         a = time.process_time()
         eng.core.export_blobs(s.st)
         e = time.process_time()

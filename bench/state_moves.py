@@ -85,15 +85,20 @@ def run(calls: int, per_call: int) -> dict[str, Any]:
     log, meta = DictLogState(), DictValueState()
     procs: list[dict[Any, Any]] = [{}, {}]
     load = encode = 0
+    begin_s = flush_s = 0.0  # CPU of the store's begin (catch-ups) and flush (export, zstd)
     at, wm = 0, -(2**62)
     for c in range(calls):
         rb, at, last = _batch(at, per_call)
         # The shard moves in every other call (about half the batches of the live job).
         store = NativeShardStore(log, meta, procs[(c // 2) % 2],
                                  keep_decoded=NativeShardStore.for_shards(6))
+        c0 = time.process_time()
         store.begin(("s",), engine)
+        c1 = time.process_time()
         engine.ingest_batch(store, rb, wm)
+        c2 = time.process_time()
         store.flush()
+        begin_s, flush_s = begin_s + c1 - c0, flush_s + time.process_time() - c2
         wm = last - 5_000
         load += store.load_us
         encode += store.encode_us
@@ -107,7 +112,8 @@ def run(calls: int, per_call: int) -> dict[str, Any]:
         core.import_blob(state, b)
     reload_s = time.process_time() - c0
     return {"import_s": t["import_s"], "export_s": t["export_s"], "load_s": load / 1e6,
-            "encode_s": encode / 1e6, "reload_s": reload_s, "rows": len(log.rows),
+            "encode_s": encode / 1e6, "begin_cpu_s": begin_s, "flush_cpu_s": flush_s,
+            "reload_s": reload_s, "rows": len(log.rows),
             "keys": len(state), "blobs_sha256": digest}
 
 
