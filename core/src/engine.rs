@@ -1085,26 +1085,18 @@ fn keyed_row(
 
 /// With many keys each key's state is out of the caches: load the slots of the keys a few
 /// places ahead in `due`, then what they point to (events, matcher states), in stages, so
-/// that the loads overlap instead of stalling the key being advanced. A stage reads only lines
-/// an earlier stage asked for at least a few keys before (the slot at k+16, read at k+10; what
-/// the slot points to read at k+5): docs/native-core.md, "Many keys: ... (session 23, keys23)".
+/// that the loads overlap instead of stalling the key being advanced.
 fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
-    if let Some(&id) = due.get(k + 16) {
+    if let Some(&id) = due.get(k + 14) {
         st.keys.prefetch(id);
     }
-    if let Some(&id) = due.get(k + 10) {
+    if let Some(&id) = due.get(k + 8) {
         let s = st.keys.slot(id);
         // The key's table line: a key left empty is released (e.g. every key whose deadlines
-        // all pass in the call). Not for a key with new events, which mostly keeps a partial
-        // match (the fraud card's new event starts one): a line on a page of its own.
-        if s.val.new.is_empty() {
-            st.keys.prefetch_entry(id);
-        }
+        // all pass in the call).
+        st.keys.prefetch_entry(id);
         prefetch(Arc::as_ptr(&s.key).cast::<u8>());
-        // Every line of the items read at k+5 (an `Item` is 56 bytes: its event's pointer is
-        // in the vector's second line for half of the blocks).
-        let new = &s.val.new[..s.val.new.len().min(AHEAD_EVENTS)];
-        prefetch_lines(new.as_ptr(), std::mem::size_of_val(new));
+        prefetch(s.val.new.as_ptr());
         match &s.val.state {
             Some(Held::Live(ks)) => {
                 prefetch(ks.buffer.as_ptr());
@@ -1115,19 +1107,15 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
         }
     }
     // A packed key's events (each one block with its row's values): one stage where a live
-    // key's captures are five (`parts_of` below); the key's new events.
-    if let Some(&id) = due.get(k + 5) {
+    // key's captures are five (`parts_of` below).
+    if let Some(&id) = due.get(k + 6) {
         packed_evs(st, id).for_each(prefetch_ev);
-        for it in st.keys.slot(id).val.new.iter().take(AHEAD_EVENTS) {
-            // An Arrow event's row is in its `Ev`'s block (built when the batch was read).
-            prefetch_item(it);
-        }
     }
     // A key's partial matches, a level per stage: runs, their entries, the first entry's
     // captures, their vector, its first event with its row's values (what `advance` reads for
     // the deadline, what a key due by time alone, with no new event, reaches first, and what
     // dropping the match reads when its deadline passes).
-    if let Some(&id) = due.get(k + 8) {
+    if let Some(&id) = due.get(k + 7) {
         for p in parts_of(st, id) {
             prefetch(p.state.runs.as_ptr());
         }
@@ -1149,19 +1137,14 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
         }
     }
     if let Some(&id) = due.get(k + 3) {
+        let s = st.keys.slot(id);
+        for it in s.val.new.iter().take(AHEAD_EVENTS) {
+            // An Arrow event's row is in its `Ev`'s block (built when the batch was read).
+            prefetch_item(it);
+        }
         for c in first_caps(id).filter_map(|e| e.caps.first()) {
             prefetch_ev(&c.ev);
         }
-    }
-}
-
-/// Ask for every line of the `bytes` bytes at `p` (none when empty).
-#[inline(always)]
-fn prefetch_lines<T>(p: *const T, bytes: usize) {
-    let p = p.cast::<u8>();
-    let lines = if bytes == 0 { 0 } else { ((p as usize & 63) + bytes).div_ceil(64) };
-    for i in 0..lines {
-        prefetch(p.wrapping_add(i * 64));
     }
 }
 
@@ -1185,7 +1168,7 @@ fn prefetch_blocks(p: &Packed) {
     let (w, evs) = p.blocks();
     prefetch(w);
     prefetch(w.wrapping_add(8));
-    prefetch_lines(evs.as_ptr(), std::mem::size_of_val(evs));
+    prefetch(evs.as_ptr());
 }
 
 /// The runs of the key's parts (`prefetch_ahead`: a few per key).
