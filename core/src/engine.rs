@@ -652,7 +652,7 @@ fn advance_key(
     partials: Option<&mut [i64]>,
     g: &mut Group,
     st: &mut EngineState,
-    (id, key): (Id, &str),
+    (id, key): (Id, &Arc<str>),
     new: Option<Vec<Item>>,
     safe: i64,
     eof: bool,
@@ -770,7 +770,7 @@ fn run_rules(
     mut partials: Option<&mut [i64]>,
     g: &mut Group,
     st: &mut EngineState,
-    (id, key): (Id, &str),
+    (id, key): (Id, &Arc<str>),
     (mut released, compact): (Vec<Item>, bool),
     (parts, fstates): (&mut Vec<Option<Part>>, &mut Vec<(u32, FState)>),
     mut due: Option<i64>,
@@ -964,19 +964,12 @@ impl Engine {
         let matches = PyList::empty(py);
         let mut counts = Counts::default();
         let mut runs: Vec<(u32, Arc<str>, usize, usize)> = Vec::new();
-        // The key's text, copied for the advance (which may release the key's slot): cloning
-        // the slot's `Arc` was two locked instructions per key, each waiting for the stores
-        // before it (to cold lines, with many keys): docs/native-core.md, "Many keys: ...
-        // (session 23, keys23)". An `Arc` is made only for a key with results.
-        let mut key = String::new();
         for (k, &id) in due.iter().enumerate() {
             prefetch_ahead(st, &due, k);
             let start = matches.len();
-            let gi = {
+            let (gi, key) = {
                 let slot = st.keys.slot(id);
-                key.clear();
-                key.push_str(&slot.key);
-                slot.group
+                (slot.group, slot.key.clone())
             };
             // Outside the rules' own guards (decoding, the key table's counts): a panic still
             // becomes an error naming the rules of the key's group.
@@ -998,7 +991,7 @@ impl Engine {
                 return Err(e);
             }
             if matches.len() > start {
-                runs.push((self.rank[gi as usize], Arc::from(key.as_str()), start, matches.len()));
+                runs.push((self.rank[gi as usize], key, start, matches.len()));
             }
         }
         Ok((in_key_order(py, matches, runs)?, counts))
@@ -1010,7 +1003,7 @@ impl Engine {
         &mut self,
         py: Python<'_>,
         st: &mut EngineState,
-        (id, gi, key): (Id, u32, &str),
+        (id, gi, key): (Id, u32, &Arc<str>),
         max_ts: i64,
         eof: bool,
         matches: &Bound<'_, PyList>,
