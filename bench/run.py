@@ -308,10 +308,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                                               breakdown=not args.quick),
         "lucene": lambda: _lucene().run(sizes.perc_queries, sizes.perc_events, work),
         # Real corpus vs Lucene Monitor (bench/corpus_peer.py): 10k and 100k searches (quick:
-        # 1k on the committed sample).
+        # 1k on the committed sample). Lucene in its batch mode only (all events in one
+        # Monitor.match call), its fastest here: one document per call ran under 16 events/s at
+        # 10k searches (bench/results/corpus_peer.md) and took the full run past an hour.
         "corpus": lambda: _corpus().run((1_000,) if args.quick else (10_000, 100_000),
                                         300 if args.quick else 3_000, work / "corpus",
-                                        source="sample" if args.quick else "auto"),
+                                        source="sample" if args.quick else "auto",
+                                        batches=(0,)),
     }
     for name, fn in steps.items():
         if name in only:
