@@ -362,7 +362,8 @@ def batch_ratios(res: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_batch(res: dict[str, Any], path: Path) -> None:
-    """bench/results/replay_batch.md: the batch replay's figures of this run (nothing else)."""
+    """bench/results/replay_batch.md: the batch replay's figures of this run, as a section put
+    above the file's earlier ones (the sessions' runs and their notes stay below it)."""
     r, m = res["replay_batch"], res["meta"]
     v = res["spark"]["batch"]
 
@@ -373,7 +374,7 @@ def write_batch(res: dict[str, Any], path: Path) -> None:
         return "not measured" if x is None else f"{x:,.{d}f}"
 
     lines = [
-        "# Replay as a batch job (issue 14): measured figures", "",
+        f"# Replay as a batch job (issue 14): `{m['command']}`, {m['started_utc']} UTC", "",
         f"Command: `{m['command']}` (started {m['started_utc']} UTC, {m['seconds']:.0f} s).",
         f"Machine: {m['machine']['nproc']} cores, {m['machine']['cpu']}; load average "
         f"(1, 5, 15 min) at start {m['machine']['load average at start']}, at end "
@@ -394,7 +395,8 @@ def write_batch(res: dict[str, Any], path: Path) -> None:
         "Each Spark figure is the last of its runs in one session (Python workers warm); "
         "events/s = input events / wall time of the Spark job.",
     ]
-    path.write_text("\n".join(lines) + "\n")
+    earlier = path.read_text() if path.exists() else ""
+    path.write_text("\n".join(lines) + "\n" + (f"\n{earlier}" if earlier else ""))
 
 
 def write(res: dict[str, Any], out: Path) -> Path:

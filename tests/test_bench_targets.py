@@ -4,6 +4,7 @@ where a figure it needs is missing. No benchmark runs here: the result dicts are
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from bench.report import target_table, targets
@@ -124,3 +125,28 @@ def test_latency_rates_follow_the_runs_flink_figure() -> None:
     assert latency_rates(40_000.0, (), (1,)) == (16_000, (16_000,))
     # no Flink figure in the run: the fixed rates, and no target rate
     assert latency_rates(None, (1.0, 1.1), (15_000, 38_000)) == (None, (15_000, 38_000))
+
+
+def test_replay_batch_md_keeps_the_earlier_runs_below_the_new_one(tmp_path: Path) -> None:
+    from bench.run import write_batch
+
+    def run(started: str, eps: float) -> dict[str, Any]:
+        machine = {"nproc": 2, "cpu": "x", "load average at start": "1", "load average at end": "2"}
+        return {"meta": {"command": "python -m bench.run", "started_utc": started, "seconds": 60,
+                         "machine": machine, "sizes": {"events": 10, "keys": 2, "spark_files": 1}},
+                "spark": {"master": "local[2]", "shards": 4, "shuffle_partitions": 2, "batch": {}},
+                "replay_batch": {"replay_batch_eps": eps, "ceiling_batch_eps": 2 * eps,
+                                 "flink_eps": None, "over_flink": None, "over_ceiling": 0.5,
+                                 "alerts_as_injected": True}}
+
+    path = tmp_path / "replay_batch.md"
+    path.write_text("# Session 1: notes written by hand\n")
+    write_batch(run("2026-01-01 00:00:00", 100.0), path)
+    write_batch(run("2026-01-02 00:00:00", 200.0), path)
+    text = path.read_text()
+    heads = [line for line in text.splitlines() if line.startswith("# ")]
+    assert heads == ["# Replay as a batch job (issue 14): `python -m bench.run`, "
+                     "2026-01-02 00:00:00 UTC",
+                     "# Replay as a batch job (issue 14): `python -m bench.run`, "
+                     "2026-01-01 00:00:00 UTC", "# Session 1: notes written by hand"]
+    assert text.index("| 200 |") < text.index("| 100 |")
