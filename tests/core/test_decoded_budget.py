@@ -8,6 +8,7 @@ those of the Python engine and of a state that never evicts, call by call and at
 from __future__ import annotations
 
 import random
+
 import pytest
 
 from cep.runtime.engine import NEG_INF, Event, MemoryKeyStore
