@@ -71,6 +71,11 @@ def main() -> None:
     ap.add_argument("--adaptive", action="store_true",
                     help="the budget or none, as the keys' returns favour (session 24, live24; "
                          "a core without it refuses the option)")
+    ap.add_argument("--paired", action="store_true",
+                    help="two states in this process fed the same calls, which goes first "
+                         "alternating per call: the fixed budget and the adaptive one (or "
+                         "--paired-mb's fixed budget); each one's CPU per event")
+    ap.add_argument("--paired-mb", type=float, help="with --paired: a fixed budget, MB, as B")
     args = ap.parse_args()
     if args.calls <= args.warmup:
         ap.error("--calls must exceed --warmup")
@@ -91,6 +96,9 @@ def main() -> None:
             bt, at, last = shard_batch(at, n)
             batches.append((bt, wm))
             wm = last - 5000
+    if args.paired:
+        _paired(eng, batches, args)
+        return
     ing = exp = 0.0
     for b, (bt, wm) in enumerate(batches):
         t = time.process_time()
@@ -108,6 +116,32 @@ def main() -> None:
     if hasattr(s.st, "budget_stats"):  # (session 24: the budget chosen, what it saw)
         out["budget_end"] = s.st.decoded_budget
         out["hits_ghosthits_cold_evicted"] = s.st.budget_stats()
+    print(json.dumps(out))
+
+
+def _paired(eng: Any, batches: list[Any], args: Any) -> None:
+    """A (the fixed `--budget-mb`) and B (adaptive, or `--paired-mb`) in one process, under
+    the same load: per call each ingests and exports the call's events, the first of the two
+    alternating (session 24, live24)."""
+    cap = int(args.budget_mb * (1 << 20))
+    a = _Store(cap, False)
+    b = (_Store(int(args.paired_mb * (1 << 20)), False) if args.paired_mb is not None
+         else _Store(cap, True))
+    cpu = {"A": 0.0, "B": 0.0}
+    for i, (bt, wm) in enumerate(batches):
+        for name, s in (("A", a), ("B", b)) if i % 2 == 0 else (("B", b), ("A", a)):
+            t = time.process_time()
+            eng.ingest_batch(s, bt, wm)
+            eng.core.export_blobs(s.st)
+            if i >= args.warmup:
+                cpu[name] += time.process_time() - t
+    m = (args.calls - args.warmup) * args.batch
+    out: dict[str, Any] = {"core": _core.__file__, "A_us_ev": round(1e6 * cpu["A"] / m, 2),
+                           "B_us_ev": round(1e6 * cpu["B"] / m, 2),
+                           "B_over_A": round(cpu["B"] / cpu["A"], 3)}
+    if args.paired_mb is None:
+        out["B_budget_end"] = b.st.decoded_budget
+        out["B_hits_ghosthits_cold_evicted"] = b.st.budget_stats()
     print(json.dumps(out))
 
 
