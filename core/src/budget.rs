@@ -29,6 +29,9 @@ const KEEP_IF: f64 = 0.75;
 const DECAY: f64 = 0.75;
 /// Keys counted (decayed) before a decision: fewer keep the mode as it is.
 const MIN_KEYS: f64 = 256.0;
+/// With none kept, the ghost list follows the keys whose id is a multiple of this (a sample:
+/// an insert and a queue push for every eviction were a few percent of the export).
+const SAMPLE: Id = 8;
 
 #[derive(Default)]
 pub(crate) struct Budget {
@@ -45,6 +48,8 @@ pub(crate) struct Budget {
     cold: u64,
     ghost_hits: u64,
     evicted: u64,
+    /// Of them, those in the ghost list's sample.
+    sampled: u64,
     /// Bytes evicted so far in mode none, and each evicted key's position in them (the queue in
     /// eviction order, to forget entries more than `cap` behind).
     evicted_bytes: u64,
@@ -71,7 +76,10 @@ impl Budget {
 
     /// A key reached that was held as bytes (decoded now).
     pub fn decoded(&mut self, id: Id) {
-        if let Some(at) = (!self.ghost.is_empty()).then(|| self.ghost.remove(&id)).flatten() {
+        if id % SAMPLE != 0 || self.ghost.is_empty() {
+            return;
+        }
+        if let Some(at) = self.ghost.remove(&id) {
             if self.evicted_bytes - at <= self.cap as u64 {
                 self.ghost_hits += 1;
             }
@@ -81,19 +89,25 @@ impl Budget {
     /// A key's bytes replaced from elsewhere (an import): its ghost entry no longer says
     /// anything about this state's budget.
     pub fn replaced(&mut self, id: Id) {
-        if !self.ghost.is_empty() {
+        if id % SAMPLE == 0 && !self.ghost.is_empty() {
             self.ghost.remove(&id);
         }
     }
 
     /// A decoded key evicted by an export (`changed`: in this export's call).
     pub fn evicted(&mut self, id: Id, bytes: usize, changed: bool) {
-        self.evicted += 1;
         if !changed {
             self.cold += 1;
         }
         if self.none {
             self.evicted_bytes += bytes as u64;
+        }
+        self.evicted += 1;
+        if id % SAMPLE != 0 {
+            return;
+        }
+        self.sampled += 1;
+        if self.none {
             self.ghost.insert(id, self.evicted_bytes);
             self.ghost_q.push_back((id, self.evicted_bytes));
         }
@@ -102,15 +116,17 @@ impl Budget {
     /// At an export, before its eviction: this call's counts into the sums, the mode decided.
     pub fn decide(&mut self) {
         // The previous export's evictions, with what has come back since.
+        // (With none kept, counted over the sample: its share.)
         let (useful, wasted) = if self.none {
-            (self.ghost_hits, self.evicted.saturating_sub(self.ghost_hits))
+            let n = u64::from(SAMPLE);
+            (n * self.ghost_hits, n * self.sampled.saturating_sub(self.ghost_hits))
         } else {
             (self.hits, self.cold)
         };
         for (t, n) in self.totals.iter_mut().zip([self.hits, self.ghost_hits, self.cold, self.evicted]) {
             *t += n;
         }
-        (self.hits, self.ghost_hits, self.cold, self.evicted) = (0, 0, 0, 0);
+        (self.hits, self.ghost_hits, self.cold, self.evicted, self.sampled) = (0, 0, 0, 0, 0);
         self.useful = self.useful * DECAY + useful as f64;
         self.wasted = self.wasted * DECAY + wasted as f64;
         while let Some(&(id, at)) = self.ghost_q.front() {
@@ -157,7 +173,7 @@ mod tests {
         // Every eviction comes back within `cap` bytes: keep `cap` again.
         let mut next = 0;
         for _ in 0..4 {
-            let ids: Vec<Id> = (next..next + 200).collect();
+            let ids: Vec<Id> = (next..next + 200).map(|i| i * SAMPLE).collect();
             next += 200;
             ids.iter().for_each(|&i| b.evicted(i, 4, true));
             b.decide();
@@ -178,11 +194,12 @@ mod tests {
     fn ghosts_older_than_the_cap_are_forgotten() {
         let mut b = Budget::new(100, true);
         b.none = true;
-        (0..50).for_each(|i| b.evicted(i, 10, true)); // 500 bytes: ids 0-39 beyond the cap
+        // 400 bytes (ids 0-39), 8 of them in the sample, 6 beyond the cap.
+        (0..40).for_each(|i| b.evicted(i, 10, true));
         b.decide();
-        assert_eq!(b.ghost.len(), 10);
-        (0..50).for_each(|i| b.decoded(i));
-        assert_eq!(b.ghost_hits, 10);
+        assert_eq!(b.ghost.len(), 2);
+        (0..40).for_each(|i| b.decoded(i));
+        assert_eq!((b.ghost_hits, b.sampled), (2, 0)); // (the counts went into the sums)
         assert!(b.ghost.is_empty());
     }
 }
