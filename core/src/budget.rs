@@ -194,12 +194,13 @@ mod tests {
     fn ghosts_older_than_the_cap_are_forgotten() {
         let mut b = Budget::new(100, true);
         b.none = true;
-        // 400 bytes (ids 0-39), 8 of them in the sample, 6 beyond the cap.
-        (0..40).for_each(|i| b.evicted(i, 10, true));
+        // 40 keys of the sample, 10 bytes each, then 8 out of it: 3 within 100 bytes of the end.
+        (0..40).for_each(|i| b.evicted(i * SAMPLE, 10, true));
+        (0..SAMPLE).for_each(|i| b.evicted(i * SAMPLE + 1, 10, true)); // out of the sample: bytes only
         b.decide();
-        assert_eq!(b.ghost.len(), 2);
-        (0..40).for_each(|i| b.decoded(i));
-        assert_eq!((b.ghost_hits, b.sampled), (2, 0)); // (the counts went into the sums)
+        assert_eq!(b.ghost.len(), 3);
+        (0..40).for_each(|i| b.decoded(i * SAMPLE));
+        assert_eq!((b.ghost_hits, b.sampled), (3, 0)); // (the counts went into the sums)
         assert!(b.ghost.is_empty());
     }
 }
