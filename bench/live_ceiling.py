@@ -195,7 +195,7 @@ def run_ours(services: Services, work: Path, topic: str, batch: int, skip: int,
                 if k in counters}
     operator.update({k: counters[k] for k in ("state_compactions", "state_reloads",
                                               "state_catchups", "state_reads",
-                                              "state_shared_rows")
+                                              "state_shared_rows", "state_budget_none")
                      if k in counters})
     return {"variant": name, "shards": shards, "exit": rc, "wall_s": round(wall, 1),
             "cpu_s": round(cpu, 1), "events": counters.get("events"), **_steady(progress, skip),

@@ -100,7 +100,7 @@ class Metrics:
                       "state_compactions", "python_us",
                       "rows_in_us", "prepare_us", "engine_us", "store_us", "timer_us",
                       "encode_us", "write_us", "init_us", "unzip_us", "import_us", "reload_us",
-                      "state_shared_rows"):
+                      "state_shared_rows", "state_budget_none"):
                 self.counters[k] += int(stats.get(k) or 0)
             deltas = stats.get("partial_matches")
             if isinstance(deltas, dict):

@@ -223,6 +223,11 @@ class NativeShardStore:
     # 1.76 s at 2 MB, 1.34 s at 8 MB; 8 shards at 2 MB: 1.28 s).
     KEEP_DECODED = 2 << 20
     DECODED_PER_JOB = 16 << 20
+    # Each shard's state keeps that budget or none decoded, whichever the keys' returns seen
+    # so far favour (`EngineState(adaptive=True)`, core/src/budget.rs): a shard whose keys come
+    # back only after the budget has evicted them keeps none (docs/spark-runtime.md, "An
+    # adaptive decoded-keys budget (session 24, live24)").
+    ADAPTIVE = True
 
     @classmethod
     def for_shards(cls, shards: int | None) -> int:
@@ -253,6 +258,7 @@ class NativeShardStore:
         self.import_us = 0  # µs of it in the core's `import_blob` of the rows read
         self.reload_us = 0  # µs of it in reloads (their reads, unzip and import included)
         self.compactions = 0
+        self.budget_none = 0  # flushes after which the shard kept no keys decoded
         self.task = _TURNS.new_task()
         self.dropped = 0  # keys of rule groups that no longer exist, dropped on a reload
         # Where `flush` spends its time, in µs since the operator last reset them: the core
@@ -269,7 +275,7 @@ class NativeShardStore:
               ("compactions", "state_compactions"), ("load_us", "load_us"),
               ("read_us", "read_us"), ("unzip_us", "unzip_us"), ("import_us", "import_us"),
               ("reload_us", "reload_us"), ("encode_us", "encode_us"), ("write_us", "write_us"),
-              ("shared_rows", "state_shared_rows"))
+              ("shared_rows", "state_shared_rows"), ("budget_none", "state_budget_none"))
 
     def take_stats(self) -> dict[str, int]:
         """The counters since the last call, under the operator's stats names, reset to 0."""
@@ -361,7 +367,8 @@ class NativeShardStore:
 
         self.reloads += 1
         t0 = time.perf_counter()
-        state = _core.EngineState(track_dirty=True, keep_decoded=self.keep_decoded)
+        state = _core.EngineState(track_dirty=True, keep_decoded=self.keep_decoded,
+                                  adaptive=self.ADAPTIVE)
         blobs = self._log_blobs(meta)
         self.reads += len(blobs)
         dropped, records = self._import(engine, state, blobs)
@@ -453,6 +460,7 @@ class NativeShardStore:
             else:
                 blobs = core.export_blobs(cur.state)
                 t1 = time.perf_counter()
+                self.budget_none += cur.state.decoded_budget == 0
                 if not blobs:
                     self.encode_us += int(1e6 * (t1 - t0))
                     if cur.timer != cur.stored_timer:

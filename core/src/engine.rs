@@ -18,6 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::arrow::{read_batch, Batch};
+use crate::budget::Budget;
 use crate::evcodec::{put_iv, put_str, put_uv, Dec as EvDec};
 use crate::json::{parse_row, ColsCache};
 use crate::expr::{Cols, Ev, Row, RowRef};
@@ -277,8 +278,9 @@ pub struct EngineState {
     /// when `track_dirty`): a key whose new bytes are the same needs no record.
     was: HashMap<Id, Vec<u8>>,
     /// Decoded keys stay decoded after an export while their bytes total at most this much
-    /// (the others are held as bytes).
-    keep_decoded: usize,
+    /// (the others are held as bytes): `keep_decoded`, or with `adaptive` that or none, as
+    /// observed (`budget.rs`).
+    budget: Budget,
     /// From this many decoded keys on, a key's state is compacted when it is put back
     /// (`KeyState::compact`; `COMPACT_FROM` unless given).
     compact_from: usize,
@@ -429,10 +431,26 @@ impl EngineState {
     /// bytes total at most this many; the others are held as bytes. A decoded fraud key takes
     /// ~16x its bytes in memory. `compact_from`: from this many decoded keys on, a key's
     /// state gives back its vectors' spare room each time it is put back (0: always; tests).
+    /// `adaptive`: keep `keep_decoded` or no keys decoded, whichever the keys' returns
+    /// observed so far favour (`budget.rs`; with `track_dirty`).
     #[new]
-    #[pyo3(signature = (track_dirty=false, keep_decoded=0, compact_from=COMPACT_FROM))]
-    fn new(track_dirty: bool, keep_decoded: usize, compact_from: usize) -> Self {
-        Self { track_dirty, keep_decoded, compact_from, ..Self::default() }
+    #[pyo3(signature = (track_dirty=false, keep_decoded=0, compact_from=COMPACT_FROM, adaptive=false))]
+    fn new(track_dirty: bool, keep_decoded: usize, compact_from: usize, adaptive: bool) -> Self {
+        Self { track_dirty, budget: Budget::new(keep_decoded, adaptive), compact_from, ..Self::default() }
+    }
+
+    /// The decoded-keys budget the last export chose (`keep_decoded`, or 0 when adaptive).
+    #[getter]
+    fn decoded_budget(&self) -> usize {
+        self.budget.keep()
+    }
+
+    /// Counts since the state was made: keys reached while kept decoded, keys decoded again
+    /// within the budget's reach of their eviction while none were kept (of a sample, one id in
+    /// 8), kept keys evicted unreached, keys evicted.
+    fn budget_stats(&self) -> (u64, u64, u64, u64) {
+        let [a, b, c, d] = self.budget.totals;
+        (a, b, c, d)
     }
 
     /// The number of keys with state.
@@ -730,6 +748,7 @@ fn advance_key(
     if st.track_dirty {
         st.dirty.insert(id);
         if let Some(b) = st.enc.remove(&id) {
+            st.budget.hit();
             st.was.entry(id).or_insert(b);
         }
     } else if !st.enc.is_empty() {
@@ -1093,6 +1112,7 @@ impl Engine {
             // Decoded before it is taken: bytes that fail to decode stay the key's state.
             let ks = decode_key(py, raw, key, [&self.known, &st.imported])?;
             let raw = st.take_raw(id).unwrap_or_default();
+            st.budget.decoded(id);
             st.put_state(id, Some(ks));
             if st.track_dirty {
                 st.was.entry(id).or_insert(raw);
@@ -1958,6 +1978,7 @@ impl Engine {
                 continue;
             };
             let id = st.keys.intern(gi as u32, &key)?;
+            st.budget.replaced(id);
             if bytes.is_empty() {
                 st.forget(id);
             } else {
@@ -2007,7 +2028,8 @@ impl Engine {
             st.dirty.iter().copied().filter(|id| was.get(id).is_none_or(|b| st.enc.get(id) != Some(b))).collect()
         };
         // Over the budget: keys not changed in this call are held as bytes first.
-        let over = st.enc.values().map(Vec::len).sum::<usize>().saturating_sub(st.keep_decoded);
+        st.budget.decide();
+        let over = st.enc.values().map(Vec::len).sum::<usize>().saturating_sub(st.budget.keep());
         if over > 0 {
             // In id order (the slots' order in memory), each key's state asked for a few keys
             // ahead (`prefetch_ahead`, as when advancing): the keys evicted are mostly those
@@ -2020,6 +2042,7 @@ impl Engine {
                 prefetch_ahead(st, &evict, k);
                 st.put_state(id, None);
                 if let Some(b) = st.enc.remove(&id) {
+                    st.budget.evicted(id, b.len(), st.dirty.contains(&id));
                     st.put_raw(id, b);
                 }
             }

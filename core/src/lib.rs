@@ -8,6 +8,7 @@
 //! `CoreError` naming the rule.
 
 mod arrow;
+mod budget;
 mod engine;
 mod evcodec;
 mod family;
