@@ -67,19 +67,6 @@ struct Item {
 }
 
 impl Item {
-    /// An Arrow event's item: everything it holds is in its `Ev` (`New::One`).
-    fn of(ev: Ev) -> Item {
-        Item { ts: ev.ts, seqi: Some(ev.seqi), seq: None, data: None, row: None, ev: Some(ev) }
-    }
-
-    /// The item as its `Ev` alone when nothing else is in it (an event read from an Arrow batch).
-    fn into_ev(self) -> Result<Ev, Item> {
-        match self {
-            Item { ts, seqi: Some(q), seq: None, data: None, row: None, ev: Some(ev) } if ev.ts == ts && ev.seqi == q => Ok(ev),
-            it => Err(it),
-        }
-    }
-
     /// The event's row (an event from an Arrow batch or read back from state), with its
     /// identity in the key's event table (`keycodec::Src::Row`): the block holding it.
     fn row(&self) -> Option<(RowRef<'_>, usize)> {
@@ -196,61 +183,7 @@ impl Packed {
 #[derive(Default)]
 struct KeySlot {
     state: Option<Held>,
-    new: New,
-}
-
-/// The events the current call brought a key. With many keys a key gets one a call, mostly, an
-/// Arrow event: its `Ev` is held in the slot (`One`), not in a vector of its own (a block
-/// allocated at ingest, read cold when the key is advanced, freed after: docs/native-core.md,
-/// "Many keys: ... (session 24, keys24)"). `Many` keeps its room from call to call with few
-/// keys (`run_rules`); as many bytes as the vector alone (the `Ev`'s pointer beside its niche).
-#[derive(Default)]
-enum New {
-    #[default]
-    Empty,
-    One(Ev),
-    Many(Vec<Item>),
-}
-
-impl New {
-    fn is_empty(&self) -> bool {
-        match self {
-            New::Empty => true,
-            New::One(_) => false,
-            New::Many(v) => v.is_empty(),
-        }
-    }
-
-    /// A vector handed back after the call (its room kept, if any).
-    fn kept(v: Vec<Item>) -> New {
-        if v.capacity() == 0 {
-            New::Empty
-        } else {
-            New::Many(v)
-        }
-    }
-
-    fn push(&mut self, item: Item) {
-        *self = match std::mem::take(self) {
-            New::Empty => match item.into_ev() {
-                Ok(ev) => New::One(ev),
-                Err(it) => New::Many(vec![it]),
-            },
-            New::One(ev) => New::Many(vec![Item::of(ev), item]),
-            New::Many(mut v) => {
-                v.push(item);
-                New::Many(v)
-            }
-        };
-    }
-
-    /// Drop the events, keeping a vector's room.
-    fn clear(&mut self) {
-        match self {
-            New::Many(v) => v.clear(),
-            _ => *self = New::Empty,
-        }
-    }
+    new: Vec<Item>,
 }
 
 /// The keys' states and the wake index of one engine (the native `MemoryKeyStore`). A key
@@ -318,6 +251,13 @@ impl EngineState {
         let slot = self.keys.val_mut(id);
         if slot.new.is_empty() {
             self.arrived.push(id);
+        }
+        // Room for one event first (a key gets one a call, mostly, with many keys: its `Item`
+        // in one 64-byte block, one line, instead of the first push's four in 224 bytes, where
+        // half of the blocks put its event's pointer in a second line): docs/native-core.md,
+        // "Many keys: ... (session 23, keys23)".
+        if slot.new.capacity() == 0 {
+            slot.new.reserve_exact(1);
         }
         slot.new.push(item);
     }
@@ -392,7 +332,7 @@ impl EngineState {
         // Nor keeps the spare room of its event vector (`advance_key` hands it back).
         let slot = self.keys.val_mut(id);
         if slot.new.is_empty() {
-            slot.new = New::Empty;
+            slot.new = Vec::new();
         }
         self.raw.insert(id, bytes);
     }
@@ -738,7 +678,7 @@ fn advance_key(
     g: &mut Group,
     st: &mut EngineState,
     (id, key): (Id, &Arc<str>),
-    new: New,
+    new: Option<Vec<Item>>,
     safe: i64,
     eof: bool,
     matches: &Bound<'_, PyList>,
@@ -757,7 +697,7 @@ fn advance_key(
     // A packed key due by time or at the end of input whose rules report nothing and keep
     // nothing (the mass expiry of many keys): released from its words, not unpacked
     // (`Packed::ends_quietly`; docs/native-core.md, "Many keys: the packed key (session 18)").
-    if let (true, None, true, Some(Held::Packed(p))) = (new.is_empty(), &partials, fams.0.is_empty(), &loaded) {
+    if let (None, None, true, Some(Held::Packed(p))) = (&new, &partials, fams.0.is_empty(), &loaded) {
         let core_of = |fp| g.rules.iter().map(|&ri| &rules[ri]).find(|r| r.fp == fp).map(|r| &r.core);
         if let Some(reset) = p.ends_quietly(core_of, (!eof).then_some(safe)) {
             counts.reset += reset;
@@ -771,18 +711,6 @@ fn advance_key(
     }
     let (KeyState { mut buffer, parts, fams: fstates }, was_packed) = loaded.map(Held::into_live).unwrap_or_default();
     let mut fstates = fstates.into_vec();
-    // A key's one new event, released at once with nothing buffered before it, goes to the rules
-    // without a vector (`New::One`).
-    let mut one = None;
-    let new = match new {
-        New::Empty => None,
-        New::One(ev) if buffer.is_empty() && ev.ts <= safe => {
-            one = Some(ev);
-            None
-        }
-        New::One(ev) => Some(vec![Item::of(ev)]),
-        New::Many(v) => (!v.is_empty()).then_some(v),
-    };
     // The handed-in vector of new events, once emptied into a non-empty buffer, holds the events
     // released from it (its room is kept: it is handed back to the slot after the call).
     let mut spare = Vec::new();
@@ -823,7 +751,7 @@ fn advance_key(
     // there keeps them too.
     let r = catch_unwind(AssertUnwindSafe(|| {
         let ran = (&mut parts, &mut fstates);
-        run_rules(py, rules, fams, partials, g, st, (id, key), (one, released, compact), ran, due, safe, eof, matches)
+        run_rules(py, rules, fams, partials, g, st, (id, key), (released, compact), ran, due, safe, eof, matches)
     }))
     .unwrap_or_else(|p| Err(engine_failed(&g.rule_ids.join(", "), p)));
     let (kept, kept_fams, due) = match r {
@@ -869,7 +797,7 @@ fn run_rules(
     g: &mut Group,
     st: &mut EngineState,
     (id, key): (Id, &Arc<str>),
-    (one, mut released, compact): (Option<Ev>, Vec<Item>, bool),
+    (mut released, compact): (Vec<Item>, bool),
     (parts, fstates): (&mut Vec<Option<Part>>, &mut Vec<(u32, FState)>),
     mut due: Option<i64>,
     safe: i64,
@@ -879,8 +807,7 @@ fn run_rules(
     let out = Out::lazy(matches.clone(), key);
     // One `Ev` per released event, shared by every rule of the group (one field table).
     let (mut evs, mut shared) = std::mem::take(&mut st.scratch);
-    evs.reserve(released.len() + usize::from(one.is_some()));
-    evs.extend(one);
+    evs.reserve(released.len());
     for mut it in released.drain(..) {
         if let Some(ev) = it.ev.take() {
             evs.push(ev);
@@ -902,7 +829,7 @@ fn run_rules(
     // The emptied vector is the key's `new` for the next call (it grew from empty every call);
     // with many keys it is dropped, as their states are compacted (`COMPACT_FROM`).
     if !compact {
-        st.keys.val_mut(id).new = New::kept(released);
+        st.keys.val_mut(id).new = released;
     }
     prefetch_key(&evs, parts);
     // Per event, the group's distinct local conditions known so far (0 unknown, 1 false,
@@ -1121,6 +1048,7 @@ impl Engine {
         let g = &mut self.groups[gi as usize];
         let safe = if eof { max_ts } else { max_ts.saturating_sub(g.lateness).saturating_sub(1) };
         let new = std::mem::take(&mut st.keys.val_mut(id).new);
+        let new = (!new.is_empty()).then_some(new);
         let partials = self.partials.as_deref_mut();
         let fams = (&self.families[..], &self.fam_of[..]);
         advance_key(py, &mut self.rules, fams, partials, g, st, (id, key), new, safe, eof, matches, counts)
@@ -1195,12 +1123,7 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
         // all pass in the call).
         st.keys.prefetch_entry(id);
         prefetch(Arc::as_ptr(&s.key).cast::<u8>());
-        match &s.val.new {
-            // A key's one new event, in its slot: its block now (a vector's items at k+3).
-            New::One(ev) => prefetch_ev(ev),
-            New::Many(v) => prefetch(v.as_ptr()),
-            New::Empty => {}
-        }
+        prefetch(s.val.new.as_ptr());
         match &s.val.state {
             Some(Held::Live(ks)) => {
                 prefetch(ks.buffer.as_ptr());
@@ -1242,11 +1165,7 @@ fn prefetch_ahead(st: &EngineState, due: &[Id], k: usize) {
     }
     if let Some(&id) = due.get(k + 3) {
         let s = st.keys.slot(id);
-        let items = match &s.val.new {
-            New::Many(v) => &v[..],
-            _ => &[],
-        };
-        for it in items.iter().take(AHEAD_EVENTS) {
+        for it in s.val.new.iter().take(AHEAD_EVENTS) {
             // An Arrow event's row is in its `Ev`'s block (built when the batch was read).
             prefetch_item(it);
         }
@@ -2307,7 +2226,6 @@ mod tests {
             ("Option<Held>", size_of::<Option<Held>>(), 64),
             ("Packed", size_of::<Packed>(), 32),
             ("Item", size_of::<Item>(), 56),
-            ("New", size_of::<New>(), 24),
             ("Part", size_of::<Part>(), 56),
             ("Run", size_of::<Run>(), 48),
             ("Entry", size_of::<Entry>(), 16),
@@ -2325,40 +2243,6 @@ mod tests {
         }
         for (name, size, max) in sizes {
             assert!(size <= max, "{name} grew to {size} B (was {max} B): if meant, say so here and in the docs");
-        }
-    }
-
-    /// A key's new events: an Arrow event alone is held as its `Ev` (no vector), anything else
-    /// or a second event makes the vector, in arrival order; emptied, a vector keeps its room.
-    #[test]
-    fn one_arrow_event_is_held_without_a_vector_and_more_keep_their_order() {
-        let cols = Arc::new(Cols { names: vec!["card".into()], py_names: Vec::new() });
-        let row = |ts: i64| Row { cols: cols.clone(), vals: vec![Value::Int(ts)] };
-        let ev = |ts: i64| Ev::from_row(row(ts), None, ts + 1, ts, Arc::from([0u32]));
-        let ptrs = |n: &New| match n {
-            New::Many(v) => v.iter().map(|it| it.ev.as_ref().map_or(0, |e| e.as_ptr() as usize)).collect(),
-            _ => Vec::new(),
-        };
-        let (a, b) = (ev(5), ev(3));
-        let mut n = New::default();
-        assert!(n.is_empty());
-        n.push(Item::of(a.clone()));
-        assert!(matches!(&n, New::One(e) if Ev::ptr_eq(e, &a)) && !n.is_empty());
-        n.push(Item::of(b.clone()));
-        assert_eq!(ptrs(&n), vec![a.as_ptr() as usize, b.as_ptr() as usize]);
-        let New::Many(v) = &n else { panic!("two events are a vector") };
-        assert_eq!((v[0].ts, v[0].seqi, v[1].ts, v[1].seqi), (5, Some(6), 3, Some(4)));
-        n.clear();
-        assert!(n.is_empty() && matches!(&n, New::Many(v) if v.capacity() >= 2));
-        assert!(matches!(New::kept(Vec::new()), New::Empty));
-        // Not an Arrow event alone: a JSON event's row, an item whose time is not its event's.
-        for it in [
-            Item { ts: 7, seqi: Some(8), seq: None, data: None, row: Some(Box::new(row(7))), ev: None },
-            Item { ts: 9, seqi: Some(6), seq: None, data: None, row: None, ev: Some(a.clone()) },
-        ] {
-            let mut n = New::default();
-            n.push(it);
-            assert!(matches!(&n, New::Many(v) if v.len() == 1));
         }
     }
 
