@@ -34,7 +34,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -255,20 +254,6 @@ def local_shuffle_conf(settings: Settings) -> dict[str, str]:
     return {"spark.shuffle.compress": "false"}
 
 
-def one_task_at_a_time_conf(settings: Settings) -> dict[str, str]:
-    """On a `local[N]` master, `spark.task.cpus` N: the job's tasks run one at a time, so the
-    stateful stage's partitions run one after the other in the same Python worker (the operator
-    pool then holds one process). With two concurrent stateful tasks Spark hands each to whichever
-    idle worker comes first, the shards move between the two processes and the one that did not
-    run a shard last catches up on it, or reads its whole log again after the other compacted it:
-    the long batches of a warmed job at 15,500 events/s (docs/spark-runtime.md, "The micro-batch
-    tail", session 24). `local[*]` and cluster masters: {} (Spark's one core per task)."""
-    m = re.fullmatch(r"local\[(\d+)(?:,\d+)?\]", settings.spark_master.strip())
-    if m is None or int(m.group(1)) < 2:
-        return {}
-    return {"spark.task.cpus": m.group(1)}
-
-
 def rules_source(settings: Settings, rules: str) -> Any:
     """`--rules`: a directory (its path) or `kafka:TOPIC` (a rules topic)."""
     if rules.startswith("kafka:"):
@@ -411,8 +396,7 @@ class LiveJob:
         self.spark = get_spark(live_jvm(self.settings), "cep-live", kafka=True,
                                extra_conf={**LOCAL_CHECKPOINT_CONF, **live_worker_env(),
                                            **arrow_batch_conf(self.settings),
-                                           **local_shuffle_conf(self.settings),
-                                           **one_task_at_a_time_conf(self.settings)})
+                                           **local_shuffle_conf(self.settings)})
         manager = "spark.sql.streaming.checkpointFileManagerClass"
         log.info("checkpoint file manager: %s", self.spark.conf.get(manager, "Spark's default"))
         # The stateful tasks per batch (two by default since session 15): see

@@ -20,7 +20,6 @@ from jobs.live import (
     live_trigger,
     live_worker_env,
     local_shuffle_conf,
-    one_task_at_a_time_conf,
     read_split,
 )
 
@@ -82,16 +81,6 @@ def test_a_read_task_hands_its_rows_to_python_as_one_arrow_batch() -> None:
 def test_a_local_job_does_not_compress_its_shuffle() -> None:
     assert local_shuffle_conf(Settings()) == {"spark.shuffle.compress": "false"}
     assert local_shuffle_conf(Settings(spark_master="spark://host:7077")) == {}
-
-
-def test_a_local_job_runs_one_task_at_a_time() -> None:
-    """local[N]: each task asks for all N cores, so the two stateful partitions run one after the
-    other (in one Python worker); a local[*] or cluster master keeps Spark's one core a task."""
-    assert one_task_at_a_time_conf(Settings()) == {"spark.task.cpus": "2"}
-    assert one_task_at_a_time_conf(Settings(spark_master="local[4,2]")) == {"spark.task.cpus": "4"}
-    assert one_task_at_a_time_conf(Settings(spark_master="local[1]")) == {}
-    assert one_task_at_a_time_conf(Settings(spark_master="local[*]")) == {}
-    assert one_task_at_a_time_conf(Settings(spark_master="spark://host:7077")) == {}
 
 
 def _spark_read_tasks(spark, split: dict[str, int], records: list[int]) -> list[int]:
