@@ -119,18 +119,9 @@ def fraud_rules_dir(tmp_path: Path) -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that start Spark or services first, on both workers. `make test` runs on both cores
-    (pytest-xdist, `--dist worksteal`): each worker is first handed one contiguous half of this
-    order, and a worker that runs out takes the back half of the other's queue. So every other
-    heavy test goes to the front of each half, and the light ones (seconds each) end both
-    queues: the run ends as evenly as its last light tests. With the heavy tests in one block
-    the first worker was handed all of them and ran them one after another while the second
-    ran the light ones and then waited (docs/testing.md, session 24). Order does not change a
-    result."""
+    """Tests that start Spark or services first. `make test` runs on both cores (pytest-xdist,
+    `--dist worksteal`): a worker that runs out of tests takes half of the other's queue, so the
+    run ends early only if no minutes-long case starts last. Order does not change a result."""
     def heavy(item: pytest.Item) -> bool:
         return any(item.get_closest_marker(m) for m in ("services", "spark", "chaos"))
-    heavies = [item for item in items if heavy(item)]
-    lights = [item for item in items if not heavy(item)]
-    first, second = heavies[0::2], heavies[1::2]
-    cut = max(0, len(items) // 2 - len(first))
-    items[:] = first + lights[:cut] + second + lights[cut:]
+    items.sort(key=lambda item: not heavy(item))
