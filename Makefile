@@ -8,21 +8,30 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 CORE_ENV = PYO3_PYTHON=$(abspath $(PY)) \
   LD_LIBRARY_PATH="$$($(abspath $(PY)) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')"
 
-.PHONY: setup setup-all demo test test-fast core-check lint bench bench-quick chaos cluster-test clean
+.PHONY: setup setup-all demo test test-fast core-check core-lints lint bench bench-quick chaos cluster-test clean
 
 setup:            ## venv + the package (enough for the demo)
 	bash scripts/setup.sh
 
-setup-all:        ## + redis-server, kcat, graphviz (apt) and the Kafka/Spark jars (mvn)
+setup-all: $(PY) ## + redis-server, kcat, graphviz (apt) and the Kafka/Spark jars (mvn)
 	bash scripts/setup.sh --all
 
 demo: setup       ## replay the bundled sample streams through the bundled rules on Spark local mode
 	$(VENV)/bin/cep demo
 
-test: setup-all   ## the whole suite, with a real Kafka broker, Redis server and Spark, on both cores
+# The crate's checks (core/target/debug) build beside setup's release build of it (pip -> maturin,
+# core/target/release): on a fresh machine that fat-LTO build holds one core for minutes, mostly
+# alone (docs/testing.md, session 24). --output-sync keeps each target's log in one piece.
+test:             ## the whole suite, with a real Kafka broker, Redis server and Spark, on both cores
+	$(MAKE) --no-print-directory -j2 --output-sync=target setup-all core-lints
+	$(PY) -m pytest -q -m "not bench and not compat" -n 2 --dist worksteal --durations=30
+
+core-lints: $(PY) ## the crate's clippy (warnings are errors) and cargo test
 	cd core && $(CORE_ENV) cargo clippy --locked --all-targets -- -D warnings
 	cd core && $(CORE_ENV) cargo test --locked
-	$(PY) -m pytest -q -m "not bench and not compat" -n 2 --dist worksteal
+
+$(PY):            # the venv alone (scripts/setup.sh fills it): `make -j2 test` creates it once
+	$${PYTHON:-python3} -m venv $(VENV)
 
 OLD_REV ?= 672ddfc
 test-compat: setup-all  ## a checkpoint of an older version (OLD_REV: the last with state layout 1) continued by this one
@@ -32,9 +41,7 @@ test-compat: setup-all  ## a checkpoint of an older version (OLD_REV: the last w
 	cp .run/old-tree/core/target/release/lib_core.so .run/old-tree/cep/_core.abi3.so
 	CEP_OLD_TREE=$(CURDIR)/.run/old-tree $(PY) -m pytest -q -m compat tests/test_live.py
 
-core-check: setup ## the native core alone: clippy (warnings are errors), cargo test, differential test
-	cd core && $(CORE_ENV) cargo clippy --locked --all-targets -- -D warnings
-	cd core && $(CORE_ENV) cargo test --locked
+core-check: setup core-lints ## the native core alone: clippy, cargo test, differential test
 	$(PY) -m pytest -q tests/core
 
 test-fast: setup  ## the inner loop: no services, no Spark, nothing slow; few examples, both cores

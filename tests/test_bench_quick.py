@@ -22,7 +22,7 @@ def test_quick_bench_writes_results_with_positive_throughput(tmp_path: Path) -> 
     out = tmp_path / "results"
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", "--quick", "--only", "embedded,spark",
-         "--spark-variants", "ceiling_aipws,ours,ours_kafka", "--events", "20000", "--keys", "200",
+         "--spark-variants", "ceiling_aipws,ours,ours_kafka", "--events", "8000", "--keys", "80",
          "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )
