@@ -230,20 +230,6 @@ pub struct EngineState {
     /// `advance_key`'s per-key vectors (the key's events, their shared conditions), emptied
     /// and kept for the next key: not allocated for every key of every call.
     scratch: (Vec<Ev>, Vec<u8>),
-    /// With many keys, the call's Arrow events before their blocks are made (`add_staged`).
-    staged: Staged,
-}
-
-/// With many keys, `ingest_arrow` reads the call's rows into `vals` (one row after another) and
-/// notes each event kept as (its key's id << 32 | its place in `evs`, its row, its group); after
-/// the rows, `add_staged` makes the events' blocks and adds them to their keys in id order, the
-/// order `finish` advances the keys in: consecutive keys' new events (and their `new` vectors)
-/// are then consecutive blocks, not scattered by the batch's time order (docs/native-core.md,
-/// "Many keys: ... (session 25, keys25)"). Emptied and kept from call to call.
-#[derive(Default)]
-struct Staged {
-    vals: Vec<Value>,
-    evs: Vec<(u64, u32, u32)>,
 }
 
 impl From<TooManyKeys> for PyErr {
@@ -282,43 +268,6 @@ impl EngineState {
             self.keys.val_mut(id).new.clear();
             self.release_if_empty(id);
         }
-        // A call that failed while reading its rows: its staged events' keys were interned
-        // and got no event (each released once).
-        if !self.staged.evs.is_empty() {
-            let mut ids: Vec<Id> = self.staged.evs.iter().map(|e| (e.0 >> 32) as Id).collect();
-            in_id_order(&mut ids);
-            ids.into_iter().for_each(|id| self.release_if_empty(id));
-        }
-        self.staged.evs.clear();
-        self.staged.vals.clear();
-    }
-
-    /// The staged events (`Staged`) in their keys' id order, each key's in arrival order: their
-    /// blocks made on the batch's table `cols` and each group's projection (`pidx`), with the
-    /// rows' times and seqs.
-    fn add_staged(&mut self, cols: &Arc<Cols>, pidx: &[Option<Arc<[u32]>>], tss: &[i64], seqs: &[i64]) {
-        let Staged { mut vals, mut evs } = std::mem::take(&mut self.staged);
-        if !evs.is_empty() {
-            let w = vals.len() / evs.len();
-            evs.sort_unstable_by_key(|e| e.0);
-            for (k, &(at, j, gi)) in evs.iter().enumerate() {
-                // The slot and the row a few events ahead (a staged row is one of ~100k).
-                if let Some(&(next, ..)) = evs.get(k + 8) {
-                    self.keys.prefetch((next >> 32) as Id);
-                    let row = &vals[(next as u32 as usize) * w..];
-                    prefetch(row.as_ptr());
-                    prefetch(row.as_ptr().wrapping_add(w.saturating_sub(1)));
-                }
-                let (id, n, j) = ((at >> 32) as Id, at as u32 as usize, j as usize);
-                let p = pidx[gi as usize].clone().expect("engine.rs: an event staged with its group's projection");
-                let row = vals[n * w..(n + 1) * w].iter_mut().map(|v| std::mem::replace(v, Value::Null));
-                let ev = Ev::from_vals(cols.clone(), row, None, seqs[j], tss[j], p);
-                self.add_new_at(id, Item { ts: tss[j], seqi: Some(seqs[j]), seq: None, data: None, row: None, ev: Some(ev) });
-            }
-        }
-        vals.clear();
-        evs.clear();
-        self.staged = Staged { vals, evs };
     }
 
     /// Free the key's id when nothing refers to it any more.
@@ -1664,10 +1613,6 @@ impl Engine {
             false => Vec::new(),
         };
         let mut hs = [[0u32; 4]; 16];
-        if !ahead.is_empty() {
-            st.staged.vals.reserve_exact(b.len * data_idx.len());
-            st.staged.evs.reserve_exact(b.len);
-        }
         // With many keys, the ids `keyed_row` found for the row's keys (per group of `ahead`).
         let mut found = [NO_ID; 4];
         // A row's values are read into this vector, then moved into its event's block (one
@@ -1806,21 +1751,6 @@ impl Engine {
                 // projection of the batch's table (rows of a JSON column have tables of their
                 // own: theirs is built when the key is advanced).
                 let item = match &pidx[gi as usize] {
-                    // With many keys, the row's values staged: the event is made in its key's
-                    // order after the rows (`Staged`).
-                    Some(_) if !ahead.is_empty() => {
-                        let n = st.staged.evs.len() as u64;
-                        if last {
-                            let Some(Row { mut vals, .. }) = row.take() else { break };
-                            st.staged.vals.append(&mut vals);
-                            buf = vals;
-                        } else {
-                            let Some(r) = &row else { break };
-                            st.staged.vals.extend(r.vals.iter().cloned());
-                        }
-                        st.staged.evs.push((u64::from(id) << 32 | n, j as u32, gi));
-                        continue;
-                    }
                     Some(p) => {
                         let ev = if last {
                             let Some(Row { cols, mut vals }) = row.take() else { break };
@@ -1847,7 +1777,6 @@ impl Engine {
             }
             late_for.report(py, &late, j)?;
         }
-        st.add_staged(&cols, &pidx, &tss, &seqs);
         if b.len > 0 && !eof {
             max_ts = max_ts.max(top);
         }
