@@ -156,10 +156,12 @@ def test_a_string_cell_that_is_not_utf8_still_fails_the_batch(cards: list[bytes]
 
 
 def test_a_failed_batch_with_many_keys_leaves_no_event_for_the_next_call() -> None:
-    """With many keys (`compact_from=0`) a batch's events are staged and made after its rows
-    (core/src/engine.rs, `Staged`): a batch that fails at a row (a key cell that is not UTF-8,
-    after good ones) adds none of its events, and the calls after it give the Python engine's
-    results, late reports and keys, call by call, as on a state that never saw it."""
+    """With many keys (`compact_from=0`, the keys' rows read by `keyed_row`) a batch that fails
+    at a row (a key cell that is not UTF-8, after good ones) leaves none of its events (the next
+    call's `drop_new`), and the calls after it give the Python engine's results, late reports
+    and keys, call by call, as on a state that never saw it. Written for a build that staged a
+    call's events and made them after its rows (docs/native-core.md, session 25, keys25; not
+    kept), whose failed call's staged events it caught when they were not dropped."""
     import pyarrow as pa
 
     from cep import _core
