@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import contextvars
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +42,8 @@ DURATION_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_0
 class _Where:
     path: str
     base: int  # offset of the parsed statement inside the whole file
-    line_starts: tuple[int, ...]
+    line_starts: tuple[int, ...]  # the file's line starts from `line0`'s on (all of them: 0)
+    line0: int = 0  # the number of line starts before line_starts[0]
 
 
 _WHERE: contextvars.ContextVar[_Where] = contextvars.ContextVar("cep_grammar_where")
@@ -57,8 +59,9 @@ def span_at(loc: int, length: int = 0) -> Span:
     """The span of `loc` (an offset in the statement being parsed)."""
     where = _WHERE.get()
     offset = where.base + loc
-    line = bisect.bisect_right(where.line_starts, offset)
-    col = offset - where.line_starts[line - 1] + 1
+    i = bisect.bisect_right(where.line_starts, offset)
+    line = where.line0 + i
+    col = offset - where.line_starts[i - 1] + 1
     if length > 0:
         return Span(where.path, line, col, line, col + length)
     return Span(where.path, line, col)
@@ -549,11 +552,26 @@ def blank_comments(text: str) -> str:
 def parse_statement(
     text: str, *, path: str, base: int, starts: tuple[int, ...]
 ) -> ast.StreamDecl | ast.RuleDecl | ast.TableDecl:
-    """Parse one statement (a slice of a file starting at offset `base`).
+    """Parse one statement (a slice of a file starting at offset `base`; `starts`: the file's
+    line starts).
 
     Raises pyparsing exceptions; `cep.compile.parse` turns them into `RuleSyntaxError`s.
     """
-    token = _WHERE.set(_Where(path, base, starts))
+    # The tree (immutable) depends on the text, the path and the statement's place: its line
+    # and the line starts from there to its end, not on the rest of the file.
+    first = bisect.bisect_right(starts, base)
+    last = bisect.bisect_right(starts, base + len(text), lo=first)
+    return _parse_statement(text, path, base, starts[first - 1 : last], first - 1)
+
+
+@functools.lru_cache(maxsize=2048)
+def _parse_statement(
+    text: str, path: str, base: int, starts: tuple[int, ...], line0: int
+) -> ast.StreamDecl | ast.RuleDecl | ast.TableDecl:
+    """`parse_statement`, cached: files are compiled again unchanged (a rules directory's
+    reload, `cep check` then `cep run`, a rule compiled alone and then with its file), and
+    pyparsing is most of a compile. A statement that fails raises each time (not cached)."""
+    token = _WHERE.set(_Where(path, base, starts, line0))
     try:
         result = statement.parse_string(blank_comments(text), parse_all=True)
     finally:
