@@ -192,10 +192,16 @@ class KafkaInput:
         admin = AdminClient({"bootstrap.servers": self.services.bootstrap})
         for f in admin.create_topics([NewTopic(self.topic, KAFKA_PARTITIONS, 1)]).values():
             f.result(60)
+        # Idempotent: without it librdkafka may retry a failed message set after a later one
+        # was written (max.in.flight > 1), and a partition then holds events out of the order
+        # they were sent: Spark's one watermark makes the events behind the moved set late
+        # (docs/spark-runtime.md, "The bench's Kafka input out of order (session 25, flake25)").
         producer = Producer({"bootstrap.servers": self.services.bootstrap, "linger.ms": 50,
-                             "batch.size": 1 << 20, "compression.type": "lz4"})
+                             "batch.size": 1 << 20, "compression.type": "lz4",
+                             "enable.idempotence": True})
         files = sorted(p for p in staged.rglob("*") if p.is_file())
         self.stream = files[0].parent.name
+        sent: list[list[bytes]] = [[] for _ in range(KAFKA_PARTITIONS)]
         n = 0
         for path in files:
             with path.open("rb") as fh:
@@ -209,11 +215,46 @@ class KafkaInput:
                             break
                         except BufferError:
                             producer.poll(0.05)
+                    sent[n % KAFKA_PARTITIONS].append(line)
                     n += 1
         if producer.flush(120) != 0:
             raise RuntimeError("could not load the events into Kafka")
+        wrong = first_out_of_order(sent, self._read_back(n))
+        if wrong is not None:
+            raise RuntimeError(f"the Kafka topic does not hold the events as they were sent: "
+                               f"partition {wrong[0]}, from offset {wrong[1]}")
         self.per_batch = -(-n // max(1, len(files)))
         return n
+
+    def _read_back(self, n: int) -> list[list[bytes]]:
+        """The topic's records, per partition in offset order (up to `n` in all)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": self.services.bootstrap,
+                             "group.id": "bench-check", "enable.auto.commit": False})
+        consumer.assign([TopicPartition(self.topic, p, 0) for p in range(KAFKA_PARTITIONS)])
+        got: list[list[tuple[int, bytes]]] = [[] for _ in range(KAFKA_PARTITIONS)]
+        deadline, total = time.monotonic() + 120, 0
+        try:
+            while total < n and time.monotonic() < deadline:
+                for m in consumer.consume(10_000, 1.0):
+                    if m.error() is None:
+                        got[m.partition()].append((m.offset(), m.value()))
+                        total += 1
+        finally:
+            consumer.close()
+        return [[v for _, v in sorted(recs)] for recs in got]
+
+
+def first_out_of_order(sent: list[list[bytes]], read: list[list[bytes]]) -> tuple[int, int] | None:
+    """(partition, offset) of the first record of `read` (each partition's records in offset
+    order) that is not the one `sent` there in that place, a record missing included; None when
+    every partition holds exactly what was sent, in the order it was sent."""
+    for p, (want, have) in enumerate(zip(sent, read, strict=True)):
+        for i in range(max(len(want), len(have))):
+            if i >= len(want) or i >= len(have) or want[i] != have[i]:
+                return p, i
+    return None
 
 
 def _source(spark: Any, staged: Path, kafka: KafkaInput | None) -> Any:
