@@ -22,7 +22,11 @@ of median CPU time (every run's figure is printed). The Python engine runs once:
 events/s its one run lasts tens of seconds, while a native run lasts a fraction of a second,
 short enough to fall whole into one of the slow or fast spells a shared machine's speed goes
 through (single native runs of the same build were seen 2x apart within a minute here, session
-21). The median of several spreads the native figure over the time the Python run spans.
+21; spells of minutes, session 25). So with `ends_only` (make bench's trading step) the R runs of
+the core from Arrow are spread over the Python run's span: one before it, one after it, and the
+others between its batches (the Python engine then runs in R - 1 batches; batch size changes no
+alert, and the core's runs inside it are left out of its CPU time). Until session 26 all R ran
+after the Python run, within ~1.5 s, so the median fell into whichever spell followed it.
 """
 
 from __future__ import annotations
@@ -118,7 +122,7 @@ def measure(domain: str, n_events: int, keys: int, batch: int, repeat: int,
          lambda e: _arrow_run(e, batches)),
     ]
     if ends_only:
-        runs = [runs[0], runs[-1]]
+        return _spread(events, batches, python, embedded, repeat)
     results = []
     for name, times, make, run in runs:
         timed = []
@@ -133,6 +137,44 @@ def measure(domain: str, n_events: int, keys: int, batch: int, repeat: int,
             raise RuntimeError(f"{name}: runs gave different alerts")
         results.append((name, alerts, wall, cpu, n))
     return results
+
+
+def _spread(events: list[Event], batches: list[tuple[Any, int]], python: Any, make: Any,
+            repeat: int) -> list[tuple[str, list[tuple], float, float, int]]:
+    """The Python engine once, in `repeat - 1` batches, and `repeat` core runs from Arrow spread
+    over its span (the module's docstring): the Python run's times exclude the core runs'."""
+    n = len(events)
+    core: list[tuple[list[tuple], float, float]] = []
+
+    def core_run() -> None:
+        engine = make()
+        core.append(_timed(functools.partial(_arrow_run, engine, batches)))
+
+    per = -(-n // max(repeat - 1, 1))
+
+    def fed() -> Any:  # the events, with a core run at each of the Python batches' boundaries
+        for i, ev in enumerate(events):
+            if i and i % per == 0 and len(core) < repeat - 1:
+                core_run()
+            yield ev
+
+    core_run()
+    py_alerts, py_wall, py_cpu = _timed(lambda: [_alert(r) for r in run_embedded(
+        python, fed(), batch_size=per)])
+    inside = core[1:]
+    py_wall -= sum(t[1] for t in inside)
+    py_cpu -= sum(t[2] for t in inside)
+    while len(core) < repeat:
+        core_run()
+    print("  stage 2: native engine, Arrow batches (spread over the Python run): "
+          + ", ".join(f"{n / cpu:,.0f}" for _, _, cpu in core)
+          + " ev/s cpu per run; the median run below", flush=True)
+    if any(t[0] != core[0][0] for t in core):
+        raise RuntimeError("the core's runs gave different alerts")
+    alerts, wall, cpu = sorted(core, key=lambda t: t[2])[(repeat - 1) // 2]
+    # sorted: the order alerts leave in follows the batches (the Python engine's are smaller)
+    return [("python engine, python matcher", sorted(py_alerts), py_wall, py_cpu, n),
+            ("stage 2: native engine, Arrow batches", sorted(alerts), wall, cpu, n)]
 
 
 def main() -> None:

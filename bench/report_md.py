@@ -244,7 +244,8 @@ def _native_md(nat: dict[str, Any]) -> str:
     tr = nat.get("trading")
     if tr:
         out.append(f"- trading, {tr['events']:,} events, {tr['keys']:,} symbols (bench.native, "
-                   f"the core's median of {tr['repeat']}): Python engine "
+                   f"the core's median of {tr['repeat']} runs spread over the Python run): "
+                   f"Python engine "
                    f"{tr['python_cpu_eps']:,.0f} ev/s CPU, the core {tr['core_cpu_eps']:,.0f}; "
                    f"{tr['alerts']} alerts, identical: {tr['identical']}")
     st = nat.get("state")

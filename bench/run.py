@@ -27,8 +27,8 @@ from the hand runs of the same modules in bench/results; the machine's load stre
   rules, alternated pairs: bench.native_rules, 11 s), `native.keys` (1M vs 1k cards, 4
   alternated rounds of fresh processes, medians: bench.native_keys, 160 s with its data sets'
   generation), `native.trading` (the core against the Python engine on the trading rules,
-  median of 5 core runs: bench.native, 52 s), `native.state` (bytes per fraud key:
-  bench.native_state's growth point, 5 s);
+  median of 5 core runs spread over the Python run: bench.native, 52 s), `native.state`
+  (bytes per fraud key: bench.native_state's growth point, 5 s);
 - live (~3-4 min, estimated from the lead's session-22 run of the same sizes; issue 14):
   `cep run` against a bare streaming stateful no-op over the same Kafka input, 2 alternated
   rounds (bench.live_ceiling);
