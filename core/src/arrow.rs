@@ -172,31 +172,6 @@ impl Batch<'_> {
         }
     }
 
-    /// Ask for the lines of row `j`'s cells (for a caller taking the rows out of order): the
-    /// fixed-width cells and the strings' offsets, or with `strings` the strings' bytes (their
-    /// offsets read: asked for before).
-    pub fn prefetch_row(&self, j: usize, strings: bool) {
-        for (c, col) in self.cols.iter().enumerate() {
-            let w = match col.kind {
-                Kind::Null | Kind::Bool => continue,
-                Kind::I8 | Kind::U8 => 1,
-                Kind::I16 | Kind::U16 => 2,
-                Kind::I32 | Kind::U32 | Kind::F32 | Kind::Utf8 => 4,
-                Kind::I64 | Kind::F64 | Kind::LargeUtf8 => 8,
-            };
-            match (matches!(col.kind, Kind::Utf8 | Kind::LargeUtf8), strings) {
-                (false, false) => crate::keys::prefetch(col.data.wrapping_add((col.base + j) * w)),
-                (true, false) => crate::keys::prefetch(col.offsets.wrapping_add((col.base + j) * w)),
-                (true, true) => {
-                    if let Some(b) = self.bytes_at(c, j) {
-                        crate::keys::prefetch(b.as_ptr());
-                    }
-                }
-                (false, true) => {}
-            }
-        }
-    }
-
     /// `str_at` without the UTF-8 check: the cell's bytes (for a caller that compares them
     /// with text it has checked already).
     pub fn bytes_at(&self, c: usize, j: usize) -> Option<&[u8]> {

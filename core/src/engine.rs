@@ -1055,65 +1055,27 @@ impl Engine {
     }
 }
 
-/// `ingest_arrow`'s prefetch with many keys, at position `p` of `rows` (row index in the low
-/// 32 bits, the key's id in the high ones, `NO_ID` when not known): for a row whose key is not
-/// known, the row 4d places ahead's key (group `gi`, batch column `c`, for each of `ahead`)
-/// hashed into `hs` and its table line asked for, the slot 2d places ahead (through that line),
-/// the text d places ahead (through the slot); for a row whose key is known (`key_order`), its
-/// slot and cells 8 places ahead, its text and strings 4 places ahead. Out of line: with few keys the row loop
-/// stays as it was (inlined there, the 1k-card run was ~2% slower).
+/// `ingest_arrow`'s prefetch with many keys, at row `j`: row j+12's key (group `gi`, batch
+/// column `c`, for each of `ahead`) hashed into `hs` and its table line asked for, row j+6's
+/// slot (through that line), row j+3's text (through the slot). Out of line: with few keys the
+/// row loop stays as it was (inlined there, the 1k-card run was ~2% slower).
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
-fn prefetch_keys(keys: &Keys<KeySlot>, b: &Batch<'_>, ahead: &[(u32, usize)], hs: &mut [[u32; 4]; 32], rows: &[u64], p: usize, d: usize) {
-    let known = |q: usize| rows.get(q).map(|&r| (r >> 32) as Id);
+fn prefetch_keys(keys: &Keys<KeySlot>, b: &Batch<'_>, ahead: &[(u32, usize)], hs: &mut [[u32; 4]; 16], j: usize) {
     for (x, &(gi, c)) in ahead.iter().enumerate() {
-        if known(p + 4 * d) == Some(NO_ID) {
-            if let Some(t) = b.bytes_at(c, rows[p + 4 * d] as u32 as usize) {
-                let h = keys.hash_bytes(t);
-                hs[(p + 4 * d) % 32][x] = h;
-                keys.prefetch_table(gi, h);
-            }
+        if let Some(t) = (j + 12 < b.len).then(|| b.bytes_at(c, j + 12)).flatten() {
+            let h = keys.hash_bytes(t);
+            hs[(j + 12) % 16][x] = h;
+            keys.prefetch_table(gi, h);
         }
-        if known(p + 2 * d) == Some(NO_ID) {
-            keys.prefetch_named(gi, hs[(p + 2 * d) % 32][x], false);
-        }
-        if known(p + d) == Some(NO_ID) {
-            keys.prefetch_named(gi, hs[(p + d) % 32][x], true);
-        }
+        keys.prefetch_named(gi, hs[(j + 6) % 16][x], false);
+        keys.prefetch_named(gi, hs[(j + 3) % 16][x], true);
     }
-    if let Some(id) = known(p + 8).filter(|&id| id != NO_ID) {
-        keys.prefetch(id);
-        b.prefetch_row(rows[p + 8] as u32 as usize, false);
-    }
-    if let Some(id) = known(p + 4).filter(|&id| id != NO_ID) {
-        prefetch(Arc::as_ptr(&keys.slot(id).key).cast::<u8>());
-        b.prefetch_row(rows[p + 4] as u32 as usize, true);
-    }
-}
-
-/// With many keys and one keyed group (`gi`, batch column `c`), the batch's rows in the order
-/// `ingest_arrow` takes them: rows whose key has an id by that id (a key's rows in their order),
-/// then the others (new keys, no key) in row order, so that the call's new events are made in
-/// the order `finish` advances their keys and new keys are interned in row order as before
-/// (docs/native-core.md, "Many keys: ... (session 26, keys26)"). Each entry is the row's index
-/// | its key's id << 32 (`NO_ID`: none found).
-fn key_order(keys: &Keys<KeySlot>, b: &Batch<'_>, (gi, c): (u32, usize), hs: &mut [[u32; 4]; 32]) -> Vec<u64> {
-    let mut rows: Vec<u64> = (0..b.len as u64).map(|j| u64::from(NO_ID) << 32 | j).collect();
-    for j in 0..b.len {
-        prefetch_keys(keys, b, &[(gi, c)], hs, &rows, j, 6);
-        let id = b.bytes_at(c, j).and_then(|t| std::str::from_utf8(t).ok()).and_then(|t| keys.find(gi, t));
-        if let Some(id) = id {
-            rows[j] = u64::from(id) << 32 | j as u64;
-        }
-    }
-    rows.sort_unstable();
-    rows
 }
 
 /// `ingest_arrow`'s row `j` with many keys, pushed onto `vals`: the cells of `data_idx`, a key
 /// column of one of the row's groups (`gs`) among `ahead` read as the key's own text (the
 /// slot's `Arc`) when the key has an id (`found`, per group of `ahead`: the id, else
-/// `NO_ID`; an id set by the caller is taken without a lookup), as a new string otherwise (the key's slot takes it). No string made and dropped
+/// `NO_ID`), as a new string otherwise (the key's slot takes it). No string made and dropped
 /// per event, no reference count of the batch's copy touched: the column's interning, given up
 /// on a column of mostly distinct keys, made a string per cell.
 fn keyed_row(
@@ -1125,6 +1087,7 @@ fn keyed_row(
     found: &mut [Id; 4],
     vals: &mut Vec<Value>,
 ) -> PyResult<()> {
+    *found = [NO_ID; 4];
     for &i in data_idx {
         let text = match ahead.iter().position(|&(gi, c)| c == i && gs.contains(&gi)) {
             Some(x) => b.bytes_at(i, j).map(|t| (x, t)),
@@ -1136,11 +1099,7 @@ fn keyed_row(
         };
         let text = crate::arrow::utf8(t)?;
         let gi = ahead[x].0;
-        let id = match found[x] {
-            NO_ID => keys.find(gi, text),
-            id => Some(id),
-        };
-        vals.push(Value::Str(match id {
+        vals.push(Value::Str(match keys.find(gi, text) {
             Some(id) => {
                 found[x] = id;
                 keys.slot(id).key.clone()
@@ -1653,35 +1612,16 @@ impl Engine {
             true => kf_col.iter().enumerate().filter_map(|(gi, c)| c.map(|c| (gi as u32, data_idx[c]))).take(4).collect(),
             false => Vec::new(),
         };
-        let mut hs = [[0u32; 4]; 32];
-        // With many keys, the rows in the order they are taken (`key_order` with one keyed
-        // group, else row order; the row's index | its key's id << 32) and the late reports,
-        // put back in row order after the loop.
-        let rows: Vec<u64> = match (&ahead[..], self.groups.len()) {
-            (&[a], 1) => key_order(&st.keys, &b, a, &mut hs),
-            ([], _) => Vec::new(),
-            _ => (0..b.len as u64).map(|j| u64::from(NO_ID) << 32 | j).collect(),
-        };
-        let mut lates: Vec<(usize, LateFor)> = Vec::new();
+        let mut hs = [[0u32; 4]; 16];
         // With many keys, the ids `keyed_row` found for the row's keys (per group of `ahead`).
         let mut found = [NO_ID; 4];
         // A row's values are read into this vector, then moved into its event's block (one
         // allocation per event kept: `Ev`); the vector is reused from row to row.
         let mut buf: Vec<Value> = Vec::with_capacity(data_idx.len());
-        for p in 0..b.len {
-            let j = match rows.get(p) {
-                Some(&r) => {
-                    prefetch_keys(&st.keys, &b, &ahead, &mut hs, &rows, p, 3);
-                    if let Some(&q) = rows.get(p + 8) {
-                        prefetch(&tss[q as u32 as usize]);
-                        prefetch(&seqs[q as u32 as usize]);
-                    }
-                    found = [NO_ID; 4];
-                    found[0] = (r >> 32) as Id;
-                    r as u32 as usize
-                }
-                None => p,
-            };
+        for j in 0..b.len {
+            if !ahead.is_empty() {
+                prefetch_keys(&st.keys, &b, &ahead, &mut hs, j);
+            }
             let ts = tss[j];
             top = top.max(ts);
             let sname: &[u8] = match stream_i {
@@ -1835,14 +1775,6 @@ impl Engine {
             if let (None, Some(r)) = (json_i, row) {
                 buf = r.vals;
             }
-            if rows.is_empty() {
-                late_for.report(py, &late, j)?;
-            } else if !late_for.rules.is_empty() {
-                lates.push((j, late_for));
-            }
-        }
-        lates.sort_unstable_by_key(|l| l.0);
-        for (j, late_for) in lates {
             late_for.report(py, &late, j)?;
         }
         if b.len > 0 && !eof {
