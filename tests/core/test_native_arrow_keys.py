@@ -183,12 +183,12 @@ def test_a_failed_batch_with_many_keys_leaves_no_event_for_the_next_call() -> No
 
 @pytest.mark.parametrize("batch", [1, 7, 250])
 def test_many_keys_rows_taken_in_key_order_keep_row_order_outside(batch: int) -> None:
-    """With many keys and one keyed group (`compact_from=0`: the bench's fraud rules) a batch's
-    rows are taken in their keys' id order (`key_order`; docs/native-core.md, session 26,
-    keys26): known keys' rows first, by id, each key's in row order, then new keys' rows in row
-    order. Cards arriving in an order unlike their ids' (new and known in one batch), events of
-    one card several times a batch, and late events of many cards in one batch: results, late
-    reports (in row order), keys and wakes equal the Python engine's, call by call."""
+    """With many keys and one keyed group (`compact_from=0`: the bench's fraud rules), cards
+    arriving in an order unlike their ids' (new and known in one batch), events of one card
+    several times a batch, and late events of many cards in one batch: results, late reports
+    (in row order), keys and wakes equal the Python engine's, call by call. Written for a build
+    that took a batch's rows in their keys' id order (docs/native-core.md, session 26, keys26;
+    not kept), on which a mutant reporting late events in that order failed it."""
     import random
 
     from cep import _core
