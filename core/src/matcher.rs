@@ -179,7 +179,9 @@ pub struct Core {
 
 /// Vectors of ended runs kept for new ones (fraud starts a run at most events and ends one as
 /// often): entry vectors, and capture vectors held by no one else, emptied when reused (the `Arc`
-/// and its vector reused: no allocation for a run's start). At most `POOL` of each, small ones only.
+/// and its vector reused: no allocation for a run's start). At most `POOL` of each; entry vectors
+/// of up to 8, capture vectors of up to `POOL_CAPS` (a trading run's ~30 captures then grow in
+/// a reused vector, not from four by doubling, docs/native-core.md session 26).
 #[derive(Default)]
 pub struct Pool {
     entries: Vec<Vec<Entry>>,
@@ -187,13 +189,14 @@ pub struct Pool {
 }
 
 const POOL: usize = 32;
+const POOL_CAPS: usize = 64;
 
 impl Pool {
     /// Keep `c` if nothing else holds it (else it is just dropped): by its count alone, a
     /// plain load (no `Weak` of captures is ever made). It is emptied when reused (`caps_of`,
     /// whose `get_mut` is a load of the count too: `Caps` is a `triomphe::Arc`).
     pub(crate) fn put_caps(&mut self, c: Caps) {
-        if self.caps.len() < POOL && Caps::strong_count(&c) == 1 && c.v.capacity() <= 8 {
+        if self.caps.len() < POOL && Caps::strong_count(&c) == 1 && c.v.capacity() <= POOL_CAPS {
             self.caps.push(c);
         }
     }
@@ -486,7 +489,7 @@ impl Core {
         if let Some(s) = &state {
             if s.deadline.is_some_and(|d| d < ts) {
                 let s = state.take().unwrap_or_default();
-                state = self.advance(py, s, ts - 1, out)?;
+                state = self.advance_to(py, s, ts - 1, out, false)?;
             }
         }
         // The cache of local conditions: on the stack for up to 8 variables (no allocation
@@ -579,6 +582,12 @@ impl Core {
     }
 
     pub fn advance(&mut self, py: Python<'_>, state: MState, now: i64, out: &Out) -> PyResult<Option<MState>> {
+        self.advance_to(py, state, now, out, true)
+    }
+
+    /// `advance`; the state's next deadline is left None unless `deadline` (`feed` advances
+    /// before the event and its `settle` finds the deadline after it).
+    fn advance_to(&mut self, py: Python<'_>, state: MState, now: i64, out: &Out, deadline: bool) -> PyResult<Option<MState>> {
         let flushing = now == FOREVER;
         let mut state = state;
         // In place: the entries a deadline ends are removed from their run's vector (no new
@@ -627,7 +636,7 @@ impl Core {
             self.pool.put_tail(entries, w);
             r.tpart = tpart;
         }
-        self.settle(py, state.row, state.runs, out, None)
+        self.settle_to(py, state.row, state.runs, out, None, deadline)
     }
 
     pub fn on_end(&mut self, py: Python<'_>, state: MState, out: &Out) -> PyResult<()> {
@@ -652,6 +661,11 @@ impl Core {
     // ------------------------------------------------------------------ deciding
 
     fn settle(&mut self, py: Python<'_>, row: i64, runs: Vec<Run>, out: &Out, ts: Option<i64>) -> PyResult<Option<MState>> {
+        self.settle_to(py, row, runs, out, ts, true)
+    }
+
+    /// `settle`, the next deadline found only when `deadline` (else None).
+    fn settle_to(&mut self, py: Python<'_>, row: i64, runs: Vec<Run>, out: &Out, ts: Option<i64>, deadline: bool) -> PyResult<Option<MState>> {
         let mut runs = runs;
         for r in runs.iter_mut() {
             self.prune(r);
@@ -667,6 +681,9 @@ impl Core {
         }
         if runs.is_empty() {
             return Ok(None);
+        }
+        if !deadline {
+            return Ok(Some(MState { row, runs, deadline: None }));
         }
         let mut deadline: Option<i64> = None;
         for r in &runs {
