@@ -208,8 +208,11 @@ impl Pool {
             entries.truncate(from);
             return;
         }
-        for e in entries.drain(from..) {
-            self.put_caps(e.caps);
+        // From the last (no `Drain`; which vector the pool gives next does not matter).
+        while entries.len() > from {
+            if let Some(e) = entries.pop() {
+                self.put_caps(e.caps);
+            }
         }
     }
 
@@ -306,7 +309,20 @@ impl Core {
 
     // ------------------------------------------------------------------ stepping
 
+    /// Whether `var`'s condition holds for `ev` after `caps`: a local condition already known
+    /// for this event is answered in line (half the tests of a trading tick), else `test_cond`.
+    #[inline]
     pub(crate) fn test(&self, py: Python<'_>, var: usize, ev: &Ev, caps: &CapVec, local: &mut Loc<'_>) -> PyResult<bool> {
+        if self.p.local[var] && self.p.conds[var].is_some() {
+            if let Some(v) = local.own[var] {
+                return Ok(v);
+            }
+        }
+        self.test_cond(py, var, ev, caps, local)
+    }
+
+    #[inline(never)]
+    fn test_cond(&self, py: Python<'_>, var: usize, ev: &Ev, caps: &CapVec, local: &mut Loc<'_>) -> PyResult<bool> {
         let Some(cond) = &self.p.conds[var] else { return Ok(true) };
         if self.p.local[var] {
             if let Some(v) = local.own[var] {
@@ -732,7 +748,9 @@ impl Core {
         for i in 0..entries.len() {
             let done = entries[i].pos == DONE && !self.all_matches;
             if done || !entries[..w].iter().any(|k| self.same(k, &entries[i])) {
-                entries.swap(w, i);
+                if w != i {
+                    entries.swap(w, i);
+                }
                 w += 1;
             }
             if done {
