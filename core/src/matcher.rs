@@ -978,7 +978,68 @@ impl Core {
 
 #[cfg(test)]
 mod tests {
-    use super::fit;
+    use super::{fit, Entry, Pool, POOL, POOL_CAPS};
+    use crate::expr::{Cap, CapVec, Caps, Cols, Ev, Row};
+    use crate::value::Value;
+    use std::sync::Arc;
+
+    fn ev(ts: i64) -> Ev {
+        let cols = Arc::new(Cols { names: vec!["x".into()], py_names: Vec::new() });
+        Ev::from_row(Row { cols, vals: vec![Value::Int(ts)] }, None, ts, ts, Arc::from([0u32]))
+    }
+
+    /// Captures of `n` events in a vector with room for `room`.
+    fn caps_of_len(n: i64, room: usize) -> Caps {
+        let mut v = Vec::with_capacity(room);
+        v.extend((0..n).map(|r| Cap { var: 0, row: r, ev: ev(r) }));
+        Caps::new(CapVec::from(v))
+    }
+
+    /// A capture vector of up to `POOL_CAPS` held by no one else is kept and given to the next
+    /// run, emptied, with its room (a trading run's ~30 captures grow in it without a copy);
+    /// a larger one, or one another entry holds, is not kept.
+    #[test]
+    fn the_pool_reuses_capture_vectors_up_to_its_limit() {
+        let mut pool = Pool::default();
+        let big = caps_of_len(30, POOL_CAPS);
+        let block = big.v.as_ptr();
+        pool.put_caps(big);
+        let c = pool.caps_of(Cap { var: 1, row: 99, ev: ev(99) }, |_| {});
+        assert_eq!((c.v.as_ptr(), c.v.capacity(), c.len(), c[0].row), (block, POOL_CAPS, 1, 99));
+        pool.put_caps(caps_of_len(1, POOL_CAPS + 1));
+        let shared = caps_of_len(1, 4);
+        pool.put_caps(shared.clone());
+        assert!(pool.caps.is_empty(), "too large, or shared: not kept");
+    }
+
+    /// `put_tail` removes the entries from `from` on and keeps their captures held by no
+    /// other entry; the entries before `from` stay, in order.
+    #[test]
+    fn put_tail_keeps_the_unshared_captures_of_the_removed_entries() {
+        let mut pool = Pool::default();
+        let shared = caps_of_len(2, 4);
+        let mut entries: Vec<Entry> = vec![
+            Entry { pos: 0, caps: shared.clone() },
+            Entry { pos: 1, caps: caps_of_len(1, 4) },
+            Entry { pos: 2, caps: shared },
+            Entry { pos: 3, caps: caps_of_len(3, 8) },
+        ];
+        pool.put_tail(&mut entries, 1);
+        assert_eq!(entries.iter().map(|e| e.pos).collect::<Vec<_>>(), vec![0]);
+        let mut kept: Vec<usize> = pool.caps.iter().map(|c| c.len()).collect();
+        kept.sort();
+        assert_eq!(kept, vec![1, 3], "the shared captures stay with entry 0");
+        pool.put_tail(&mut entries, 1);
+        assert_eq!(entries.len(), 1, "nothing from 1 on: nothing removed");
+        // A full pool: the entries are just dropped.
+        for _ in pool.caps.len()..POOL {
+            pool.put_caps(caps_of_len(1, 4));
+        }
+        entries.push(Entry { pos: 5, caps: caps_of_len(1, 4) });
+        pool.put_tail(&mut entries, 0);
+        assert!(entries.is_empty());
+        assert_eq!(pool.caps.len(), POOL);
+    }
 
     #[test]
     fn fit_moves_a_vector_into_a_block_of_its_length() {
