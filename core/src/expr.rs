@@ -712,10 +712,26 @@ impl Expr {
     /// object, an int beyond 64 bits, a division by zero, a row that raises) or needs a node
     /// this path does not know: `eval` then computes it as before. It never raises and never
     /// changes state (the per-event memo it fills is the one `eval` fills).
+    #[inline(always)]
     pub(crate) fn num(&self, cx: &Cx, e: &Ev, c: &CapVec) -> Option<Num> {
+        // The leaves in line (no call for a constant, a field, a memoised part already
+        // computed for this event or an aggregate of other rows); the other nodes in `num_node`.
         match self {
             Expr::Const(v) => value::num(v),
             Expr::Field(i) => value::num(cx.field_ref(e, *i).ok()?),
+            Expr::Local { slot, .. } => match cx.rows.get(*slot as usize).and_then(|m| m.get()) {
+                Some(v) => value::num(v.as_ref()?),
+                None => self.num_node(cx, e, c),
+            },
+            Expr::AggSlot { slot, cur: false } => agg_slot_num(cx, *slot as usize, false, e, c),
+            _ => self.num_node(cx, e, c),
+        }
+    }
+
+    /// `num` for the nodes it does not answer in line.
+    #[inline(never)]
+    fn num_node(&self, cx: &Cx, e: &Ev, c: &CapVec) -> Option<Num> {
+        match self {
             Expr::Local { slot, e: x } => match cx.memo(*slot as usize, x, e) {
                 Some(v) => value::num(v.as_ref()?),
                 None => x.num(cx, e, &NO_CAPS),
@@ -1068,6 +1084,7 @@ fn agg_slot(cx: &Cx, slot: usize, cur: bool, e: &Ev, c: &CapVec) -> PyResult<Val
 
 /// `agg_slot` when its value is a native number computed from the running state alone (no
 /// Python, no recomputation over the captures); `None` sends the caller to `agg_slot`.
+#[inline(always)]
 fn agg_slot_num(cx: &Cx, slot: usize, cur: bool, e: &Ev, c: &CapVec) -> Option<Num> {
     let spec = &cx.aggs[slot];
     let acc = c.acc.get(slot).filter(|a| !a.broken)?;

@@ -179,7 +179,9 @@ pub struct Core {
 
 /// Vectors of ended runs kept for new ones (fraud starts a run at most events and ends one as
 /// often): entry vectors, and capture vectors held by no one else, emptied when reused (the `Arc`
-/// and its vector reused: no allocation for a run's start). At most `POOL` of each, small ones only.
+/// and its vector reused: no allocation for a run's start). At most `POOL` of each; entry vectors
+/// of up to 8, capture vectors of up to `POOL_CAPS` (a trading run's ~30 captures then grow in
+/// a reused vector, not from four by doubling, docs/native-core.md session 26).
 #[derive(Default)]
 pub struct Pool {
     entries: Vec<Vec<Entry>>,
@@ -187,13 +189,14 @@ pub struct Pool {
 }
 
 const POOL: usize = 32;
+const POOL_CAPS: usize = 64;
 
 impl Pool {
     /// Keep `c` if nothing else holds it (else it is just dropped): by its count alone, a
     /// plain load (no `Weak` of captures is ever made). It is emptied when reused (`caps_of`,
     /// whose `get_mut` is a load of the count too: `Caps` is a `triomphe::Arc`).
     pub(crate) fn put_caps(&mut self, c: Caps) {
-        if self.caps.len() < POOL && Caps::strong_count(&c) == 1 && c.v.capacity() <= 8 {
+        if self.caps.len() < POOL && Caps::strong_count(&c) == 1 && c.v.capacity() <= POOL_CAPS {
             self.caps.push(c);
         }
     }
@@ -205,8 +208,11 @@ impl Pool {
             entries.truncate(from);
             return;
         }
-        for e in entries.drain(from..) {
-            self.put_caps(e.caps);
+        // From the last (no `Drain`; which vector the pool gives next does not matter).
+        while entries.len() > from {
+            if let Some(e) = entries.pop() {
+                self.put_caps(e.caps);
+            }
         }
     }
 
@@ -303,7 +309,20 @@ impl Core {
 
     // ------------------------------------------------------------------ stepping
 
+    /// Whether `var`'s condition holds for `ev` after `caps`: a local condition already known
+    /// for this event is answered in line (half the tests of a trading tick), else `test_cond`.
+    #[inline]
     pub(crate) fn test(&self, py: Python<'_>, var: usize, ev: &Ev, caps: &CapVec, local: &mut Loc<'_>) -> PyResult<bool> {
+        if self.p.local[var] && self.p.conds[var].is_some() {
+            if let Some(v) = local.own[var] {
+                return Ok(v);
+            }
+        }
+        self.test_cond(py, var, ev, caps, local)
+    }
+
+    #[inline(never)]
+    fn test_cond(&self, py: Python<'_>, var: usize, ev: &Ev, caps: &CapVec, local: &mut Loc<'_>) -> PyResult<bool> {
         let Some(cond) = &self.p.conds[var] else { return Ok(true) };
         if self.p.local[var] {
             if let Some(v) = local.own[var] {
@@ -486,7 +505,7 @@ impl Core {
         if let Some(s) = &state {
             if s.deadline.is_some_and(|d| d < ts) {
                 let s = state.take().unwrap_or_default();
-                state = self.advance(py, s, ts - 1, out)?;
+                state = self.advance_to(py, s, ts - 1, out, false)?;
             }
         }
         // The cache of local conditions: on the stack for up to 8 variables (no allocation
@@ -579,6 +598,12 @@ impl Core {
     }
 
     pub fn advance(&mut self, py: Python<'_>, state: MState, now: i64, out: &Out) -> PyResult<Option<MState>> {
+        self.advance_to(py, state, now, out, true)
+    }
+
+    /// `advance`; the state's next deadline is left None unless `deadline` (`feed` advances
+    /// before the event and its `settle` finds the deadline after it).
+    fn advance_to(&mut self, py: Python<'_>, state: MState, now: i64, out: &Out, deadline: bool) -> PyResult<Option<MState>> {
         let flushing = now == FOREVER;
         let mut state = state;
         // In place: the entries a deadline ends are removed from their run's vector (no new
@@ -627,7 +652,7 @@ impl Core {
             self.pool.put_tail(entries, w);
             r.tpart = tpart;
         }
-        self.settle(py, state.row, state.runs, out, None)
+        self.settle_to(py, state.row, state.runs, out, None, deadline)
     }
 
     pub fn on_end(&mut self, py: Python<'_>, state: MState, out: &Out) -> PyResult<()> {
@@ -652,6 +677,11 @@ impl Core {
     // ------------------------------------------------------------------ deciding
 
     fn settle(&mut self, py: Python<'_>, row: i64, runs: Vec<Run>, out: &Out, ts: Option<i64>) -> PyResult<Option<MState>> {
+        self.settle_to(py, row, runs, out, ts, true)
+    }
+
+    /// `settle`, the next deadline found only when `deadline` (else None).
+    fn settle_to(&mut self, py: Python<'_>, row: i64, runs: Vec<Run>, out: &Out, ts: Option<i64>, deadline: bool) -> PyResult<Option<MState>> {
         let mut runs = runs;
         for r in runs.iter_mut() {
             self.prune(r);
@@ -667,6 +697,9 @@ impl Core {
         }
         if runs.is_empty() {
             return Ok(None);
+        }
+        if !deadline {
+            return Ok(Some(MState { row, runs, deadline: None }));
         }
         let mut deadline: Option<i64> = None;
         for r in &runs {
@@ -715,7 +748,9 @@ impl Core {
         for i in 0..entries.len() {
             let done = entries[i].pos == DONE && !self.all_matches;
             if done || !entries[..w].iter().any(|k| self.same(k, &entries[i])) {
-                entries.swap(w, i);
+                if w != i {
+                    entries.swap(w, i);
+                }
                 w += 1;
             }
             if done {
@@ -943,7 +978,68 @@ impl Core {
 
 #[cfg(test)]
 mod tests {
-    use super::fit;
+    use super::{fit, Entry, Pool, POOL, POOL_CAPS};
+    use crate::expr::{Cap, CapVec, Caps, Cols, Ev, Row};
+    use crate::value::Value;
+    use std::sync::Arc;
+
+    fn ev(ts: i64) -> Ev {
+        let cols = Arc::new(Cols { names: vec!["x".into()], py_names: Vec::new() });
+        Ev::from_row(Row { cols, vals: vec![Value::Int(ts)] }, None, ts, ts, Arc::from([0u32]))
+    }
+
+    /// Captures of `n` events in a vector with room for `room`.
+    fn caps_of_len(n: i64, room: usize) -> Caps {
+        let mut v = Vec::with_capacity(room);
+        v.extend((0..n).map(|r| Cap { var: 0, row: r, ev: ev(r) }));
+        Caps::new(CapVec::from(v))
+    }
+
+    /// A capture vector of up to `POOL_CAPS` held by no one else is kept and given to the next
+    /// run, emptied, with its room (a trading run's ~30 captures grow in it without a copy);
+    /// a larger one, or one another entry holds, is not kept.
+    #[test]
+    fn the_pool_reuses_capture_vectors_up_to_its_limit() {
+        let mut pool = Pool::default();
+        let big = caps_of_len(30, POOL_CAPS);
+        let block = big.v.as_ptr();
+        pool.put_caps(big);
+        let c = pool.caps_of(Cap { var: 1, row: 99, ev: ev(99) }, |_| {});
+        assert_eq!((c.v.as_ptr(), c.v.capacity(), c.len(), c[0].row), (block, POOL_CAPS, 1, 99));
+        pool.put_caps(caps_of_len(1, POOL_CAPS + 1));
+        let shared = caps_of_len(1, 4);
+        pool.put_caps(shared.clone());
+        assert!(pool.caps.is_empty(), "too large, or shared: not kept");
+    }
+
+    /// `put_tail` removes the entries from `from` on and keeps their captures held by no
+    /// other entry; the entries before `from` stay, in order.
+    #[test]
+    fn put_tail_keeps_the_unshared_captures_of_the_removed_entries() {
+        let mut pool = Pool::default();
+        let shared = caps_of_len(2, 4);
+        let mut entries: Vec<Entry> = vec![
+            Entry { pos: 0, caps: shared.clone() },
+            Entry { pos: 1, caps: caps_of_len(1, 4) },
+            Entry { pos: 2, caps: shared },
+            Entry { pos: 3, caps: caps_of_len(3, 8) },
+        ];
+        pool.put_tail(&mut entries, 1);
+        assert_eq!(entries.iter().map(|e| e.pos).collect::<Vec<_>>(), vec![0]);
+        let mut kept: Vec<usize> = pool.caps.iter().map(|c| c.len()).collect();
+        kept.sort();
+        assert_eq!(kept, vec![1, 3], "the shared captures stay with entry 0");
+        pool.put_tail(&mut entries, 1);
+        assert_eq!(entries.len(), 1, "nothing from 1 on: nothing removed");
+        // A full pool: the entries are just dropped.
+        for _ in pool.caps.len()..POOL {
+            pool.put_caps(caps_of_len(1, 4));
+        }
+        entries.push(Entry { pos: 5, caps: caps_of_len(1, 4) });
+        pool.put_tail(&mut entries, 0);
+        assert!(entries.is_empty());
+        assert_eq!(pool.caps.len(), POOL);
+    }
 
     #[test]
     fn fit_moves_a_vector_into_a_block_of_its_length() {
