@@ -505,6 +505,9 @@ impl Core {
         if let Some(s) = &state {
             if s.deadline.is_some_and(|d| d < ts) {
                 let s = state.take().unwrap_or_default();
+                // No deadline computed here: every path below ends in the `settle` at the end
+                // of `feed`, which finds it (a new early return must compute it, or call
+                // `advance`).
                 state = self.advance_to(py, s, ts - 1, out, false)?;
             }
         }
