@@ -72,15 +72,8 @@ class BatchDelivery:
         records = list(self.to_records(rows))
         info: dict[str, Any] = {"batch_id": batch_id, "records": len(records)}
         routed = time.perf_counter()
-        # A batch with no records is not sent: each sink would deliver nothing, and the Kafka
-        # sink's transaction (its batch marker: begin, a produce, a flush, a commit) was 7-25 ms
-        # of every such batch, on the batch's path (docs/spark-runtime.md, "... (session 26,
-        # live26)"). Safe for effectively-once delivery (docs/delivery.md): a re-run batch
-        # produces the same records, so one with none has nothing to skip or dedupe; the marker
-        # stays at the last batch that had records.
-        if records:
-            for sink in sinks:
-                info.update(sink.send(batch_id, records))
+        for sink in sinks:
+            info.update(sink.send(batch_id, records))
         # Where the batch's delivery time went, in ms: the Spark job that computes the rows
         # (the whole micro-batch's work), turning them into records, the sinks.
         info.update(collect_ms=_ms(collected - started), route_ms=_ms(routed - collected),

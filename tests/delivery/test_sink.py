@@ -58,24 +58,3 @@ def test_alerts_reach_the_sink_once_even_when_a_batch_is_rerun(tmp_path):
     assert all(isinstance(v, int) and v >= 0 for v in timings.values()), timings
     assert seen[0] == {"batch_id": 0, "records": 2, "memory_applied": 2, "memory_duplicates": 0}
     assert seen[1]["memory_duplicates"] == 2
-
-
-def test_a_batch_without_records_is_not_sent_and_the_next_one_is(tmp_path):
-    """A batch whose rows make no record (the operator's stats rows only) reaches no sink: no
-    Kafka transaction or marker for it (a re-run of it makes no records either); the sinks are
-    still made at the first batch, and the batch after it is sent as usual."""
-    metrics = Metrics(tmp_path / "metrics.json")
-    sink = MemorySink()
-    seen: list[dict] = []
-    deliver = BatchDelivery(Settings(), "alerts", str(tmp_path), AlertRouter(Settings(), metrics),
-                            sinks=[sink], on_batch=lambda _b, info: seen.append(info))
-    stats = SimpleNamespace(kind="stats", rule_id="", key="", id="", payload='{"events": 5}')
-    deliver(_Batch([stats]), 0)
-    deliver(_Batch([stats]), 0)  # re-run after a crash: still nothing
-    deliver(_Batch([_alert("card_testing", "c1", "a1"), stats]), 1)
-    deliver.close()
-
-    assert sink.batches == [1] and [r.id for r in sink.records] == ["a1"] and sink.closed
-    assert [(i["batch_id"], i["records"]) for i in seen] == [(0, 0), (0, 0), (1, 1)]
-    assert "memory_applied" not in seen[0] and seen[2]["memory_applied"] == 1
-    assert metrics.counters["events"] == 15  # the stats rows were still read
