@@ -10,7 +10,8 @@ batch MARK under "stages").
 
     python -m bench.live_cpu 400000 20000 2 new=. base=/tmp/old "s4=.:ARGS=--shards 4"
 
-Each variant is name=checkout[:ENV=V,...] (ARGS: extra `cep run` arguments; CONF: Spark
+Each variant is name=checkout[:ENV=V,...] (JOB=noop: bench.live_ceiling's no-op job instead
+of `cep run`, `run_noop`; ARGS: extra `cep run` arguments; CONF: Spark
 settings, "CONF=spark.a=1+spark.b=2", through spark-submit: a setting the job makes itself,
 e.g. `spark.shuffle.compress` on a local master, wins over it). MARK (default 3)
 and END (default 19) are the batches; END must be a batch the run reaches. Session 13
@@ -25,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.latency import BENCH_RULES, Services, progress_reports
-from bench.live_ceiling import _fresh, _steady, load_topic
+from bench.live_ceiling import NOOP_JOB, _fresh, _steady, load_topic
 from bench.live_stages import batches, summary
 
 TCK = os.sysconf("SC_CLK_TCK")
@@ -75,6 +76,8 @@ def kind(cmd):
 
 def run(services, work, topic, batch, name, code, env_extra, spy):
     d = _fresh(work / name)
+    if env_extra.pop("JOB", "") == "noop":
+        return run_noop(services, d, topic, batch, name, code, env_extra)
     args = env_extra.pop("ARGS", "").split()  # `cep run` arguments, not the child's environment
     # Spark settings for the job ("CONF=k=v+k2=v2"), through spark-submit's arguments
     confs = [c for c in env_extra.pop("CONF", "").split("+") if c]
@@ -192,6 +195,67 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
     if os.environ.get("STAGES"):
         res["stages"] = summary(batches(d / "events")[MARK:])
     return res
+
+
+def run_noop(services, d, topic, batch, name, code, env_extra):
+    """bench.live_ceiling's no-op job (`NOOP_JOB`, unchanged; "name=CHECKOUT:JOB=noop"), with
+    the same per-process and per-thread CPU between the ends of batches MARK and END. The
+    no-op logs no progress while it runs, so the CPU is sampled over time and the window is
+    placed afterwards from its progress reports' start times (the end of batch N = the start
+    of batch N + 1)."""
+    from cep.config import Settings
+
+    out = d / "out.json"
+    env = {**os.environ, "PYTHONPATH": code, "OPENBLAS_NUM_THREADS": "1", **env_extra}
+    cmd = [sys.executable, "-c", NOOP_JOB, services.bootstrap, topic, str(batch),
+           str(Settings().live_shards), str(d / "ck"), str(out)]
+    series = []  # (wall-clock time, {pid: (cmd, cpu)}, {tid: (name, cpu)})
+    t0 = time.monotonic()
+    with (d / "run.log").open("wb") as f:
+        p = subprocess.Popen(cmd, cwd=code, env=env, stdout=f, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        while p.poll() is None:
+            ps = procs(p.pid)
+            th = {}
+            for pid, (cmd_, _) in ps.items():
+                if kind(cmd_) == "jvm":
+                    th.update(threads(pid))
+            series.append((time.time(), ps, th))
+            time.sleep(0.3)
+    wall = time.monotonic() - t0
+    res = json.loads(out.read_text()) if out.exists() else {"progress": []}
+    progress = res["progress"]
+    MARK = int(os.environ.get("MARK", "3"))
+    END = int(os.environ.get("END", "19"))
+    steady = {}
+    if len(progress) > END + 1:
+        from datetime import datetime
+
+        def at(i):
+            return datetime.fromisoformat(progress[i]["timestamp"].replace("Z", "+00:00")) \
+                .timestamp()
+
+        def snap(t):  # the last sample at or before t
+            return max((s for s in series if s[0] <= t), key=lambda s: s[0], default=series[0])
+
+        (ta, p0, th0), (tb, p1, th1) = snap(at(MARK + 1)), snap(at(END + 1))
+        byk = Counter()
+        for pid, (c, t) in p1.items():
+            byk[kind(c)] += (t - p0.get(pid, (c, 0))[1]) / TCK
+        tk = Counter()
+        for tid, (nm, t) in th1.items():
+            tk[nm.rstrip("0123456789#-")] += (t - th0.get(tid, (nm, 0))[1]) / TCK
+        rows_after = sum(int(q["numInputRows"] or 0) for q in progress[MARK + 1:END + 1])
+        steady = {"rows": rows_after, "wall": round(tb - ta, 1),
+                  "cpu": {k: round(v, 2) for k, v in byk.items() if v > 0.05},
+                  "us_per_row": {k: round(1e6 * v / max(rows_after, 1), 1)
+                                 for k, v in byk.items() if v > 0.05},
+                  "jvm_threads_us_per_row": {k: round(1e6 * v / max(rows_after, 1), 1)
+                                             for k, v in tk.most_common(16)}}
+    st = _steady(progress, 2)
+    return {"name": name, "steady": steady, "rc": p.returncode, "wall": round(wall, 1),
+            "load": os.getloadavg(), "rows_per_s": st["rows_per_s"], "batch_ms": st["batch_ms"],
+            "durations": [q["durationMs"] for q in progress]}
 
 
 def main():
