@@ -38,6 +38,7 @@ import functools
 import json
 import os
 import shutil
+import string
 import subprocess
 import sys
 import time
@@ -51,7 +52,9 @@ CARD_GAP_S = 20.0
 _OP_US = ("python_us", "engine_us", "store_us", "timer_us", "encode_us", "write_us", "init_us",
           "prepare_us", "load_us", "read_us", "unzip_us", "import_us", "reload_us")
 
-NOOP_JOB = r'''
+# The no-op's job, a template (string.Template) so that bench.live_spark_costs runs the same
+# job with its own processor, an event-time watermark and timers: `STATEFUL_JOB.substitute`.
+STATEFUL_JOB = string.Template(r'''
 import json, sys, time
 from pathlib import Path
 from cep.config import load_settings
@@ -59,13 +62,13 @@ from jobs.live import LOCAL_CHECKPOINT_CONF, live_jvm
 from jobs.session import get_spark
 from pyspark.sql import functions as F
 from pyspark import cloudpickle
-import bench.noop_ops as noop_ops
-cloudpickle.register_pickle_by_value(noop_ops)
+import $module as ops
+cloudpickle.register_pickle_by_value(ops)
 bootstrap, topic, batch, shards, ck, out = sys.argv[1:7]
 # The live job's JVM options (`live_jvm`: the quick JIT unless java_options is set), as the
 # live job's settings are read (CEP_* environment), and its checkpoint file manager.
 settings = live_jvm(load_settings(overrides={"kafka_bootstrap": bootstrap}))
-spark = get_spark(settings, "cep-noop", kafka=True, extra_conf=LOCAL_CHECKPOINT_CONF)
+spark = get_spark(settings, "$app", kafka=True, extra_conf=LOCAL_CHECKPOINT_CONF)
 # The live job's stateful tasks (`live_partitions`, as `cep run` reads it): the same stage.
 spark.conf.set("spark.sql.shuffle.partitions", str(settings.live_partitions))
 src = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
@@ -73,21 +76,23 @@ src = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootst
        .option("maxOffsetsPerTrigger", int(batch)).load())
 rows = src.select(F.pmod(F.xxhash64(F.lit("card"), F.col("key").cast("string")),
                          F.lit(int(shards))).cast("int").alias("shard"),
-                  F.col("value").cast("string").alias("data"), F.lit(True).alias("primary"))
-schema = "kind string, rule_id string, key string, id string, payload string"
+                  F.col("value").cast("string").alias("data"), F.lit(True).alias("primary")$columns)
+${watermark}schema = "kind string, rule_id string, key string, id string, payload string"
 events = [0]
 def sink(df, batch_id):
     for r in df.collect():
         events[0] += json.loads(r.payload)["events"]
 q = (rows.groupBy("shard").transformWithStateInPandas(
-        statefulProcessor=noop_ops.NoopProcessor(), outputStructType=schema,
-        outputMode="Append", timeMode="None")
+        statefulProcessor=ops.$processor(), outputStructType=schema,
+        outputMode="Append", timeMode="$time_mode")
      .writeStream.foreachBatch(sink).option("checkpointLocation", ck)
      .trigger(availableNow=True).start())
 q.awaitTermination()
 progress = [json.loads(p.json) for p in q.recentProgress]
 Path(out).write_text(json.dumps({"events": events[0], "progress": progress}))
-'''
+''')
+NOOP_JOB = STATEFUL_JOB.substitute(module="bench.noop_ops", app="cep-noop", columns="",
+                                   watermark="", processor="NoopProcessor", time_mode="None")
 
 
 def card_event(i: int, t0: int, rate: int) -> tuple[str, int, str]:

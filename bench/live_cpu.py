@@ -162,19 +162,7 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
         m0, th0, tm = mark
         last, lastth, tend = endm
         wall = tend
-        byk = Counter()
-        for pid, (c, t) in last.items():
-            byk[kind(c)] += (t - m0.get(pid, (c, 0))[1]) / TCK
-        tk = Counter()
-        for tid, (nm, t) in lastth.items():
-            tk[nm.rstrip("0123456789#-")] += (t - th0.get(tid, (nm, 0))[1]) / TCK
-        rows_after = sum(int(p["numInputRows"] or 0) for p in progress[MARK + 1:END + 1])
-        steady = {"rows": rows_after, "wall": round(wall - tm, 1),
-                  "cpu": {k: round(v, 2) for k, v in byk.items() if v > 0.05},
-                  "us_per_row": {k: round(1e6 * v / max(rows_after, 1), 1)
-                                 for k, v in byk.items() if v > 0.05},
-                  "jvm_threads_us_per_row": {k: round(1e6 * v / max(rows_after, 1), 1)
-                                             for k, v in tk.most_common(16)}}
+        steady = steady_cpu(m0, th0, last, lastth, tend - tm, progress[MARK + 1:END + 1])
     else:
         print(f"warning: {name}: no steady figures: the progress line of batch "
               f"{MARK if mark is None else END} never appeared ({len(progress)} batches logged; "
@@ -195,6 +183,24 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
     if os.environ.get("STAGES"):
         res["stages"] = summary(batches(d / "events")[MARK:])
     return res
+
+
+def steady_cpu(p0, th0, p1, th1, wall, progress):
+    """CPU per process kind and per JVM thread between two samples (`procs`, `threads`) and
+    per row of the batches between them (`progress`)."""
+    byk = Counter()
+    for pid, (c, t) in p1.items():
+        byk[kind(c)] += (t - p0.get(pid, (c, 0))[1]) / TCK
+    tk = Counter()
+    for tid, (nm, t) in th1.items():
+        tk[nm.rstrip("0123456789#-")] += (t - th0.get(tid, (nm, 0))[1]) / TCK
+    rows = sum(int(q["numInputRows"] or 0) for q in progress)
+    return {"rows": rows, "wall": round(wall, 1),
+            "cpu": {k: round(v, 2) for k, v in byk.items() if v > 0.05},
+            "us_per_row": {k: round(1e6 * v / max(rows, 1), 1)
+                           for k, v in byk.items() if v > 0.05},
+            "jvm_threads_us_per_row": {k: round(1e6 * v / max(rows, 1), 1)
+                                       for k, v in tk.most_common(16)}}
 
 
 def run_noop(services, d, topic, batch, name, code, env_extra):
@@ -239,19 +245,7 @@ def run_noop(services, d, topic, batch, name, code, env_extra):
             return max((s for s in series if s[0] <= t), key=lambda s: s[0], default=series[0])
 
         (ta, p0, th0), (tb, p1, th1) = snap(at(MARK + 1)), snap(at(END + 1))
-        byk = Counter()
-        for pid, (c, t) in p1.items():
-            byk[kind(c)] += (t - p0.get(pid, (c, 0))[1]) / TCK
-        tk = Counter()
-        for tid, (nm, t) in th1.items():
-            tk[nm.rstrip("0123456789#-")] += (t - th0.get(tid, (nm, 0))[1]) / TCK
-        rows_after = sum(int(q["numInputRows"] or 0) for q in progress[MARK + 1:END + 1])
-        steady = {"rows": rows_after, "wall": round(tb - ta, 1),
-                  "cpu": {k: round(v, 2) for k, v in byk.items() if v > 0.05},
-                  "us_per_row": {k: round(1e6 * v / max(rows_after, 1), 1)
-                                 for k, v in byk.items() if v > 0.05},
-                  "jvm_threads_us_per_row": {k: round(1e6 * v / max(rows_after, 1), 1)
-                                             for k, v in tk.most_common(16)}}
+        steady = steady_cpu(p0, th0, p1, th1, tb - ta, progress[MARK + 1:END + 1])
     st = _steady(progress, 2)
     return {"name": name, "steady": steady, "rc": p.returncode, "wall": round(wall, 1),
             "load": os.getloadavg(), "rows_per_s": st["rows_per_s"], "batch_ms": st["batch_ms"],

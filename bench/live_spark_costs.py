@@ -32,49 +32,19 @@ import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from bench.latency import Services
-from bench.live_ceiling import _fresh, _run, _steady, load_topic, run_noop, run_ours
+from bench.live_ceiling import STATEFUL_JOB, _fresh, _run, _steady, load_topic, run_noop, run_ours
 from cep.config import Settings
 
 ROW_BYTES = 50_000  # about one compressed log row of ours at this input (session 16: ~51 KB)
 COLUMNS = ["kind", "rule_id", "key", "id", "payload"]
 
-JOB = r'''
-import sys
-import json
-from pathlib import Path
-from cep.config import load_settings
-from jobs.live import LOCAL_CHECKPOINT_CONF, live_jvm
-from jobs.session import get_spark
-from pyspark.sql import functions as F
-from pyspark import cloudpickle
-import bench.live_spark_costs as costs
-cloudpickle.register_pickle_by_value(costs)
-bootstrap, topic, batch, shards, ck, out = sys.argv[1:7]
-settings = live_jvm(load_settings(overrides={"kafka_bootstrap": bootstrap}))
-spark = get_spark(settings, "cep-spark-costs", kafka=True, extra_conf=LOCAL_CHECKPOINT_CONF)
-spark.conf.set("spark.sql.shuffle.partitions", str(settings.live_partitions))
-src = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-       .option("subscribe", topic).option("startingOffsets", "earliest")
-       .option("maxOffsetsPerTrigger", int(batch)).load())
-rows = src.select(F.pmod(F.xxhash64(F.lit("card"), F.col("key").cast("string")),
-                         F.lit(int(shards))).cast("int").alias("shard"),
-                  F.col("value").cast("string").alias("data"), F.lit(True).alias("primary"),
-                  F.col("timestamp").alias("event_time"))
-rows = rows.withWatermark("event_time", "5 seconds").drop("event_time")
-schema = "kind string, rule_id string, key string, id string, payload string"
-events = [0]
-def sink(df, batch_id):
-    for r in df.collect():
-        events[0] += json.loads(r.payload)["events"]
-q = (rows.groupBy("shard").transformWithStateInPandas(
-        statefulProcessor=costs.SparkCostsProcessor(), outputStructType=schema,
-        outputMode="Append", timeMode="EventTime")
-     .writeStream.foreachBatch(sink).option("checkpointLocation", ck)
-     .trigger(availableNow=True).start())
-q.awaitTermination()
-progress = [json.loads(p.json) for p in q.recentProgress]
-Path(out).write_text(json.dumps({"events": events[0], "progress": progress}))
-'''
+# The no-op's job (bench.live_ceiling's template) with this module's processor, the Kafka
+# record's timestamp as the event-time watermark's column, and event-time timers.
+JOB = STATEFUL_JOB.substitute(
+    module="bench.live_spark_costs", app="cep-spark-costs",
+    columns=',\n                  F.col("timestamp").alias("event_time")',
+    watermark='rows = rows.withWatermark("event_time", "5 seconds").drop("event_time")\n',
+    processor="SparkCostsProcessor", time_mode="EventTime")
 
 
 def _stats(events: int) -> pd.DataFrame:
