@@ -208,15 +208,17 @@ def run_ours(services: Services, work: Path, topic: str, batch: int, skip: int,
 
 
 def run_noop(services: Services, work: Path, topic: str, batch: int, skip: int,
-             tag: str, shards: int) -> dict[str, Any]:
-    d = _fresh(work / f"noop-{tag}")
+             tag: str, shards: int, *, job: str = NOOP_JOB, variant: str = "noop",
+             ) -> dict[str, Any]:
+    """The no-op job (or another rendering of `STATEFUL_JOB`, named `variant`)."""
+    d = _fresh(work / f"{variant}-{tag}")
     out = d / "out.json"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-c", NOOP_JOB, services.bootstrap, topic, str(batch), str(shards),
+    cmd = [sys.executable, "-c", job, services.bootstrap, topic, str(batch), str(shards),
            str(d / "ck"), str(out)]
     rc, wall, cpu = _run(cmd, env, d / "run.log")
     res = json.loads(out.read_text()) if out.exists() else {"progress": [], "events": None}
-    return {"variant": "noop", "shards": shards, "exit": rc, "wall_s": round(wall, 1),
+    return {"variant": variant, "shards": shards, "exit": rc, "wall_s": round(wall, 1),
             "cpu_s": round(cpu, 1), "events": res["events"], **_steady(res["progress"], skip)}
 
 

@@ -21,6 +21,7 @@ Session 26 (docs/spark-runtime.md, "... (session 26, live26)").
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -32,7 +33,7 @@ import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from bench.latency import Services
-from bench.live_ceiling import STATEFUL_JOB, _fresh, _run, _steady, load_topic, run_noop, run_ours
+from bench.live_ceiling import STATEFUL_JOB, load_topic, run_noop, run_ours
 from cep.config import Settings
 
 ROW_BYTES = 50_000  # about one compressed log row of ours at this input (session 16: ~51 KB)
@@ -91,18 +92,7 @@ class SparkCostsProcessor(StatefulProcessor):
         pass
 
 
-def run_costs(services: Services, work: Path, topic: str, batch: int, skip: int,
-              tag: str, shards: int) -> dict[str, Any]:
-    d = _fresh(work / f"spark_costs-{tag}")
-    out = d / "out.json"
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-c", JOB, services.bootstrap, topic, str(batch), str(shards),
-           str(d / "ck"), str(out)]
-    rc, wall, cpu = _run(cmd, env, d / "run.log")
-    res = json.loads(out.read_text()) if out.exists() else {"progress": [], "events": None}
-    return {"variant": "spark_costs", "shards": shards, "exit": rc, "wall_s": round(wall, 1),
-            "cpu_s": round(cpu, 1), "events": res["events"], **_steady(res["progress"], skip)}
+run_costs = functools.partial(run_noop, job=JOB, variant="spark_costs")
 
 
 def main(argv: list[str] | None = None) -> int:
