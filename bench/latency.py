@@ -110,6 +110,9 @@ class Services:
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
     def start(self) -> None:
+        # Fresh services: an earlier run's folder holds its topics and keys (the spark step's
+        # create_topics failed on TOPIC_ALREADY_EXISTS in a second make bench, 2026-11-27).
+        shutil.rmtree(self.work, ignore_errors=True)
         _script(["bash", "scripts/kafka.sh", "start", "--port", str(self.kafka_port),
                  "--controller-port", str(_free_port()), "--dir", str(self.work / "kafka")],
                 "Kafka broker (scripts/kafka.sh)")

@@ -173,9 +173,6 @@ class KafkaInput:
     def __init__(self, work: Path) -> None:
         from bench.latency import Services
 
-        # A fresh broker: the folder of an earlier run holds its topic (create_topics then
-        # fails with TOPIC_ALREADY_EXISTS: the 2026-11-27 16:04 make bench's spark step).
-        shutil.rmtree(work / "kafka-services", ignore_errors=True)
         self.services = Services(work / "kafka-services")
         self.topic = "bench-transactions"
         self.stream = ""
