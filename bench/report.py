@@ -5,12 +5,18 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-# Targets of earlier, closed issues still checked here (the percolator's). The closed issue 7's
-# targets on the Python engine (500k events/s), on the streaming files path (0.8x its no-op
-# ceiling, 1.0x Flink) and on the latency (p99 < 1 s at 20k events/s) are retired: the open
-# issues set them on the native core, the batch replay and the live job (`targets` below).
-TARGET_VERIFIED = 0.01      # percolator: fraction of stored queries verified per event
-TARGET_PEER = 1.0           # percolator at the most stored queries / mokaccino, / Lucene Monitor
+# Targets of earlier, closed issues still checked here: the percolator's, as issue 17 set them
+# (real corpus >= 2x Lucene Monitor's best configuration, structured >= 2x mokaccino, < 0.5 % of
+# searches verified per event on the real corpus, a build of >= 50k searches/s). Issue 17 retired
+# the first percolator issue's targets on the synthetic text workload (>= 1x Lucene, < 1 %
+# verified): each of its events matches ~1.5 % of the stored searches, so no presearcher can
+# verify fewer; it stays a stress case, reported without a target. The closed issue 7's targets
+# on the Python engine (500k events/s), on the streaming files path (0.8x its no-op ceiling, 1.0x
+# Flink) and on the latency (p99 < 1 s at 20k events/s) are retired: the open issues set them on
+# the native core, the batch replay and the live job (`targets` below).
+TARGET_VERIFIED = 0.005     # percolator, real corpus: stored searches verified per event
+TARGET_PEER = 2.0           # percolator at the most stored searches / Lucene Monitor, / mokaccino
+TARGET_BUILD = 50_000       # percolator: index build, searches/s
 
 
 def _n(v: float | None, digits: int = 0) -> str:
@@ -72,32 +78,62 @@ def _largest(section: dict[str, Any] | None) -> dict[str, Any]:
 
 def _peers(res: dict[str, Any]) -> dict[str, Any]:
     mk, lu = _largest(res.get("mokaccino")), _largest(res.get("lucene"))
+    corpus = _largest(res.get("corpus"))
+    ours_corpus = corpus.get("ours") or {}
     ours_text = [r for r in (res.get("percolator") or {}).get("rows", [])
                  if r["workload"] == "text"]
-    verified = max(ours_text, key=lambda r: r["queries"])["verified_fraction"] \
-        if ours_text else None
+    text = max(ours_text, key=lambda r: r["queries"]) if ours_text else {}
+    events_queries = (text.get("events") or 0) * (text.get("queries") or 0)
     return {"mokaccino_queries": mk.get("queries"), "ours_over_mokaccino": mk.get("ratio"),
             "mokaccino_eps": mk.get("mokaccino_events_per_s"),
             "ours_struct_subset_eps": mk.get("ours_events_per_s"),
+            "corpus_queries": corpus.get("queries"),
+            "ours_over_lucene_corpus": corpus.get("ours_over_lucene"),
+            "lucene_corpus_eps": corpus.get("lucene_best_events_per_s"),
+            "lucene_corpus_best": corpus.get("lucene_best"),
+            "ours_corpus_eps": ours_corpus.get("events_per_s"),
+            "corpus_verified": ours_corpus.get("verified_fraction"),
+            "corpus_build_rate": corpus.get("build_rate_ours"),
             "lucene_queries": lu.get("queries"), "ours_over_lucene": lu.get("ours_over_lucene"),
             "lucene_eps": lu.get("lucene_events_per_s"),
-            "ours_text_eps": lu.get("ours_events_per_s"), "text_verified": verified}
+            "ours_text_eps": lu.get("ours_events_per_s"),
+            "text_verified": text.get("verified_fraction"),
+            "text_matched": (text["notifications"] / events_queries
+                             if events_queries and text.get("notifications") is not None
+                             else None)}
+
+
+def _pct(v: float | None, digits: int = 2) -> str:
+    return "" if v is None else f"{100 * v:.{digits}f} %"
 
 
 def other_target_rows(h: dict[str, Any]) -> list[str]:
-    """The percolator's targets (an earlier issue's)."""
+    """The percolator's targets (issue 17's, a closed issue), then the synthetic text workload's
+    figures: a stress case without a target since issue 17."""
     rows = [
-        ["percolator structured / mokaccino", _n(h.get("mokaccino_queries")) + " queries "
+        ["percolator, real corpus / Lucene Monitor (its best configuration: "
+         f"{h.get('lucene_corpus_best') or '—'})", _n(h.get("corpus_queries")) + " searches",
+         f"ours {_n(h.get('ours_corpus_eps'))}, Lucene {_n(h.get('lucene_corpus_eps'))} ev/s",
+         _n(h.get("ours_over_lucene_corpus"), 2), f"≥ {TARGET_PEER:g}",
+         _met(h.get("ours_over_lucene_corpus"), TARGET_PEER)],
+        ["percolator structured / mokaccino", _n(h.get("mokaccino_queries")) + " searches "
          "(compared subset)", f"ours {_n(h.get('ours_struct_subset_eps'))}, mokaccino "
          f"{_n(h.get('mokaccino_eps'))} ev/s", _n(h.get("ours_over_mokaccino"), 2),
-         f"≥ {TARGET_PEER}", _met(h.get("ours_over_mokaccino"), TARGET_PEER)],
-        ["percolator text / Lucene Monitor", _n(h.get("lucene_queries")) + " queries",
-         f"ours {_n(h.get('ours_text_eps'))}, Lucene {_n(h.get('lucene_eps'))} ev/s",
-         _n(h.get("ours_over_lucene"), 3), f"≥ {TARGET_PEER}",
-         _met(h.get("ours_over_lucene"), TARGET_PEER)],
-        ["percolator text: queries verified per event", "most queries",
-         "" if h.get("text_verified") is None else f"{100 * h['text_verified']:.2f} %", "",
-         "< 1 %", _met(h.get("text_verified"), TARGET_VERIFIED, below=True)],
+         f"≥ {TARGET_PEER:g}", _met(h.get("ours_over_mokaccino"), TARGET_PEER)],
+        ["percolator, real corpus: searches verified per event",
+         _n(h.get("corpus_queries")) + " searches", _pct(h.get("corpus_verified"), 3), "",
+         f"< {100 * TARGET_VERIFIED:g} %",
+         _met(h.get("corpus_verified"), TARGET_VERIFIED, below=True)],
+        ["percolator, real corpus: index build", _n(h.get("corpus_queries")) + " searches",
+         f"{_n(h.get('corpus_build_rate'))} searches/s", "", f"≥ {TARGET_BUILD:,}",
+         _met(h.get("corpus_build_rate"), TARGET_BUILD)],
+        ["stress case, synthetic text / Lucene Monitor", _n(h.get("lucene_queries")) +
+         " searches", f"ours {_n(h.get('ours_text_eps'))}, Lucene {_n(h.get('lucene_eps'))} "
+         "ev/s", _n(h.get("ours_over_lucene"), 3), "none (retired by issue 17)", ""],
+        ["stress case, synthetic text: searches verified / matched per event",
+         _n(h.get("lucene_queries")) + " searches",
+         f"{_pct(h.get('text_verified'))} / {_pct(h.get('text_matched'))}", "",
+         "none (retired by issue 17)", ""],
     ]
     return _table(["what", "size", "measured", "ratio", "target", "target met?"], rows)
 

@@ -6,8 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.report import (
-    TARGET_VERIFIED,
-    _met,
     _n,
     _table,
     alert_rows,
@@ -44,8 +42,10 @@ def render(res: dict[str, Any], plots: list[str]) -> str:
     out += summary_rows(res, h)
     if "summary.png" in plots:
         out += ["", "![summary](summary.png)"]
-    out += ["", "### Percolator (an earlier issue's targets)", ""]
+    out += ["", "### Percolator (a closed issue's targets: issue 17's)", ""]
     out += other_target_rows(h)
+    out += ["", "Issue 17 set these at 100k and 1M searches; `make bench` runs up to 100k (1M: "
+            "`python -m bench.percolator_scale`, docs/percolator.md)."]
     out += ["", "Alerts found on the same fraud data (checked against the generator's injected "
             "patterns, as (rule, card, first ts, last ts)):", ""]
     out += alert_rows(res)
@@ -177,14 +177,13 @@ def _percolator(res: dict[str, Any], plots: list[str]) -> list[str]:
     if not pc:
         return []
     rows = [[r["workload"], f"{r['queries']:,}", f"{r['events']:,}", _n(r["events_per_s"]),
-             f"{100 * r['verified_fraction']:.3f} %", _met(r["verified_fraction"],
-                                                          TARGET_VERIFIED, below=True),
+             f"{100 * r['verified_fraction']:.3f} %",
              f"{r['build_seconds']:.1f}", f"{r['notifications']:,}",
              {True: "ok", False: "DIFFERS"}.get(r.get("scan_check_ok"), "")]
             for r in pc["rows"]]
     out = ["", "## Percolator (one core)", ""]
     out += _table(["workload", "stored queries", "events", "events/s", "verified/event",
-                   "< 1 % target", "index build s", "notifications", "vs scan"], rows)
+                   "index build s", "notifications", "vs scan"], rows)
     out += ["", "Peers in this run: mokaccino on the structured workload and Lucene Monitor on "
             "the text workload, in the next sections.", "",
             *[f"![{p}]({p})" for p in plots if p == "percolator.png"]]
