@@ -183,3 +183,12 @@ def test_cep_run_with_the_python_source(live: dict, kafka_bootstrap: str,  # noq
             for f in sorted((live["ck"] / "alerts" / "offsets").glob("[0-9]*"),
                             key=lambda f: int(f.name))]
     assert ends[:3] == [900, 1800, len(lines)] and set(ends[3:]) <= {len(lines)}
+
+
+def test_live_source_is_spark_or_python() -> None:
+    from cep.config import ConfigError, load_settings
+
+    assert load_settings(env={}).live_source == "spark"
+    assert load_settings(env={"CEP_LIVE_SOURCE": "python"}).live_source == "python"
+    with pytest.raises(ConfigError, match="live_source"):
+        load_settings(env={"CEP_LIVE_SOURCE": "jvm"})

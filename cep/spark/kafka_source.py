@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -55,6 +56,9 @@ SOURCE_NAME = "cep_kafka_packs"
 # A read task's records reach the pass in Arrow batches of at most this many (one pack per
 # shard each): `jobs.live.ARROW_BATCH_ROWS`, the same bound on the pass's memory.
 BATCH_ROWS = 50_000
+
+# A read task that gets no record for this long fails (Spark's source: `pollTimeoutMs`, 120 s).
+POLL_TIMEOUT_S = 120.0
 
 Offsets = dict[str, dict[str, int]]  # topic -> partition (as a string) -> offset
 
@@ -144,6 +148,7 @@ def read_range(conf: dict[str, Any], part: KafkaRange) -> Iterator[tuple[Any, An
     at = part.start  # every offset below is done
     values: list[Any] = []
     offsets: list[int] = []
+    since = time.monotonic()  # the last record (or the start)
     try:
         while at < part.end:
             msgs = c.consume(num_messages=min(part.end - at, BATCH_ROWS), timeout=1.0)
@@ -172,7 +177,13 @@ def read_range(conf: dict[str, Any], part: KafkaRange) -> Iterator[tuple[Any, An
             if len(values) >= BATCH_ROWS or (values and at >= part.end):
                 yield pa.array(values, pa.binary()), pa.array(offsets, pa.int64())
                 values, offsets = [], []
-            if not msgs and at < part.end:
+            if msgs:
+                since = time.monotonic()
+            elif at < part.end:
+                if time.monotonic() - since >= POLL_TIMEOUT_S:
+                    raise KafkaSourceError(
+                        f"Kafka {part.topic} partition {part.partition}: no record at offset "
+                        f"{at} of [{part.start}, {part.end}) after {POLL_TIMEOUT_S:.0f} s")
                 lo, hi = c.get_watermark_offsets(
                     TopicPartition(part.topic, part.partition), timeout=30)
                 if at < lo:
