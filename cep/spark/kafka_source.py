@@ -145,7 +145,7 @@ class KafkaRange(InputPartition):
 
 
 def read_range(conf: dict[str, Any], part: KafkaRange) -> Iterator[tuple[Any, Any]]:
-    """The records of `part` as (values, seqs) Arrow arrays, at most `BATCH_ROWS` each: exactly
+    """The records of `part` as (values, offsets) Arrow arrays, at most `BATCH_ROWS` each: exactly
     the records at offsets in [start, end), a gap (a transaction marker, a compacted record)
     skipped. A start below the partition's log start (its records deleted) is an error."""
     import pyarrow as pa
@@ -159,7 +159,7 @@ def read_range(conf: dict[str, Any], part: KafkaRange) -> Iterator[tuple[Any, An
     since = time.monotonic()  # the last record (or the start)
     try:
         while at < part.end:
-            msgs = c.consume(num_messages=min(part.end - at, BATCH_ROWS), timeout=1.0)
+            msgs = c.consume(num_messages=min(part.end - at, BATCH_ROWS - len(values)), timeout=1.0)
             for m in msgs:
                 err = m.error()
                 if err is not None:
@@ -269,6 +269,7 @@ class PackReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         part = partition
         assert isinstance(part, KafkaRange)
@@ -276,7 +277,7 @@ class PackReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         def batches() -> Iterator[Any]:
             for values, offsets in read_range(self._conf(), part):
-                seqs = pa.compute.add(offsets, base) if base else offsets
+                seqs = pc.add(offsets, base) if base else offsets
                 yield pa.RecordBatch.from_arrays([values, seqs], names=["value", "seq"])
 
         yield from self.pass_(batches())
