@@ -192,3 +192,16 @@ def test_live_source_is_spark_or_python() -> None:
     assert load_settings(env={"CEP_LIVE_SOURCE": "python"}).live_source == "python"
     with pytest.raises(ConfigError, match="live_source"):
         load_settings(env={"CEP_LIVE_SOURCE": "jvm"})
+
+
+def test_cep_run_refuses_the_python_source_for_several_streams_or_a_table() -> None:
+    from cep.compile import compile_rules
+    from jobs.live import LiveJob, LiveJobError, LiveOptions
+    from tests.test_live_pass import RULES as SEVERAL
+
+    job = LiveJob.__new__(LiveJob)  # what `_packed` reads, before any Spark call
+    job.settings = Settings(live_source="python")
+    job.opts = LiveOptions(rules="r", checkpoint="ck")
+    job.plan = plan_for(compile_rules(SEVERAL, "several.cep"), 4)
+    with pytest.raises(LiveJobError, match="live_source 'python' reads one stream"):
+        job._packed()
