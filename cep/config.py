@@ -64,6 +64,12 @@ class Settings:
     # tasks, whatever the cores: an odd count leaves a core idle for the last one. A job with
     # more cores than its batches need can set it (25,000 in session 15).
     live_read_task_rows: int = 0
+    # Where the live job's map stage reads Kafka: "spark" (Spark's Kafka source, then the one
+    # Python pass over its rows) or "python" (`cep.spark.kafka_source`: a Python streaming
+    # source whose read tasks consume their offset ranges with confluent-kafka and run the same
+    # pass, so the events never enter the JVM; one stream from one topic, no table). Measured in
+    # docs/spark-runtime.md, "A Python Kafka source that yields the packs (session 27, src27)".
+    live_source: str = "spark"
     # Kafka topics the job uses besides per-rule alert topics.
     dead_letter_topic: str = "cep.dead-letter"
     late_topic: str = "cep.late-events"
@@ -92,6 +98,9 @@ class Settings:
             changes[key] = _coerce(key, raw, getattr(self, key))
         if "trigger" in changes:
             parse_trigger(changes["trigger"])  # fail at load time, not when the query starts
+        if changes.get("live_source", "spark") not in LIVE_SOURCES:
+            raise ConfigError(f"setting 'live_source' must be one of {', '.join(LIVE_SOURCES)}, "
+                              f"got {changes['live_source']!r}")
         return replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:
@@ -114,6 +123,9 @@ def _coerce(key: str, raw: Any, current: Any) -> Any:
         )
         return tuple((str(k), str(v)) for k, v in items)
     return str(raw)
+
+
+LIVE_SOURCES = ("spark", "python")
 
 
 _TRIGGER_KINDS = {"processingtime": "processingTime", "realtime": "realTime"}

@@ -540,11 +540,49 @@ class LiveJob:
             kafka_seq(F.col("partition"), F.col("offset")).alias("seq"),
             "topic", "partition", "offset")
 
+    def _packed(self) -> Any:
+        """The stateful operator's input (`live_pass.live_packed`'s rows): Spark's Kafka source
+        and the one Python pass over its rows, or with `live_source` "python" the Python source
+        that runs the pass in its read tasks (`cep.spark.kafka_source`; one stream from one
+        topic, no table: anything else is refused)."""
+        from cep.spark.kafka import check_topic
+        from cep.spark.live_pass import (
+            KAFKA_POSITION,
+            ValidatePack,
+            live_packed,
+            slim_input,
+            with_event_time,
+        )
+
+        topics = {s.name: self._topic(s) for s in self.plan.streams}
+        if self.settings.live_source != "python":
+            return live_packed(self._source(), self.plan, KAFKA_POSITION, MAX_BYTES, topics)
+        from cep.spark.kafka_source import SOURCE_NAME, pack_source
+
+        slim = slim_input(self.plan, KAFKA_POSITION, topics)
+        if slim is None:
+            raise LiveJobError("live_source 'python' reads one stream from one Kafka topic and "
+                               "no table; these rules read "
+                               f"{', '.join(sorted(s.name for s in self.plan.streams))}: "
+                               "set live_source to 'spark'")
+        self.spark.dataSource.register(
+            pack_source(ValidatePack(self.plan, KAFKA_POSITION, MAX_BYTES, slim)))
+        split = read_split(self.settings, self.spark.sparkContext.defaultParallelism)
+        reader = (self.spark.readStream.format(SOURCE_NAME)
+                  .option("topic", check_topic(slim[1], slim[0]))
+                  .option("bootstrap", self.settings.kafka_bootstrap)
+                  .option("kafka_conf", json.dumps(dict(self.settings.kafka_options)))
+                  .option("starting", self.opts.starting_offsets)
+                  .option("max_offsets_per_trigger", self.opts.max_offsets_per_trigger or 0)
+                  .option("read_tasks", split["minPartitions"])
+                  .option("read_task_rows", split.get("maxRecordsPerPartition", 0)))
+        self.metrics.events_read_from_operator = True  # the source's rows are packs
+        return with_event_time(reader.load())
+
     def _start(self) -> None:
 
         from cep.engines import SnapshotEngineFactory
         from cep.spark.delivery import BatchDelivery
-        from cep.spark.live_pass import live_packed
         from cep.spark.query import match_packed
 
         trigger = live_trigger(self.settings, self.opts)
@@ -552,8 +590,7 @@ class LiveJob:
         self.spark.conf.set("spark.sql.streaming.pollingDelay", f"{IDLE_POLL_MS}ms")
         # Validation, dead letters, fan-out, shard and packing in one Python pass
         # (cep/spark/live_pass.py): each input row goes from the JVM to Python once.
-        rows = live_packed(self._source(), self.plan, ("topic", "partition", "offset"),
-                           MAX_BYTES, topics={s.name: self._topic(s) for s in self.plan.streams})
+        rows = self._packed()
         factory = SnapshotEngineFactory(self.snapshot, self.opts.max_partial_matches)
         out = match_packed(rows, self.plan, factory, layout1_log=self.layout1_log,
                            record_row=self.record_row)

@@ -55,6 +55,9 @@ class Metrics:
         self.partials_batch = -1
         self.partials_seen = False  # has any stats row carried `partial_matches`
         self._pending_partials: Counter[str] = Counter()
+        # The input rows are packs (`live_source` "python"), not records: `events_read` is then
+        # the operator's events plus the dead letters, as the records come out of the pass.
+        self.events_read_from_operator = False
         self._lock = threading.Lock()
         # Both queries' foreachBatch threads and the progress listener write: one at a time.
         self._write_lock = threading.Lock()
@@ -76,6 +79,8 @@ class Metrics:
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counters[name] += n
+            if name == "dead_letters" and self.events_read_from_operator:
+                self.counters["events_read"] += n
 
     def count_alert(self, rule_id: str, n: int = 1) -> None:
         """An alert (match or timeout) of `rule_id` routed for delivery: counts `alerts` as
@@ -102,6 +107,8 @@ class Metrics:
                       "encode_us", "write_us", "init_us", "unzip_us", "import_us", "reload_us",
                       "state_shared_rows", "state_budget_none"):
                 self.counters[k] += int(stats.get(k) or 0)
+            if self.events_read_from_operator:
+                self.counters["events_read"] += int(stats.get("events") or 0)
             deltas = stats.get("partial_matches")
             if isinstance(deltas, dict):
                 self.partials_seen = True
@@ -162,7 +169,9 @@ class Metrics:
         ops = progress.get("stateOperators") or [{}]
         event_time = progress.get("eventTime") or {}
         with self._lock:
-            if name == "alerts":  # every input record, good or bad, passes the alerts query
+            # every input record, good or bad, passes the alerts query (its input rows are
+            # packs with the Python Kafka source: then counted from the operator's stats)
+            if name == "alerts" and not self.events_read_from_operator:
                 self.counters["events_read"] += int(progress.get("numInputRows") or 0)
             q = self.queries.setdefault(name, {})
             q.update(

@@ -292,8 +292,14 @@ def live_packed(raw: DataFrame, plan: Plan, position: tuple[str, ...] = (),
     else:
         rows = raw.select("stream", F.col("value").cast("binary").alias("value"),
                           F.col("seq").cast("bigint").alias("seq"), *position)
-    return (rows.mapInArrow(ValidatePack(plan, position, max_bytes, slim), PACKED_SCHEMA_DDL)
-            .withColumn("event_time", F.timestamp_millis(F.col("wm"))).drop("wm"))
+    return with_event_time(rows.mapInArrow(ValidatePack(plan, position, max_bytes, slim),
+                                           PACKED_SCHEMA_DDL))
+
+
+def with_event_time(packs: DataFrame) -> DataFrame:
+    """`ValidatePack`'s rows (`shard`, `wm`, `pack`) as the operator's input: `wm` as the
+    watermark's `event_time`."""
+    return packs.withColumn("event_time", F.timestamp_millis(F.col("wm"))).drop("wm")
 
 
 def slim_input(plan: Plan, position: tuple[str, ...],
@@ -312,4 +318,4 @@ def slim_input(plan: Plan, position: tuple[str, ...],
 
 
 __all__ = ["KAFKA_POSITION", "MAX_KAFKA_OFFSET", "ValidatePack", "kafka_position", "kafka_seq",
-           "live_packed", "slim_input", "spark_shards", "xxh64"]
+           "live_packed", "slim_input", "spark_shards", "with_event_time", "xxh64"]

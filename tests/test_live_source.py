@@ -1,0 +1,207 @@
+"""The Python Kafka source of the live job (`live_source` "python", cep/spark/kafka_source.py),
+against a real broker: its packs over topic ranges with gaps (transaction markers, an aborted
+transaction) are the packs Spark's Kafka source + the one pass give over the same ranges, for
+both isolation levels; a start below the log start fails; and `cep run` with it delivers the
+alerts exactly once and the dead letters with their positions."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from pyspark.sql import functions as F
+
+from cep.config import Settings
+from cep.delivery.kafka_sink import ensure_topics
+from cep.spark.kafka import kafka_reader
+from cep.spark.kafka_source import (
+    KafkaRange,
+    KafkaSourceError,
+    PackReader,
+    _split,
+    client_conf,
+    read_range,
+)
+from cep.spark.live_pass import KAFKA_POSITION, ValidatePack, kafka_seq, live_packed
+from cep.spark.pipeline import DEAD_STREAM, plan_for, unpack
+from tests.test_bad_input import FRAUD, MIXED, T
+from tests.test_live import live  # noqa: F401 - the fixture
+
+pytestmark = [pytest.mark.services, pytest.mark.spark]
+
+
+def _transactions(bootstrap: str, topic: str, records: list[bytes | None]) -> None:
+    """`records` over two partitions in transactions of 7 (the third aborted): a commit or
+    abort marker takes an offset after each."""
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-tx"})
+    p.init_transactions(60)
+    for start in range(0, len(records), 7):
+        p.begin_transaction()
+        for i, r in enumerate(records[start:start + 7], start):
+            p.produce(topic, r, f"k{i}".encode(), partition=i % 2)
+        if start // 7 == 2:
+            p.abort_transaction(60)
+        else:
+            p.commit_transaction(60)
+
+
+def _rows(packs: Any) -> list[str]:
+    """The packs' rows (shard, watermark and each packed row), sorted: where a pack boundary
+    falls is not compared, only what the operator gets."""
+    return sorted(repr((p["shard"], r)) for batch in packs for p in batch.to_pylist()
+                  for r in unpack([p["pack"]]).to_pylist())
+
+
+def _options(bootstrap: str, topic: str, conf: dict[str, str], **more: Any) -> dict[str, str]:
+    return {"topic": topic, "bootstrap": bootstrap, "kafka_conf": json.dumps(conf),
+            **{k: str(v) for k, v in more.items()}}
+
+
+def test_packs_over_ranges_with_gaps_are_sparks(spark: Any, kafka_bootstrap: str,
+                                                topic: str) -> None:
+    plan = plan_for(FRAUD, 8)
+    stream = plan.streams[0].name
+    records: list[bytes | None] = [r for r in MIXED if len(r) < 1 << 20] + [None, b""]
+    records += [json.dumps({"ts": T + i, "card": f"card-{i % 7}", "amount": i}).encode()
+                for i in range(60)]
+    ensure_topics(kafka_bootstrap, [topic], partitions=2)
+    _transactions(kafka_bootstrap, topic, records)
+    ends = {}
+    probe = client_conf(_options(kafka_bootstrap, topic, {}))
+    from cep.spark.kafka_source import _consumer
+
+    for p in (0, 1):
+        ends[p] = _consumer(probe).get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+    # Cuts that end on a marker, just before one, inside a transaction and at the end (a
+    # marker): each range is read alone.
+    cuts = {p: sorted({0, 3, 4, 9, ends[p] - 1, ends[p]}) for p in ends}
+    vp = ValidatePack(plan, KAFKA_POSITION, 1 << 20, (stream, topic))
+    for conf in ({}, {"isolation.level": "read_committed"}):
+        settings = Settings(kafka_bootstrap=kafka_bootstrap, kafka_options=tuple(conf.items()))
+        reader = PackReader(_options(kafka_bootstrap, topic, conf, read_tasks=4), vp)
+        pieces: list[str] = []
+        for i in range(len(cuts[0]) - 1):
+            start = {topic: {str(p): cuts[p][i] for p in cuts}}
+            end = {topic: {str(p): cuts[p][i + 1] for p in cuts}}
+            got = _rows(b for part in reader.partitions(start, end) for b in reader.read(part))
+            raw = kafka_reader(spark.read, settings, [topic], starting=json.dumps(start),
+                               ending=json.dumps(end)).load()
+            raw = raw.select("value", kafka_seq(F.col("partition"), F.col("offset")).alias("seq"),
+                             *KAFKA_POSITION)
+            packs = live_packed(raw, plan, KAFKA_POSITION, 1 << 20, {stream: topic})
+            wanted = sorted(repr((r["shard"], x)) for r in packs.collect()
+                            for x in unpack([r["pack"]]).to_pylist())
+            assert got == wanted, (conf, start, end)
+            pieces += got
+        # The whole topic once more through the driver's side: the initial offsets, and the
+        # read split of four tasks (Spark's cut: in proportion to each partition's records).
+        first = reader.initialOffset()
+        assert first == {topic: {"0": 0, "1": 0}}
+        last = reader.latestOffset(first, reader.getDefaultReadLimit())
+        parts = reader.partitions(first, last)
+        if not conf:
+            assert last == {topic: {str(p): e for p, e in ends.items()}}
+        assert len(parts) == 4
+        whole = _rows(b for part in parts for b in reader.read(part))
+        assert whole == sorted(pieces)
+        assert sum(DEAD_STREAM in r for r in whole) >= 5
+
+
+def test_the_read_split_is_sparks() -> None:
+    """`live_read_tasks` and `live_read_task_rows` cut a batch as Spark's Kafka source does
+    (`minPartitions`, `maxRecordsPerPartition`)."""
+    assert _split([(0, 0, 100), (1, 0, 0)], 2, 0) == [(0, 0, 50), (0, 50, 100)]
+    assert _split([(0, 0, 100)], 1, 30) == [(0, 0, 25), (0, 25, 50), (0, 50, 75), (0, 75, 100)]
+    assert _split([(0, 10, 40), (1, 0, 10)], 4, 0) == [(0, 10, 20), (0, 20, 30), (0, 30, 40),
+                                                       (1, 0, 10)]
+
+
+def test_a_start_below_the_log_start_fails(kafka_bootstrap: str, topic: str) -> None:
+    ensure_topics(kafka_bootstrap, [topic], partitions=1)
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(20):
+        p.produce(topic, json.dumps({"ts": T + i, "card": "c", "amount": 1}).encode())
+    p.flush(30)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for f in admin.delete_records([TopicPartition(topic, 0, 10)]).values():
+        f.result(30)
+    conf = client_conf(_options(kafka_bootstrap, topic, {}))
+    with pytest.raises(KafkaSourceError, match="failOnDataLoss"):
+        list(read_range(conf, KafkaRange(topic, 0, 5, 20)))
+    assert sum(len(v) for v, _ in read_range(conf, KafkaRange(topic, 0, 10, 20))) == 10
+
+
+def test_cep_run_with_the_python_source(live: dict, kafka_bootstrap: str,  # noqa: F811
+                                        redis_client: Any) -> None:
+    """`cep run --once` with `live_source` "python", three micro-batches
+    (`--max-offsets-per-trigger`: admission control): the alerts exactly once in Kafka and
+    Redis, the dead letters with their topic, partition and offset, every record counted."""
+    from cep.datagen import fraud
+    from tests.test_live import (
+        _expected,
+        _key,
+        _lines,
+        _route_alerts_to,
+        cep_run,
+        kcat_produce,
+        kcat_read,
+        redis_alert_ids,
+        wait,
+    )
+
+    topic = live["topic"]
+    _route_alerts_to(live["rules"], f"{topic}.alerts")
+    ds = fraud(n_events=2000, n_keys=20, inject=2, seed=5)
+    lines = _lines(ds.events)
+    bad = ["bad\tthis is not json\n", f"bad\t{json.dumps({'card': 'c', 'amount': 1})}\n"]
+    lines[700:700] = bad[:1]
+    lines += bad[1:]
+    ensure_topics(kafka_bootstrap, [f"{topic}-in"], partitions=1)
+    kcat_produce(kafka_bootstrap, f"{topic}-in", lines)
+    proc = cep_run({**live["env"], "CEP_LIVE_SOURCE": "python"},
+                   ["--rules", str(live["rules"]), "--checkpoint", str(live["ck"]),
+                    "--topic", f"transactions={topic}-in", "--once",
+                    "--max-offsets-per-trigger", "900"], live["log"])
+    wait(proc, live["log"])
+
+    alerts = kcat_read(kafka_bootstrap, f"{topic}.alerts")
+    assert sorted(_key(a) for a in alerts) == _expected(ds)
+    ids = [a["alert_id"] for a in alerts]
+    assert len(ids) == len(set(ids))
+    assert sorted(redis_alert_ids(redis_client, ids)) == sorted(ids)
+    dlq = kcat_read(kafka_bootstrap, f"{topic}-dlq")
+    assert sorted((d["topic"], d["partition"], d["offset"]) for d in dlq) == [
+        (f"{topic}-in", 0, 700), (f"{topic}-in", 0, len(lines) - 1)]
+    counters = json.loads((live["ck"] / "metrics.json").read_text())["counters"]
+    assert counters["events_read"] == len(lines) == counters["events"] + counters["dead_letters"]
+    # Micro-batches of at most 900 records (and a last one that only moves the watermark):
+    # the offset log holds Spark's Kafka source's JSON.
+    ends = [json.loads(f.read_text().splitlines()[-1])[f"{topic}-in"]["0"]
+            for f in sorted((live["ck"] / "alerts" / "offsets").glob("[0-9]*"),
+                            key=lambda f: int(f.name))]
+    assert ends[:3] == [900, 1800, len(lines)] and set(ends[3:]) <= {len(lines)}
+
+
+def test_live_source_is_spark_or_python() -> None:
+    from cep.config import ConfigError, load_settings
+
+    assert load_settings(env={}).live_source == "spark"
+    assert load_settings(env={"CEP_LIVE_SOURCE": "python"}).live_source == "python"
+    with pytest.raises(ConfigError, match="live_source"):
+        load_settings(env={"CEP_LIVE_SOURCE": "jvm"})
+
+
+def test_cep_run_refuses_the_python_source_for_several_streams_or_a_table() -> None:
+    from cep.compile import compile_rules
+    from jobs.live import LiveJob, LiveJobError, LiveOptions
+    from tests.test_live_pass import RULES as SEVERAL
+
+    job = LiveJob.__new__(LiveJob)  # what `_packed` reads, before any Spark call
+    job.settings = Settings(live_source="python")
+    job.opts = LiveOptions(rules="r", checkpoint="ck")
+    job.plan = plan_for(compile_rules(SEVERAL, "several.cep"), 4)
+    with pytest.raises(LiveJobError, match="live_source 'python' reads one stream"):
+        job._packed()
