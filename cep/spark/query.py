@@ -3,8 +3,10 @@
 validated events ──fan-out──► packed per (shard, input batch) ──► watermark ──groupBy(shard)
   ──► transformWithStateInPandas(CepProcessor) └► output rows (OUTPUT_SCHEMA)
 
-The jobs differ only in where events come from (files, Kafka) and where rows go (a collector,
-`BatchDelivery`); the operator's rows are decoded by one function, `cep.runtime.alerts.decode_rows`.
+The live job may split the shards over several operators, each in its own Python worker pool
+(`pooled`, `live_pools`). The jobs differ only in where events come from (files, Kafka) and
+where rows go (a collector, `BatchDelivery`); the operator's rows are decoded by one function,
+`cep.runtime.alerts.decode_rows`.
 """
 
 from __future__ import annotations
