@@ -69,3 +69,31 @@ def test_the_pools_split_the_shards() -> None:
         groups = [[s for s in range(shards) if pool_of(s, pools) == p] for p in range(pools)]
         assert sorted(s for g in groups for s in g) == list(range(shards))
         assert max(map(len, groups)) - min(map(len, groups)) <= 1
+
+
+@pytest.mark.spark
+def test_the_pooled_operators_share_one_read_of_the_source(spark, tmp_path: Path) -> None:
+    """`pooled`'s branches are one exchange in the executed plan (`ReusedExchange`): the source
+    is read, and what is below the exchange run, once per batch (a filter pushed below it
+    would make two)."""
+    import time
+
+    from pyspark.sql import functions as F
+
+    from cep.spark.query import pooled
+
+    rows = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 60).load()
+            .select((F.col("value") % 6).cast("int").alias("shard"), "timestamp")
+            .withWatermark("timestamp", "1 second"))
+    out = pooled(rows, 6, 2, lambda part: part.groupBy("shard").count())
+    q = (out.writeStream.outputMode("update").foreachBatch(lambda df, _: df.collect())
+         .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        deadline = time.monotonic() + 120
+        while q.lastProgress is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        plan = q._jsq.streamingQuery().lastExecution().executedPlan().toString()
+    finally:
+        q.stop()
+    assert plan.count("ReusedExchange") == 1, plan
+    assert plan.count("MicroBatchScan") == 1, plan
