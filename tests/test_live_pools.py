@@ -1,8 +1,9 @@
 """The live job's stateful operators (`live_pools`, session 27): a checkpoint keeps the plan it
 was started with, one operator or several (each in its own Python worker pool), whatever the
-setting says now. No Spark here: the plan is decided before the query starts. The pooled job
-itself runs in tests/test_live.py (kill -9 and restart: exactly once, each shard in one
-process, each input row read once)."""
+setting says now (no Spark: the plan is decided before the query starts); and the pooled
+branches read their source once (one Spark test). The pooled job itself runs in
+tests/test_live.py (kill -9 and restart: exactly once, each shard in one process, each input
+row read once)."""
 
 from __future__ import annotations
 
