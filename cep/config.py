@@ -56,7 +56,8 @@ class Settings:
     # per shard): the shards split over P operators at one shuffle partition, each a task per
     # batch in a Python worker pool of its own, so a shard always runs in the same process:
     # no catch-ups, no reloads, P concurrent tasks (`cep.spark.query.pooled`;
-    # docs/spark-runtime.md, "One Python worker pool per stateful operator", session 27).
+    # docs/spark-runtime.md, "One Python worker pool per stateful operator", session 27). 1 by
+    # default: at 2 the job's CPU per row was higher (the driver plans two operators a batch).
     live_pools: int = 1
     # The live job's Kafka read tasks per micro-batch (Spark's `minPartitions`: a topic
     # partition's offset range is split into this many tasks of equal size; more topic
