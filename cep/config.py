@@ -50,6 +50,15 @@ class Settings:
     # 6 since session 15 (8 before): the stateful tasks get the shards by Spark's hash of the
     # shard id (Murmur3, seed 42), which puts 8 shards on 2 tasks as 3 and 5 and 6 as 3 and 3.
     live_shards: int = 6
+    # The live job's stateful operators for a new checkpoint (a checkpoint keeps the plan it
+    # was started with: `jobs.live.checkpoint_pools`). 1: one operator over `live_partitions`
+    # tasks, whose shards move between the pool's Python workers (above). P > 1 (at most one
+    # per shard): the shards split over P operators at one shuffle partition, each a task per
+    # batch in a Python worker pool of its own, so a shard always runs in the same process:
+    # no catch-ups, no reloads, P concurrent tasks (`cep.spark.query.pooled`;
+    # docs/spark-runtime.md, "One Python worker pool per stateful operator", session 27). 1 by
+    # default: at 2 the job's CPU per row was higher (the driver plans two operators a batch).
+    live_pools: int = 1
     # The live job's Kafka read tasks per micro-batch (Spark's `minPartitions`: a topic
     # partition's offset range is split into this many tasks of equal size; more topic
     # partitions than this: one task each). 0 (default since session 16): the session's cores

@@ -286,12 +286,19 @@ LAYOUT1_LOG = "layout1_log"
 # field beside the count, so that an older build stops on it (naming `shards.json`) instead
 # of finding no record in `nshard` and starting every shard afresh over its log's rows.
 RECORD_IN_LOG = "record_in_log"
+# Since session 27 a query started with `live_pools` > 1 records `{"count": n, "pools": p}`:
+# its shards run in p stateful operators, each a task in its own Python worker pool
+# (`cep.spark.query.pooled`), at one shuffle partition. Its records are in the log (as
+# `RECORD_IN_LOG`, which it implies). Without `RECORD_IN_LOG: true` an older build stops on
+# the object (naming `shards.json`) rather than run one operator over state kept by several.
+POOLS = "pools"
 
 
 class _Recorded(NamedTuple):
     shards: int
     record_in_log: bool  # `RECORD_IN_LOG`
     layout1_log: bool  # `LAYOUT1_LOG`
+    pools: int  # `POOLS` (1: one operator)
 
 
 def _recorded(ck: Path) -> _Recorded | None:
@@ -308,21 +315,23 @@ def _recorded(ck: Path) -> _Recorded | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise LiveJobError(f"checkpoint {ck}: unreadable {SHARDS_FILE} ({exc}): the shard "
                            "count its state was written with is unknown") from exc
-    in_log = isinstance(n, dict) and n.get(RECORD_IN_LOG) is True
+    pools = n.get(POOLS, 1) if isinstance(n, dict) else 1
+    in_log = isinstance(n, dict) and (n.get(RECORD_IN_LOG) is True or POOLS in n)
     count = n.get("count") if in_log else n
-    if type(count) is not int or count < 1:
+    if type(count) is not int or count < 1 or type(pools) is not int or pools < 1:
         raise LiveJobError(f"checkpoint {ck}: {SHARDS_FILE} has shards={n!r}, not a positive "
-                           f'integer nor {{"count": n, "{RECORD_IN_LOG}": true}}')
-    return _Recorded(count, in_log, got.get(LAYOUT1_LOG, True) is not False)
+                           f'integer nor {{"count": n, "{RECORD_IN_LOG}": true}} nor '
+                           f'{{"count": n, "{POOLS}": p}}')
+    return _Recorded(count, in_log, got.get(LAYOUT1_LOG, True) is not False, pools)
 
 
-def checkpoint_shards(ck: Path, wanted: int) -> int:
+def checkpoint_shards(ck: Path, wanted: int, pools: int = 1) -> int:
     """The live job's shard count for checkpoint `ck`: the one recorded in it (`shards.json`),
     else `wanted`, recorded now. A key's shard is part of its state's key, so a restart with
     another count would look for the key's state in the wrong shard: a checkpoint keeps its
     count, whatever the setting says (logged when they differ). A checkpoint whose query state
     predates the record was started with `LEGACY_SHARDS`. An unreadable record is an error, not
-    a guess."""
+    a guess. A new checkpoint records `pools` too (`checkpoint_pools`), at most one per shard."""
     recorded = _recorded(ck)
     if recorded is not None:
         n = recorded.shards
@@ -339,9 +348,11 @@ def checkpoint_shards(ck: Path, wanted: int) -> int:
     ck.mkdir(parents=True, exist_ok=True)
     # A new query's state is written by this build: the native store's layout 1 log can never
     # be in it, so the operator does not declare it (`checkpoint_layout1_log`).
+    pools = min(pools, n)
+    layout: dict[str, Any] = ({"count": n, POOLS: pools} if pools > 1
+                              else {"count": n, RECORD_IN_LOG: True})
     _write_atomic(ck / SHARDS_FILE, json.dumps({"shards": n} if started else
-                                            {"shards": {"count": n, RECORD_IN_LOG: True},
-                                             LAYOUT1_LOG: False}))
+                                            {"shards": layout, LAYOUT1_LOG: False}))
     return n
 
 
@@ -350,6 +361,22 @@ def checkpoint_layout1_log(ck: Path) -> bool:
     record (`checkpoint_shards` writes it first) says it cannot."""
     recorded = _recorded(ck)
     return recorded is None or recorded.layout1_log
+
+
+def checkpoint_pools(ck: Path, wanted: int) -> int:
+    """The stateful operators (each its own Python worker pool) of checkpoint `ck`'s query: the
+    count its record has (`POOLS`; `checkpoint_shards` writes it first), else 1 (a query
+    started before session 27, or with `live_pools` 1). Kept whatever the setting says (logged
+    when they differ): each operator keeps its shards' state under its own operator id, at the
+    one shuffle partition the query was started with; the other plan would look for a shard's
+    state in another operator (one operator's partitions: state not found, the keys started
+    afresh)."""
+    recorded = _recorded(ck)
+    pools = 1 if recorded is None else recorded.pools
+    if recorded is not None and pools != max(1, min(wanted, recorded.shards)):
+        log.info("checkpoint %s was started with %d stateful operator(s) (`live_pools`): "
+                 "keeping them (the setting, %d, applies to a new checkpoint)", ck, pools, wanted)
+    return pools
 
 
 def checkpoint_record_row(ck: Path) -> bool:
@@ -368,7 +395,8 @@ class LiveJob:
         self.opts = options
         self.ck = Path(options.checkpoint)
         claim_checkpoint(self.ck, "cep run", {})
-        self.shards = checkpoint_shards(self.ck, settings.live_shards)
+        self.shards = checkpoint_shards(self.ck, settings.live_shards, settings.live_pools)
+        self.pools = checkpoint_pools(self.ck, settings.live_pools)
         self.layout1_log = checkpoint_layout1_log(self.ck)
         self.record_row = checkpoint_record_row(self.ck)
         self.snapshot = str(self.ck / "rules-snapshot.json")
@@ -400,8 +428,10 @@ class LiveJob:
         manager = "spark.sql.streaming.checkpointFileManagerClass"
         log.info("checkpoint file manager: %s", self.spark.conf.get(manager, "Spark's default"))
         # The stateful tasks per batch (two by default since session 15): see
-        # `Settings.live_partitions`.
-        self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.live_partitions))
+        # `Settings.live_partitions`; with several operators (`live_pools`) one partition, a
+        # task per operator (`cep.spark.query.pooled`). A checkpoint keeps its own count.
+        partitions = 1 if self.pools > 1 else self.settings.live_partitions
+        self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
         self.metrics.attach(self.spark)
         self._start()
         started = time.monotonic()
@@ -593,7 +623,7 @@ class LiveJob:
         rows = self._packed()
         factory = SnapshotEngineFactory(self.snapshot, self.opts.max_partial_matches)
         out = match_packed(rows, self.plan, factory, layout1_log=self.layout1_log,
-                           record_row=self.record_row)
+                           record_row=self.record_row, pools=self.pools)
         alerts_ck = str(self.ck / "alerts")
         deliver = BatchDelivery(self.settings, "alerts", alerts_ck, self.router,
                                 on_batch=self._on_batch("alerts"))

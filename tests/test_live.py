@@ -185,9 +185,11 @@ def _wait_for(cond, what: str, log: Path, timeout: float = 240, describe=None) -
 # The killed run reads each batch of 400 in one task (`live_read_tasks` 1), or in three
 # (`live_read_task_rows` 150); the restart in one per core (the default): the batch it plans
 # again from the checkpoint is split differently, and what counts (seq, alert ids, the offsets
-# committed) does not depend on the split.
+# committed) does not depend on the split. The second starts the checkpoint with two stateful
+# operators (`live_pools` 2), which the restart keeps (`jobs.live.checkpoint_pools`).
 @pytest.mark.parametrize("first_read_split", [{"CEP_LIVE_READ_TASKS": "1"},
-                                              {"CEP_LIVE_READ_TASK_ROWS": "150"}])
+                                              {"CEP_LIVE_READ_TASK_ROWS": "150",
+                                               "CEP_LIVE_POOLS": "2"}])
 def test_kill_9_mid_stream_and_restart_loses_nothing_duplicates_nothing(
         live, kafka_bootstrap, redis_client, first_read_split):
     topic = live["topic"]
@@ -227,6 +229,16 @@ def test_kill_9_mid_stream_and_restart_loses_nothing_duplicates_nothing(
     assert got == sorted(expected)
     assert len(ids) == len(set(ids))
     assert sorted(in_redis) == sorted(ids)
+    # The restart's counters: each row read once (the pooled plan's operators share one read
+    # and pass: `cep.spark.query.pooled`), and with pools each shard's calls in one process:
+    # a reload at its first call at most, never a catch-up.
+    counters = _metrics(live["ck"])["counters"]
+    assert counters["events_read"] == counters["events"] > 0
+    if "CEP_LIVE_POOLS" in first_read_split:
+        shards = json.loads((live["ck"] / "shards.json").read_text())["shards"]
+        assert shards["pools"] == 2
+        assert counters["state_catchups"] == 0
+        assert 0 < counters["state_reloads"] <= shards["count"]
 
 
 def _shifted(ds, prefix: str, offset_ms: int):
