@@ -183,6 +183,14 @@ def test_cep_run_with_the_python_source(live: dict, kafka_bootstrap: str,  # noq
             for f in sorted((live["ck"] / "alerts" / "offsets").glob("[0-9]*"),
                             key=lambda f: int(f.name))]
     assert ends[:3] == [900, 1800, len(lines)] and set(ends[3:]) <= {len(lines)}
+    # The job's progress reports count records, not the source's packs (`offset_records`):
+    # each batch's input rows are its offset range, where Spark reports where it started.
+    from bench.latency import progress_reports
+
+    reports = [q for q in progress_reports(live["log"].read_text(errors="replace"))
+               if q.get("batch") is not None]
+    rows = [q.get("input_rows") for q in reports]
+    assert rows[1:3] == [900, len(lines) - 1800] and rows[0] in (900, None), rows
 
 
 def test_live_source_is_spark_or_python() -> None:
@@ -205,3 +213,17 @@ def test_cep_run_refuses_the_python_source_for_several_streams_or_a_table() -> N
     job.plan = plan_for(compile_rules(SEVERAL, "several.cep"), 4)
     with pytest.raises(LiveJobError, match="live_source 'python' reads one stream"):
         job._packed()
+
+
+def test_offset_records_are_the_batch_offset_ranges() -> None:
+    from jobs.metrics import offset_records
+
+    src = [{"startOffset": '{"t": {"0": 10, "1": 5}}', "endOffset": '{"t": {"0": 25, "1": 5}}'}]
+    assert offset_records(src, None) == 15
+    # No start in the report (a first batch): the previous report's end, else unknown.
+    first = [{"startOffset": None, "endOffset": {"t": {"0": 7}}}]
+    assert offset_records(first, None) is None
+    assert offset_records(first, {("t", "0"): 3}) == 4
+    # A partition that appeared since: its start from the previous end is unknown.
+    assert offset_records([{"startOffset": {"t": {"0": 1}}, "endOffset": {"t": {"0": 2, "1": 9}}}],
+                          None) is None
