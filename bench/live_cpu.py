@@ -150,11 +150,10 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
     for tname, t in lastth.values():
         key = tname.rstrip("0123456789#-")
         th[key] += t / TCK
-    reports = progress_reports((d / "run.log").read_text(errors="replace"))
-    progress = [{"numInputRows": n, "durationMs": q.get("durations_ms") or {},
+    progress = [{"numInputRows": q.get("input_rows"), "durationMs": q.get("durations_ms") or {},
                  "collect": (q.get("last_delivery") or {}).get("collect_ms"),
                  "state": q.get("state_ms")}
-                for q, n in zip(reports, records(reports), strict=True)]
+                for q in progress_reports((d / "run.log").read_text(errors="replace"))]
     st = _steady(progress, 2)
     counters = (json.loads((d / "ck" / "metrics.json").read_text()).get("counters") or {}) \
         if (d / "ck" / "metrics.json").exists() else {}
@@ -184,23 +183,6 @@ def run(services, work, topic, batch, name, code, env_extra, spy):
     if os.environ.get("STAGES"):
         res["stages"] = summary(batches(d / "events")[MARK:])
     return res
-
-
-def records(reports):
-    """Each batch's records, from the source's end offsets (the topic's records have no gaps:
-    `load_topic`, no transactions): the Python source's input rows (`live_source` "python") are
-    packs, not records. The reports' input rows where a report has no end offsets."""
-    out, before = [], {}
-    for q in reports:
-        ends = [s.get("end") for s in q.get("sources") or []]
-        if len(ends) != 1 or ends[0] is None:
-            out.append(q.get("input_rows"))
-            continue
-        end = json.loads(ends[0]) if isinstance(ends[0], str) else ends[0]
-        now = {(t, p): int(o) for t, parts in end.items() for p, o in parts.items()}
-        out.append(sum(o - before.get(k, 0) for k, o in now.items()))
-        before = now
-    return out
 
 
 def steady_cpu(p0, th0, p1, th1, wall, progress):
