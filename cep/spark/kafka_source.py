@@ -70,7 +70,13 @@ class KafkaSourceError(CepError):
 # librdkafka's prefetch (`queued.min.messages`, 100,000 by default): records fetched past a
 # task's end are thrown away at its end. At 20,000 (unless `kafka_options` sets it) a task of
 # 30,000 records cost 1.7-2.0 µs per record of the process's CPU against 2.3-3.5 (load ~20).
-PREFETCH = {"queued.min.messages": "20000"}
+# And librdkafka (>= 2.x) postpones a partition's next fetch by `fetch.queue.backoff.ms`
+# (1,000 by default) once its queue is over those thresholds: a task reassigned to a new
+# range after the previous one's prefetch filled the queue waited that second in 1 of 3-4
+# tasks (10,000-record ranges read in turn by two cached consumers: 1,020-1,037 ms where the
+# others took 20-80; at 10 ms none did). The queue is emptied at every task's end
+# (`unassign`), so a short backoff costs nothing.
+PREFETCH = {"queued.min.messages": "20000", "fetch.queue.backoff.ms": "10"}
 
 
 def client_conf(options: dict[str, str]) -> dict[str, Any]:
