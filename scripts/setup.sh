@@ -41,9 +41,20 @@ if [[ ! -x .venv/bin/python ]]; then
   echo "setup: creating .venv" >&2
   "$PY" -m venv .venv
 fi
+cache_pid=""
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   echo "setup: installing the package and dev tools into .venv (first run downloads PySpark, ~5 min)" >&2
   .venv/bin/pip install -q --upgrade pip >&2
+  # The dependencies first (pip would build the native core before installing them), so that
+  # with --all the Spark JVM's class cache is written while the core builds, on the CPU the
+  # build leaves (its fat-LTO link runs on one core).
+  .venv/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))' \
+    | .venv/bin/pip install -q -r /dev/stdin >&2
+  if (( all )); then
+    nice -n 5 .venv/bin/python scripts/class_cache.py &  # the core's build comes first
+    cache_pid=$!
+  fi
   .venv/bin/pip install -q -e '.[dev]' >&2
   touch "$stamp"
 fi
@@ -58,6 +69,11 @@ fi
 # sets PYTHONDONTWRITEBYTECODE): every process the tests start (`cep run`, `cep replay`, Spark's
 # Python workers, the pytest-xdist workers) then loads them instead of compiling them again.
 .venv/bin/python -m compileall -q -j 0 cep jobs percolator bench tests >/dev/null
+if (( all )) && [[ -z $cache_pid ]]; then
+  .venv/bin/python scripts/class_cache.py || true  # quick when the archive is there; never fails
+elif [[ -n $cache_pid ]]; then
+  wait "$cache_pid" || true  # never fails the set-up: it says why instead
+fi
 if [[ -n $jars_pid ]] && ! wait "$jars_pid"; then
   echo "setup: fetching the Maven jars failed (see above)" >&2
   exit 1
