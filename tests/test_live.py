@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.latency import progress_reports
 from cep.datagen import fraud
 from cep.delivery.kafka_sink import ensure_topics
 from jobs.live import LOCAL_CHECKPOINT_CONF
@@ -103,7 +104,12 @@ def _key(a):
     return (a["rule_id"], a["key"], a["first_ts"], a["last_ts"])
 
 
-def test_kcat_in_cep_run_out_to_kafka_and_redis_exactly_once(live, kafka_bootstrap, redis_client):
+@pytest.mark.parametrize("source", ["spark", "python"])
+def test_kcat_in_cep_run_out_to_kafka_and_redis_exactly_once(live, kafka_bootstrap, redis_client,
+                                                            source):
+    """`cep run --once` in micro-batches of at most 1,000 records, with Spark's Kafka source and
+    with the Python one (`live_source`, cep/spark/kafka_source.py): the same alerts exactly once
+    in Kafka and Redis, dead letters at their offsets, late events, every record counted."""
     topic = live["topic"]
     _route_alerts_to(live["rules"], f"{topic}.alerts")
     ds = fraud(n_events=3000, n_keys=30, inject=2, seed=11)
@@ -118,9 +124,10 @@ def test_kcat_in_cep_run_out_to_kafka_and_redis_exactly_once(live, kafka_bootstr
     # lateness must also cover how far partitions drift apart (docs/spark-runtime.md).
     ensure_topics(kafka_bootstrap, [f"{topic}-in"], partitions=1)
     kcat_produce(kafka_bootstrap, f"{topic}-in", lines)
-    proc = cep_run(live["env"], ["--rules", str(live["rules"]), "--checkpoint", str(live["ck"]),
-                                 "--topic", f"transactions={topic}-in", "--once",
-                                 "--max-offsets-per-trigger", "1000"], live["log"])
+    proc = cep_run({**live["env"], "CEP_LIVE_SOURCE": source},
+                   ["--rules", str(live["rules"]), "--checkpoint", str(live["ck"]),
+                    "--topic", f"transactions={topic}-in", "--once",
+                    "--max-offsets-per-trigger", "1000"], live["log"])
     wait(proc, live["log"])
 
     alerts = kcat_read(kafka_bootstrap, f"{topic}.alerts")
@@ -138,7 +145,8 @@ def test_kcat_in_cep_run_out_to_kafka_and_redis_exactly_once(live, kafka_bootstr
         "time field 'ts' is 'yesterday': neither epoch milliseconds (a JSON integer) nor an "
         "ISO-8601 timestamp",
         "field 'amount' is FLOAT, got a string \"lots\""])
-    assert all({"topic", "partition", "offset"} <= set(d) for d in dlq)
+    assert sorted((d["topic"], d["partition"], d["offset"]) for d in dlq) == [
+        (f"{topic}-in", 0, o) for o in range(len(lines) - 4, len(lines))]
     assert any(d.get("value") == "this is not json" for d in dlq)
     late_events = kcat_read(kafka_bootstrap, f"{topic}-late")
     assert late_events and all(e["event"].get("late") for e in late_events)
@@ -149,6 +157,17 @@ def test_kcat_in_cep_run_out_to_kafka_and_redis_exactly_once(live, kafka_bootstr
     # The accounting invariant: read = processed + dead letters, late among the processed.
     assert counters["events_read"] == len(lines) == counters["events"] + counters["dead_letters"]
     assert 0 < counters["late"] <= counters["events"]
+    # Batches of at most 1,000 records (admission control), the offset log in Spark's Kafka
+    # JSON, and each batch's input rows its records (the Python source's Spark rows are packs:
+    # `jobs.metrics.offset_records`), where the job knows where the batch started.
+    ends = [json.loads(f.read_text().splitlines()[-1])[f"{topic}-in"]["0"]
+            for f in sorted((live["ck"] / "alerts" / "offsets").glob("[0-9]*"),
+                            key=lambda f: int(f.name))]
+    assert ends[:4] == [1000, 2000, 3000, len(lines)] and set(ends[4:]) <= {len(lines)}
+    reports = [q for q in progress_reports(live["log"].read_text(errors="replace"))
+               if q.get("batch") is not None]
+    rows = [q.get("input_rows") for q in reports]
+    assert rows[1:4] == [1000, 1000, len(lines) - 3000] and rows[0] in (1000, None), rows
     # The running job's session has the checkpoint manager LOCAL_CHECKPOINT_CONF sets.
     manager = LOCAL_CHECKPOINT_CONF["spark.sql.streaming.checkpointFileManagerClass"]
     assert f"checkpoint file manager: {manager}" in live["log"].read_text()

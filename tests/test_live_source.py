@@ -1,8 +1,9 @@
 """The Python Kafka source of the live job (`live_source` "python", cep/spark/kafka_source.py),
 against a real broker: its packs over topic ranges with gaps (transaction markers, an aborted
 transaction) are the packs Spark's Kafka source + the one pass give over the same ranges, for
-both isolation levels; a start below the log start fails; and `cep run` with it delivers the
-alerts exactly once and the dead letters with their positions."""
+both isolation levels; a start below the log start fails; `cep run` refuses it for rules it
+cannot read. `cep run` with it end to end (the alerts exactly once, the dead letters at their
+positions, records counted) is tests/test_live.py's kcat test, run with either source."""
 
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ from cep.spark.kafka_source import (
 from cep.spark.live_pass import KAFKA_POSITION, ValidatePack, kafka_seq, live_packed
 from cep.spark.pipeline import DEAD_STREAM, plan_for, unpack
 from tests.test_bad_input import FRAUD, MIXED, T
-from tests.test_live import live  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
 
@@ -132,65 +132,6 @@ def test_a_start_below_the_log_start_fails(kafka_bootstrap: str, topic: str) -> 
     with pytest.raises(KafkaSourceError, match="failOnDataLoss"):
         list(read_range(conf, KafkaRange(topic, 0, 5, 20)))
     assert sum(len(v) for v, _ in read_range(conf, KafkaRange(topic, 0, 10, 20))) == 10
-
-
-def test_cep_run_with_the_python_source(live: dict, kafka_bootstrap: str,  # noqa: F811
-                                        redis_client: Any) -> None:
-    """`cep run --once` with `live_source` "python", three micro-batches
-    (`--max-offsets-per-trigger`: admission control): the alerts exactly once in Kafka and
-    Redis, the dead letters with their topic, partition and offset, every record counted."""
-    from cep.datagen import fraud
-    from tests.test_live import (
-        _expected,
-        _key,
-        _lines,
-        _route_alerts_to,
-        cep_run,
-        kcat_produce,
-        kcat_read,
-        redis_alert_ids,
-        wait,
-    )
-
-    topic = live["topic"]
-    _route_alerts_to(live["rules"], f"{topic}.alerts")
-    ds = fraud(n_events=2000, n_keys=20, inject=2, seed=5)
-    lines = _lines(ds.events)
-    bad = ["bad\tthis is not json\n", f"bad\t{json.dumps({'card': 'c', 'amount': 1})}\n"]
-    lines[700:700] = bad[:1]
-    lines += bad[1:]
-    ensure_topics(kafka_bootstrap, [f"{topic}-in"], partitions=1)
-    kcat_produce(kafka_bootstrap, f"{topic}-in", lines)
-    proc = cep_run({**live["env"], "CEP_LIVE_SOURCE": "python"},
-                   ["--rules", str(live["rules"]), "--checkpoint", str(live["ck"]),
-                    "--topic", f"transactions={topic}-in", "--once",
-                    "--max-offsets-per-trigger", "900"], live["log"])
-    wait(proc, live["log"])
-
-    alerts = kcat_read(kafka_bootstrap, f"{topic}.alerts")
-    assert sorted(_key(a) for a in alerts) == _expected(ds)
-    ids = [a["alert_id"] for a in alerts]
-    assert len(ids) == len(set(ids))
-    assert sorted(redis_alert_ids(redis_client, ids)) == sorted(ids)
-    dlq = kcat_read(kafka_bootstrap, f"{topic}-dlq")
-    assert sorted((d["topic"], d["partition"], d["offset"]) for d in dlq) == [
-        (f"{topic}-in", 0, 700), (f"{topic}-in", 0, len(lines) - 1)]
-    counters = json.loads((live["ck"] / "metrics.json").read_text())["counters"]
-    assert counters["events_read"] == len(lines) == counters["events"] + counters["dead_letters"]
-    # Micro-batches of at most 900 records (and a last one that only moves the watermark):
-    # the offset log holds Spark's Kafka source's JSON.
-    ends = [json.loads(f.read_text().splitlines()[-1])[f"{topic}-in"]["0"]
-            for f in sorted((live["ck"] / "alerts" / "offsets").glob("[0-9]*"),
-                            key=lambda f: int(f.name))]
-    assert ends[:3] == [900, 1800, len(lines)] and set(ends[3:]) <= {len(lines)}
-    # The job's progress reports count records, not the source's packs (`offset_records`):
-    # each batch's input rows are its offset range, where Spark reports where it started.
-    from bench.latency import progress_reports
-
-    reports = [q for q in progress_reports(live["log"].read_text(errors="replace"))
-               if q.get("batch") is not None]
-    rows = [q.get("input_rows") for q in reports]
-    assert rows[1:3] == [900, len(lines) - 1800] and rows[0] in (900, None), rows
 
 
 def test_live_source_is_spark_or_python() -> None:
