@@ -24,6 +24,7 @@ from cep.spark.kafka_source import (
     PackReader,
     _split,
     client_conf,
+    close_consumers,
     read_range,
 )
 from cep.spark.live_pass import KAFKA_POSITION, ValidatePack, kafka_seq, live_packed
@@ -31,6 +32,14 @@ from cep.spark.pipeline import DEAD_STREAM, plan_for, unpack
 from tests.test_bad_input import FRAUD, MIXED, T
 
 pytestmark = [pytest.mark.services, pytest.mark.spark]
+
+
+@pytest.fixture(autouse=True)
+def _closed_consumers() -> Any:
+    """The source's consumers are cached per process: closed after each test, before the
+    session's broker stops (they would keep reconnecting to it, flooding the log)."""
+    yield
+    close_consumers()
 
 
 def _transactions(bootstrap: str, topic: str, records: list[bytes | None]) -> None:

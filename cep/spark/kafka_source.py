@@ -106,6 +106,13 @@ def _consumer(conf: dict[str, Any]) -> Any:
     return c
 
 
+def close_consumers() -> None:
+    """Close this process's cached consumers (`_consumer`): a process that outlives its broker
+    (a test session) would otherwise keep them reconnecting."""
+    while _CONSUMERS:
+        _CONSUMERS.popitem()[1].close()
+
+
 def _watermarks(conf: dict[str, Any], topic: str) -> dict[int, tuple[int, int]]:
     """Each partition's (log start, end) offsets now. The end is the high watermark, or with
     `isolation.level` read_committed the last stable offset (what Spark's source reads too)."""
@@ -318,4 +325,4 @@ def pack_source(pass_: ValidatePack) -> type[PackSource]:
 
 
 __all__ = ["SOURCE_NAME", "KafkaRange", "KafkaSourceError", "PackReader", "PackSource",
-           "client_conf", "pack_source", "read_range"]
+           "client_conf", "close_consumers", "pack_source", "read_range"]
