@@ -503,18 +503,14 @@ def _cpu_between(samples: list[tuple[float, float]], t0: float, t1: float) -> fl
 
 def _consumed(sources: Any) -> int | None:
     """Input offsets a batch has read up to, summed over partitions (topics start at 0)."""
+    from jobs.metrics import kafka_offsets
+
     total = 0
     for s in sources or []:
-        end = s.get("end")
-        if isinstance(end, str):
-            try:
-                end = json.loads(end)
-            except json.JSONDecodeError:
-                return None
-        if not isinstance(end, dict):
+        end = kafka_offsets(s.get("end"))
+        if end is None:
             return None
-        for parts in end.values():
-            total += sum(int(v) for v in parts.values())
+        total += sum(end.values())
     return total
 
 

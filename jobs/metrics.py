@@ -35,18 +35,18 @@ RATE_WINDOW_S = 300  # alerts per minute are averaged over the last 5 minutes
 HOUR_S = 3600
 
 
-def _offsets(text: Any) -> dict[tuple[str, str], int]:
+def kafka_offsets(text: Any) -> dict[tuple[str, str], int] | None:
     """A source's offsets as Spark's Kafka JSON (`{"topic": {"0": 42}}`, text or parsed) →
-    {(topic, partition): offset}; {} for anything else."""
+    {(topic, partition): offset}; None for anything else."""
     try:
         got = json.loads(text) if isinstance(text, str) else text
         return {(str(t), str(p)): int(o) for t, parts in got.items() for p, o in parts.items()}
     except (TypeError, ValueError, AttributeError):
-        return {}
+        return None
 
 
 def _source_ends(sources: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
-    return {k: v for s in sources for k, v in _offsets(s.get("endOffset")).items()}
+    return {k: v for s in sources for k, v in (kafka_offsets(s.get("endOffset")) or {}).items()}
 
 
 def offset_records(sources: list[dict[str, Any]],
@@ -55,7 +55,8 @@ def offset_records(sources: list[dict[str, Any]],
     the end offset less the start (the report's `startOffset`, else the previous report's end).
     Transaction markers in a range count as records, as offsets do. None where a partition's
     start is not known (the job's first batch of a new checkpoint, when Spark reports none)."""
-    starts = {k: v for s in sources for k, v in _offsets(s.get("startOffset")).items()}
+    starts = {k: v for s in sources
+              for k, v in (kafka_offsets(s.get("startOffset")) or {}).items()}
     total = 0
     for k, end in _source_ends(sources).items():
         start = starts.get(k, (last_ends or {}).get(k))
@@ -205,29 +206,25 @@ class Metrics:
             if name == "alerts" and not self.events_read_from_operator:
                 self.counters["events_read"] += int(progress.get("numInputRows") or 0)
             q = self.queries.setdefault(name, {})
-            rows, scale = progress.get("numInputRows"), 1.0
+            rows = progress.get("numInputRows")
+            rates = {k: progress.get(k) for k in ("inputRowsPerSecond", "processedRowsPerSecond")}
             if self.events_read_from_operator:
                 # Spark's input rows are the Python source's packs: the batch's records are
-                # its offset ranges (`offset_records`), the rates scaled to them.
+                # its offset ranges (`offset_records`), the rates scaled to them (None: not known).
                 records = offset_records(progress.get("sources") or [],
                                          self._last_ends.get(name))
                 self._last_ends[name] = _source_ends(progress.get("sources") or [])
                 scale = records / rows if records is not None and rows else 0.0
-                rows = records  # None: not known (then neither are the rates)
-
-            def rate(key: str) -> Any:
-                v = progress.get(key)
-                if not self.events_read_from_operator:
-                    return v
-                return v * scale if isinstance(v, (int, float)) and rows is not None else None
-
+                rates = {k: v * scale if isinstance(v, (int, float)) and records is not None
+                         else None for k, v in rates.items()}
+                rows = records
             q.update(
                 batch=progress.get("batchId"),
                 # When the trigger started (ISO, UTC): with batch_ms, when the batch ran.
                 started=progress.get("timestamp"),
                 input_rows=rows,
-                input_rows_per_s=rate("inputRowsPerSecond"),
-                processed_rows_per_s=rate("processedRowsPerSecond"),
+                input_rows_per_s=rates["inputRowsPerSecond"],
+                processed_rows_per_s=rates["processedRowsPerSecond"],
                 batch_ms=(progress.get("durationMs") or {}).get("triggerExecution"),
                 # Where the batch's time went (addBatch, getBatch, latestOffset, walCommit...).
                 durations_ms=progress.get("durationMs"),

@@ -178,7 +178,7 @@ class ClassCache:
         """The driver JVM's options: use the archive, or write one at exit."""
         quiet = "-Xlog:disable -Xlog:all=warning:stderr"  # CDS warnings: not on stdout
         try:
-            self._promote()
+            self.promote()
             if self.final.exists():
                 return f"{quiet} -XX:SharedArchiveFile={self.final}"
             if any(self._alive(n) for n in self.final.parent.glob(self.final.name + ".*.note")):
@@ -221,7 +221,7 @@ class ClassCache:
             return _age_s(note) < ORPHAN_S
         return Path(f"/proc/{pid}").exists() if Path("/proc").is_dir() else _pid_alive(pid)
 
-    def _promote(self) -> None:
+    def promote(self) -> None:
         import subprocess
 
         # An archive its writer's note no longer names (the note's process died before its JVM

@@ -30,7 +30,7 @@ def main() -> int:
     if cache is None:
         print("class-cache: no JDK 13+ found, or turned off: not written", file=sys.stderr)
         return 0
-    cache._promote()  # one a JVM wrote earlier: checked and promoted, or deleted
+    cache.promote()  # one a JVM wrote earlier: checked and promoted, or deleted
     if cache.final.exists():
         return 0
     start = time.monotonic()
@@ -56,7 +56,7 @@ def main() -> int:
         spark.stop()
         proc.stdin.close()  # the gateway JVM exits and writes the archive as it does
         proc.wait(600)
-    cache._promote()  # a JVM checks the archive; it is promoted or deleted
+    cache.promote()  # a JVM checks the archive; it is promoted or deleted
     if not cache.final.exists():
         print("class-cache: the archive was not written (see above)", file=sys.stderr)
         return 0
