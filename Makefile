@@ -8,7 +8,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 CORE_ENV = PYO3_PYTHON=$(abspath $(PY)) \
   LD_LIBRARY_PATH="$$($(abspath $(PY)) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')"
 
-.PHONY: setup setup-all demo test test-fast core-check core-lints lint bench bench-quick chaos cluster-test clean
+.PHONY: setup setup-all demo test test-durations test-fast core-check core-lints lint bench bench-quick chaos cluster-test clean
 
 setup:            ## venv + the package (enough for the demo)
 	bash scripts/setup.sh
@@ -25,6 +25,9 @@ demo: setup       ## replay the bundled sample streams through the bundled rules
 test:             ## the whole suite, with a real Kafka broker, Redis server and Spark, on both cores
 	$(MAKE) --no-print-directory -j2 --output-sync=target setup-all core-lints
 	$(PY) -m pytest -q -m "not bench and not compat" -n 2 --dist worksteal --durations=30
+
+test-durations: setup-all ## the suite as `make test` runs it, each test's seconds into tests/durations.json (its order)
+	$(PY) -m pytest -q -m "not bench and not compat" -n 2 --dist worksteal --record-durations tests/durations.json
 
 core-lints: $(PY) ## the crate's clippy (warnings are errors) and cargo test
 	cd core && $(CORE_ENV) cargo clippy --locked --all-targets -- -D warnings

@@ -6,8 +6,10 @@ A service that cannot start fails the tests that need it with the reason; nothin
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import statistics
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,10 +120,49 @@ def fraud_rules_dir(tmp_path: Path) -> Path:
     return d
 
 
+# Each test's last measured seconds (set-up, call and tear-down), written by
+# `make test-durations` (`--record-durations`), read by the order below.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-durations", metavar="PATH", default=None,
+                     help="write each test's seconds (set-up + call + tear-down) to PATH as JSON")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that start Spark or services first. `make test` runs on both cores (pytest-xdist,
-    `--dist worksteal`): a worker that runs out of tests takes half of the other's queue, so the
-    run ends early only if no minutes-long case starts last. Order does not change a result."""
+    """Tests that start Spark or services first, and in each of the two groups the longest first
+    (by tests/durations.json; a test not in it counts as its group's median). `make test` runs on
+    both cores (pytest-xdist, `--dist worksteal`): each worker is handed one contiguous half of
+    this order and a worker that runs out takes the back half of the other's queue, so the run
+    ends early only if no minutes-long case starts last. Order does not change a result."""
     def heavy(item: pytest.Item) -> bool:
         return any(item.get_closest_marker(m) for m in ("services", "spark", "chaos"))
-    items.sort(key=lambda item: not heavy(item))
+
+    known: dict[str, float] = (json.loads(DURATIONS.read_text())["seconds"]
+                               if DURATIONS.exists() else {})
+    groups: dict[bool, list[float]] = {True: [], False: []}
+    for item in items:
+        if item.nodeid in known:
+            groups[heavy(item)].append(known[item.nodeid])
+    median = {g: statistics.median(v) if v else 0.0 for g, v in groups.items()}
+    items.sort(key=lambda item: (not heavy(item),
+                                 -known.get(item.nodeid, median[heavy(item)])))
+
+
+_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # With xdist this runs in the controller too, for every worker's reports.
+    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = session.config.getoption("--record-durations")
+    if path and not hasattr(session.config, "workerinput"):
+        Path(path).write_text(json.dumps(
+            {"about": "seconds per test of one `make test-durations` run (set-up + call + "
+                      "tear-down); tests/conftest.py orders the suite by them",
+             "seconds": {k: round(v, 2) for k, v in sorted(_SECONDS.items())}},
+            indent=0) + "\n")
