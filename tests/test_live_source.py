@@ -1,13 +1,17 @@
 """The Python Kafka source of the live job (`live_source` "python", cep/spark/kafka_source.py),
 against a real broker: its packs over topic ranges with gaps (transaction markers, an aborted
 transaction) are the packs Spark's Kafka source + the one pass give over the same ranges, for
-both isolation levels; a start below the log start fails; `cep run` refuses it for rules it
-cannot read. `cep run` with it end to end (the alerts exactly once, the dead letters at their
-positions, records counted) is tests/test_live.py's kcat test, run with either source."""
+both isolation levels; a start below the log start fails; the driver's offset fetches and a read
+task ride out a broker restart, and the driver fails clearly once its retries run out; `cep run`
+refuses it for rules it cannot read. `cep run` with it end to end (the alerts exactly once, the
+dead letters at their positions, records counted) is tests/test_live.py's kcat test, run with
+either source; through a broker restart, tests/chaos/test_chaos.py's, with either source."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -17,6 +21,7 @@ from pyspark.sql import functions as F
 
 from cep.config import Settings
 from cep.delivery.kafka_sink import ensure_topics
+from cep.spark import kafka_source
 from cep.spark.kafka import kafka_reader
 from cep.spark.kafka_source import (
     KafkaRange,
@@ -177,3 +182,92 @@ def test_offset_records_are_the_batch_offset_ranges() -> None:
     # A partition that appeared since: its start from the previous end is unknown.
     assert offset_records([{"startOffset": {"t": {"0": 1}}, "endOffset": {"t": {"0": 2, "1": 9}}}],
                           None) is None
+
+
+def _in_thread(fn: Any) -> tuple[threading.Thread, list[BaseException]]:
+    """`fn()` started in a thread; the list gets what it raised."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            failed.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, failed
+
+
+def test_the_driver_and_a_read_task_ride_out_a_broker_restart(
+        kafka_service: Any, kafka_bootstrap: str, topic: str, monkeypatch: Any,
+        caplog: Any) -> None:
+    """The broker stopped while a read task is in the middle of its range: with the broker down
+    and two attempts of 1 s (`fetchOffset.numRetries` 2, `socket.timeout.ms` 1000) the driver's
+    `latestOffset` fails naming the topic and its retries; with attempts of 4 s it fails some
+    while the broker is down, and gets the topic's end once it is started again; the read task,
+    reading on through the outage, yields each record of its range exactly once, in order."""
+    n = 30_000
+    ensure_topics(kafka_bootstrap, [topic], partitions=1)
+    records = [json.dumps({"ts": T + i, "card": f"card-{i % 7}", "amount": i}).encode()
+               for i in range(n)]
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 20})
+    for i, r in enumerate(records):
+        p.produce(topic, r)
+        if i % 5000 == 4999:
+            p.flush(30)
+    p.flush(30)
+    plan = plan_for(FRAUD, 8)
+    vp = ValidatePack(plan, KAFKA_POSITION, 1 << 20, (plan.streams[0].name, topic))
+    reader = PackReader(_options(kafka_bootstrap, topic, {"socket.timeout.ms": "4000"},
+                                 group_id="driver", **{"fetchOffset.numRetries": 40}), vp)
+    first = reader.initialOffset()
+    assert first == {topic: {"0": 0}}
+    # The task's consumer holds ~64 KB ahead of what it handed on: most of its range is fetched
+    # after the broker stopped. Batches of 1,000 records, so the range is read in steps.
+    monkeypatch.setattr(kafka_source, "BATCH_ROWS", 1000)
+    small = {"queued.min.messages": "500", "max.partition.fetch.bytes": "16384",
+             "queued.max.messages.kbytes": "64"}
+    task = read_range(client_conf(_options(kafka_bootstrap, topic, small, group_id="task")),
+                      KafkaRange(topic, 0, 0, n))
+    got = [next(task)]
+    kafka_service.stop()
+    starting = None
+    try:
+        short = PackReader(_options(kafka_bootstrap, topic, {"socket.timeout.ms": "1000"},
+                                    group_id="short", **{"fetchOffset.numRetries": 2,
+                                                         "fetchOffset.retryIntervalMs": 100}), vp)
+        with pytest.raises(KafkaSourceError,
+                           match=rf"Kafka topic '{topic}': fetching the offsets failed in 2 "
+                                 r"attempts .*fetchOffset\.numRetries 2"):
+            short.latestOffset(first, short.getDefaultReadLimit())
+        reading, read_failed = _in_thread(lambda: got.extend(task))
+        time.sleep(2)  # the task waits on the broker; the driver asks while it is down
+        starting, start_failed = _in_thread(lambda: (time.sleep(3), kafka_service.start()))
+        caplog.set_level("WARNING", logger=kafka_source.__name__)
+        last = reader.latestOffset(first, reader.getDefaultReadLimit())
+    finally:
+        if starting is None:
+            kafka_service.start()  # the session's broker, for the tests after this one
+        else:
+            starting.join(300)
+    assert not start_failed, start_failed
+    assert last == {topic: {"0": n}}
+    # It took more than one attempt (the broker takes more than 3 + 4 s to be back).
+    assert "fetching the offsets failed (attempt 1 of 40)" in caplog.text
+    reading.join(300)
+    assert not reading.is_alive() and not read_failed, read_failed
+    assert [o for _, offs in got for o in offs.to_pylist()] == list(range(n))
+    assert [v for vals, _ in got for v in vals.to_pylist()] == records
+
+
+def test_a_topic_that_does_not_exist_fails_after_the_attempts(kafka_bootstrap: str,
+                                                              topic: str) -> None:
+    """Not a transient error: each attempt ends at once (no waiting out the attempt's deadline),
+    and the error names the topic and what the broker said."""
+    reader = PackReader(_options(kafka_bootstrap, f"{topic}-none", {},
+                                 **{"fetchOffset.numRetries": 2,
+                                    "fetchOffset.retryIntervalMs": 10}), None)  # type: ignore[arg-type]
+    with pytest.raises(KafkaSourceError, match=rf"Kafka topic '{topic}-none': fetching the "
+                                               r"offsets failed in 2 attempts .*does not exist"):
+        reader.initialOffset()

@@ -25,7 +25,12 @@ What it keeps of Spark's Kafka source (what its users expect):
 - the read split (`live_read_tasks`, `live_read_task_rows`) as Spark's Kafka source computes it
   (`KafkaOffsetRangeCalculator`), a task per part;
 - the records' `seq` (`live_pass.kafka_seq`), so dead letters carry their topic, partition and
-  offset, and alert ids are the same as with Spark's source.
+  offset, and alert ids are the same as with Spark's source;
+- a broker restart ridden out (`_fetch`): the driver's offset fetches retried as Spark's source
+  retries them (`fetchOffset.numRetries` attempts, `fetchOffset.retryIntervalMs` apart, each
+  retrying the transient errors of a restart until its deadline as the Java client does within
+  an admin call), latest offsets below the start re-fetched and then a data-loss error
+  (KAFKA-7703); a read task waits out an unreachable broker up to `POLL_TIMEOUT_S`.
 
 One stream from one topic, no table (`live_pass.slim_input`'s case, the usual live job):
 `jobs.live` refuses `live_source` "python" otherwise. Each read task's consumer is kept per
@@ -35,10 +40,12 @@ Python worker process (`_consumer`) and reused by the next task there.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -51,6 +58,9 @@ from pyspark.sql.streaming.datasource import (
 from cep.errors import CepError
 from cep.spark.live_pass import SEQ_PARTITION_SHIFT, ValidatePack
 from cep.spark.pipeline import PACKED_SCHEMA_DDL
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SOURCE_NAME = "cep_kafka_packs"
 # A read task's records reach the pass in Arrow batches of at most this many (one pack per
@@ -113,18 +123,162 @@ def close_consumers() -> None:
         _CONSUMERS.popitem()[1].close()
 
 
-def _watermarks(conf: dict[str, Any], topic: str) -> dict[int, tuple[int, int]]:
-    """Each partition's (log start, end) offsets now. The end is the high watermark, or with
-    `isolation.level` read_committed the last stable offset (what Spark's source reads too)."""
-    from confluent_kafka import TopicPartition
+def _drop_consumer(conf: dict[str, Any]) -> None:
+    """Close and forget this process's consumer for `conf`: the next `_consumer` makes a new one."""
+    c = _CONSUMERS.pop(json.dumps(conf, sort_keys=True), None)
+    if c is not None:
+        try:
+            c.close()
+        except Exception as e:  # a client that failed may fail to close: dropped all the same
+            log.debug("Kafka: closing a consumer: %s", e)
 
-    c = _consumer(conf)
-    meta = c.list_topics(topic, timeout=30)
-    t = meta.topics.get(topic)
-    if t is None or t.error is not None:
-        raise KafkaSourceError(f"Kafka topic {topic!r}: {t.error if t else 'not found'}")
-    return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-            for p in sorted(t.partitions)}
+
+# The errors of a broker that is down, restarting or moving a partition's leadership: librdkafka
+# flags none of them `retriable()` in the synchronous calls (measured: `get_watermark_offsets`
+# raised _UNKNOWN_PARTITION at once while the broker was down, NOT_LEADER_FOR_PARTITION as it
+# came back; `list_topics` _TRANSPORT at its timeout). _UNKNOWN_PARTITION is transient here
+# because the call that raises it follows a metadata answer that listed the partition.
+TRANSIENT = frozenset((
+    "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_TIMED_OUT_QUEUE", "_UNKNOWN_PARTITION",
+    "_WAIT_COORD", "_RESOLVE", "LEADER_NOT_AVAILABLE", "NOT_LEADER_FOR_PARTITION",
+    "REQUEST_TIMED_OUT", "BROKER_NOT_AVAILABLE", "REPLICA_NOT_AVAILABLE", "NETWORK_EXCEPTION",
+    "NOT_CONTROLLER", "KAFKA_STORAGE_ERROR", "FENCED_LEADER_EPOCH", "UNKNOWN_LEADER_EPOCH",
+    "OFFSET_NOT_AVAILABLE"))
+
+
+def _transient(err: Any) -> bool:
+    """Whether a `KafkaError` is one a broker restart gives for a while (`TRANSIENT`)."""
+    return bool(err.name() in TRANSIENT or err.retriable())
+
+
+def _kafka_error(e: BaseException) -> Any:
+    """The `KafkaError` of a confluent-kafka exception, or None."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if isinstance(e, KafkaException) and e.args and isinstance(e.args[0], KafkaError):
+        return e.args[0]
+    return None
+
+
+# Spark's Kafka source's defaults (`KafkaOffsetReaderAdmin`: `fetchOffset.numRetries` "3", the
+# attempts in all; `fetchOffset.retryIntervalMs` "1000", the pause after a failed attempt).
+NUM_RETRIES = 3
+RETRY_INTERVAL_MS = 1000
+
+
+@dataclass(frozen=True)
+class Retries:
+    """How the driver's offset fetches are retried (the source's options, as Spark's source
+    names them): `attempts` in all, `interval_s` apart."""
+
+    attempts: int = NUM_RETRIES
+    interval_s: float = RETRY_INTERVAL_MS / 1000
+
+    @classmethod
+    def of(cls, options: dict[str, str]) -> Retries:
+        o = {k.lower(): v for k, v in options.items()}
+        attempts = int(o.get("fetchoffset.numretries") or NUM_RETRIES)
+        interval = int(o.get("fetchoffset.retryintervalms") or RETRY_INTERVAL_MS)
+        if attempts < 1 or interval < 0:
+            raise KafkaSourceError(f"fetchOffset.numRetries {attempts} must be >= 1 and "
+                                   f"fetchOffset.retryIntervalMs {interval} >= 0")
+        return cls(attempts, interval / 1000)
+
+    def describe(self) -> str:
+        return (f"fetchOffset.numRetries {self.attempts}, fetchOffset.retryIntervalMs "
+                f"{self.interval_s * 1000:.0f}")
+
+
+def _attempt(conf: dict[str, Any], label: str, body: Callable[[Any, float], T]) -> T:
+    """One attempt of `body(consumer, deadline)`: what the Java client does within one admin
+    call (Spark's source's attempt). A transient error (`_transient`) is retried after librdkafka's
+    `retry.backoff.ms` doubling up to `retry.backoff.max.ms` (100 and 1,000 ms by default) until
+    the attempt's deadline, the client's `socket.timeout.ms` (60 s by default, as the Java client's
+    `default.api.timeout.ms`); any other error, or a transient one at the deadline, is raised.
+    The first transient error of an attempt is logged (a warning: the broker is away)."""
+    timeout = float(conf.get("socket.timeout.ms", 60_000)) / 1000
+    backoff = float(conf.get("retry.backoff.ms", 100)) / 1000
+    most = float(conf.get("retry.backoff.max.ms", 1000)) / 1000
+    deadline = time.monotonic() + timeout
+    warned = False
+    while True:
+        try:
+            return body(_consumer(conf), deadline)
+        except Exception as e:
+            err = _kafka_error(e)
+            if err is None or not _transient(err) or time.monotonic() + backoff >= deadline:
+                raise
+            if not warned:
+                log.warning("%s: %s: %s; retrying for up to %.0f s", label, err.name(),
+                            err.str(), deadline - time.monotonic())
+                warned = True
+            time.sleep(backoff)
+            backoff = min(2 * backoff, most)
+
+
+def _fetch(conf: dict[str, Any], topic: str, what: str, retries: Retries,
+           body: Callable[[Any, float], T]) -> T:
+    """`body(consumer, deadline)` (a driver-side call to Kafka) with Spark's source's retries:
+    `retries.attempts` attempts (`_attempt`), `retries.interval_s` apart, each with a new consumer
+    (Spark's source resets its admin client after a failed attempt). A non-transient error (the
+    topic does not exist, authorisation) ends its attempt at once, so it fails after the attempts'
+    pauses (~2 s by default), not after minutes; a broker down throughout fails after the attempts'
+    deadlines (3 x 60 s by default, as Spark's source). The error names the topic, what failed and
+    the last error."""
+    began = time.monotonic()
+    last: BaseException | None = None
+    for attempt in range(1, retries.attempts + 1):
+        try:
+            return _attempt(conf, f"Kafka topic {topic!r}: {what}", body)
+        except Exception as e:
+            err = _kafka_error(e)
+            if err is None and not isinstance(e, _TopicMissing):
+                raise
+            last = e
+            log.warning("Kafka topic %r: %s failed (attempt %d of %d): %s", topic, what, attempt,
+                        retries.attempts, e)
+            _drop_consumer(conf)
+        if attempt < retries.attempts:
+            time.sleep(retries.interval_s)
+    err = _kafka_error(last) if last is not None else None
+    reason = f"{err.name()}: {err.str()}" if err is not None else str(last)
+    raise KafkaSourceError(
+        f"Kafka topic {topic!r}: {what} failed in {retries.attempts} attempts over "
+        f"{time.monotonic() - began:.0f} s ({retries.describe()}; each attempt up to the client's "
+        f"socket.timeout.ms): {reason}") from last
+
+
+class _TopicMissing(Exception):
+    """The broker answered that the topic does not exist (or is not readable)."""
+
+
+def _watermarks(conf: dict[str, Any], topic: str,
+                retries: Retries = Retries()) -> dict[int, tuple[int, int]]:
+    """Each partition's (log start, end) offsets now. The end is the high watermark, or with
+    `isolation.level` read_committed the last stable offset (what Spark's source reads too).
+    Retried as Spark's source retries its offset fetches (`_fetch`)."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    def body(c: Any, deadline: float) -> dict[int, tuple[int, int]]:
+        meta = c.list_topics(topic, timeout=_left(deadline))
+        t = meta.topics.get(topic)
+        if t is None:
+            raise _TopicMissing("not in the broker's metadata")
+        if t.error is not None:
+            if _transient(t.error):
+                raise KafkaException(t.error)
+            if t.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise _TopicMissing(f"the topic does not exist ({t.error.str()})")
+            raise _TopicMissing(f"{t.error.name()}: {t.error.str()}")
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=_left(deadline))
+                for p in sorted(t.partitions)}
+
+    return _fetch(conf, topic, "fetching the offsets", retries, body)
+
+
+def _left(deadline: float) -> float:
+    """The seconds to a deadline, at least 0.1 (a call's timeout)."""
+    return max(0.1, deadline - time.monotonic())
 
 
 def _split(ranges: list[tuple[int, int, int]], tasks: int, task_rows: int,
@@ -160,7 +314,14 @@ class KafkaRange(InputPartition):
 def read_range(conf: dict[str, Any], part: KafkaRange) -> Iterator[tuple[Any, Any]]:
     """The records of `part` as (values, offsets) Arrow arrays, at most `BATCH_ROWS` each: exactly
     the records at offsets in [start, end), a gap (a transaction marker, a compacted record)
-    skipped. A start below the partition's log start (its records deleted) is an error."""
+    skipped. A start below the partition's log start (its records deleted) is an error.
+
+    A broker that is down or restarting is waited for, as Spark's source's task waits in its
+    consumer's poll: librdkafka reconnects and fetches on from its position (no error from
+    `consume`, measured), the transient errors of the checks made while no record comes
+    (`_transient`: _UNKNOWN_PARTITION at once while the broker is down) are let pass, and only
+    `POLL_TIMEOUT_S` without a record fails the task (which Spark then retries). Any other error
+    fails the task too: it never ends early with part of its range."""
     import pyarrow as pa
     from confluent_kafka import KafkaError, TopicPartition
 
@@ -186,12 +347,16 @@ def read_range(conf: dict[str, Any], part: KafkaRange) -> Iterator[tuple[Any, An
                             f"Kafka {part.topic} partition {part.partition}: offset {at} is no "
                             f"longer in the log ({err.str()}): records were deleted before this "
                             "job read them (failOnDataLoss)")
+                    if _transient(err):  # the broker away: waited for, up to POLL_TIMEOUT_S
+                        continue
                     raise KafkaSourceError(f"Kafka {part.topic} partition {part.partition}: "
                                            f"{err.str()}")
                 off = m.offset()
                 if off >= part.end:
                     at = part.end
                     break
+                if off < at:  # never seen; a record delivered twice must not be read twice
+                    continue
                 values.append(m.value())
                 offsets.append(off)
                 at = off + 1
@@ -204,16 +369,24 @@ def read_range(conf: dict[str, Any], part: KafkaRange) -> Iterator[tuple[Any, An
                 if time.monotonic() - since >= POLL_TIMEOUT_S:
                     raise KafkaSourceError(
                         f"Kafka {part.topic} partition {part.partition}: no record at offset "
-                        f"{at} of [{part.start}, {part.end}) after {POLL_TIMEOUT_S:.0f} s")
-                lo, hi = c.get_watermark_offsets(
-                    TopicPartition(part.topic, part.partition), timeout=30)
+                        f"{at} of [{part.start}, {part.end}) after {POLL_TIMEOUT_S:.0f} s "
+                        "(is the broker up?)")
+                tp = TopicPartition(part.topic, part.partition)
+                try:
+                    lo, hi = c.get_watermark_offsets(tp, timeout=30)
+                except Exception as e:
+                    err = _kafka_error(e)
+                    if err is None or not _transient(err):
+                        raise KafkaSourceError(f"Kafka {part.topic} partition {part.partition}: "
+                                               f"fetching the offsets: {e}") from e
+                    continue  # the broker away: the next poll waits for it
                 if at < lo:
                     raise KafkaSourceError(
                         f"Kafka {part.topic} partition {part.partition}: offset {at} is below "
                         f"the log start {lo}: records were deleted before this job read them "
                         "(failOnDataLoss)")
                 if hi <= at:  # a gap at the range's end that no EOF reported yet
-                    pos = c.position([TopicPartition(part.topic, part.partition)])[0].offset
+                    pos = c.position([tp])[0].offset
                     if pos >= part.end:
                         at = part.end
     finally:
@@ -231,12 +404,13 @@ class PackReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.tasks = int(options.get("read_tasks") or 1)
         self.task_rows = int(options.get("read_task_rows") or 0)
         self.until: Offsets | None = None  # Trigger.AvailableNow's end
+        self.retries = Retries.of(options)
 
     def _conf(self) -> dict[str, Any]:
         return client_conf(self.options)
 
     def _now(self) -> dict[int, tuple[int, int]]:
-        return _watermarks(self._conf(), self.topic)
+        return _watermarks(self._conf(), self.topic, self.retries)
 
     def initialOffset(self) -> dict:  # noqa: N802 - PySpark's names
         starting = self.options.get("starting", "earliest")
@@ -257,10 +431,25 @@ class PackReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.max_rows) if self.max_rows > 0 else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
+        begun = start.get(self.topic, {})
         ends = {str(p): m[1] for p, m in self._now().items()}
+        # An end below the start (KAFKA-7703: a leader's offsets briefly wrong after a restart, or
+        # records lost with the leader) is fetched again as Spark's source does, `retries` times
+        # in all; still below, records this job read are gone: failOnDataLoss.
+        for _ in range(1, self.retries.attempts):
+            if not self._behind(begun, ends):
+                break
+            log.warning("Kafka topic %r: latest offsets %s below the start %s; fetching again",
+                        self.topic, ends, begun)
+            time.sleep(self.retries.interval_s)
+            ends = {str(p): m[1] for p, m in self._now().items()}
+        if behind := self._behind(begun, ends):
+            raise KafkaSourceError(
+                f"Kafka topic {self.topic!r}: the end offsets went back below this job's position "
+                f"({', '.join(f'partition {p}: {e} < {s}' for p, (s, e) in behind.items())}): "
+                "records it read are gone from Kafka (failOnDataLoss)")
         if self.until is not None:
             ends = {p: min(e, self.until[self.topic].get(p, e)) for p, e in ends.items()}
-        begun = start.get(self.topic, {})
         # A partition that appeared since the start offsets: read from its beginning.
         starts = {p: int(begun.get(p, 0)) for p in ends}
         ends = {p: max(e, starts[p]) for p, e in ends.items()}
@@ -273,6 +462,12 @@ class PackReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 ends = {p: starts[p] + (min(a, max(1, int(limit.max_rows * a / total)))
                                         if a else 0) for p, a in avail.items()}
         return {self.topic: ends}
+
+    @staticmethod
+    def _behind(begun: dict[str, Any], ends: dict[str, int]) -> dict[str, tuple[int, int]]:
+        """The partitions whose end is below their start: (start, end)."""
+        return {p: (int(begun[p]), e) for p, e in ends.items()
+                if p in begun and e < int(begun[p])}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         s, e = start.get(self.topic, {}), end[self.topic]
