@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from cep.config import Settings
 from cep.delivery.kafka_sink import ensure_topics
@@ -127,10 +128,12 @@ def test_packs_over_ranges_with_gaps_are_sparks(spark: Any, kafka_bootstrap: str
 def test_the_read_split_is_sparks() -> None:
     """`live_read_tasks` and `live_read_task_rows` cut a batch as Spark's Kafka source does
     (`minPartitions`, `maxRecordsPerPartition`)."""
-    assert _split([(0, 0, 100), (1, 0, 0)], 2, 0) == [(0, 0, 50), (0, 50, 100)]
-    assert _split([(0, 0, 100)], 1, 30) == [(0, 0, 25), (0, 25, 50), (0, 50, 75), (0, 75, 100)]
-    assert _split([(0, 10, 40), (1, 0, 10)], 4, 0) == [(0, 10, 20), (0, 20, 30), (0, 30, 40),
-                                                       (1, 0, 10)]
+    assert _split([("t", 0, 0, 100), ("t", 1, 0, 0)], 2, 0) == [("t", 0, 0, 50),
+                                                                 ("t", 0, 50, 100)]
+    assert _split([("t", 0, 0, 100)], 1, 30) == [("t", 0, 0, 25), ("t", 0, 25, 50),
+                                                 ("t", 0, 50, 75), ("t", 0, 75, 100)]
+    assert _split([("t", 0, 10, 40), ("u", 0, 0, 10)], 4, 0) == [
+        ("t", 0, 10, 20), ("t", 0, 20, 30), ("t", 0, 30, 40), ("u", 0, 0, 10)]
 
 
 def test_a_start_below_the_log_start_fails(kafka_bootstrap: str, topic: str) -> None:
@@ -157,7 +160,7 @@ def test_live_source_is_spark_or_python() -> None:
         load_settings(env={"CEP_LIVE_SOURCE": "jvm"})
 
 
-def test_cep_run_refuses_the_python_source_for_several_streams_or_a_table() -> None:
+def test_cep_run_refuses_the_python_source_for_a_table() -> None:
     from cep.compile import compile_rules
     from jobs.live import LiveJob, LiveJobError, LiveOptions
     from tests.test_live_pass import RULES as SEVERAL
@@ -166,7 +169,7 @@ def test_cep_run_refuses_the_python_source_for_several_streams_or_a_table() -> N
     job.settings = Settings(live_source="python")
     job.opts = LiveOptions(rules="r", checkpoint="ck")
     job.plan = plan_for(compile_rules(SEVERAL, "several.cep"), 4)
-    with pytest.raises(LiveJobError, match="live_source 'python' reads one stream"):
+    with pytest.raises(LiveJobError, match="live_source 'python' reads streams, not a table"):
         job._packed()
 
 
@@ -271,3 +274,62 @@ def test_a_topic_that_does_not_exist_fails_after_the_attempts(kafka_bootstrap: s
     with pytest.raises(KafkaSourceError, match=rf"Kafka topic '{topic}-none': fetching the "
                                                r"offsets failed in 2 attempts .*does not exist"):
         reader.initialOffset()
+
+
+TWO_STREAMS = """
+STREAM tx (ts INT, card STRING, amount FLOAT, country STRING) TIME BY ts LATENESS 3s;
+STREAM logins (ts INT, user INT, ok BOOL) TIME BY ts LATENESS 3s;
+RULE big FROM tx PATTERN (x) DEFINE x AS amount > 100 EMIT 'big';
+RULE failed FROM logins PARTITION BY user
+  PATTERN (a b) DEFINE a AS NOT ok, b AS NOT ok EMIT 'failed';
+"""
+
+
+def test_two_streams_from_two_topics_are_sparks(spark: Any, kafka_bootstrap: str,
+                                                topic: str) -> None:
+    """Several streams, each from its topic (no table): the offsets per topic, the split and
+    the admission control over all the topics' partitions, and each record's stream and Kafka
+    position in the pass (dead letters carry them): the packs equal Spark's Kafka source +
+    `live_packed` over the same offsets."""
+    from cep.compile import compile_rules
+    from tests.test_validate_live_fast import several_streams_rows
+
+    plan = plan_for(compile_rules(TWO_STREAMS, "two.cep"), 8)
+    tx, logins = f"{topic}-tx", f"{topic}-logins"
+    ensure_topics(kafka_bootstrap, [tx], partitions=2)
+    ensure_topics(kafka_bootstrap, [logins], partitions=1)
+    of = {"tx": tx, "logins": logins}
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    rows = [r for r in several_streams_rows(200, 6, lambda i: "NL", bad_logins=True)
+            if r[0] in of]
+    for i, (stream, value) in enumerate(rows):
+        p.produce(of[stream], value, partition=(i // 2) % 2 if stream == "tx" else 0)
+    p.flush(30)
+    reader = PackReader(_options(kafka_bootstrap, topic, {}, topics=json.dumps(of),
+                                 read_tasks=4), ValidatePack(plan, KAFKA_POSITION, 1 << 20))
+    first = reader.initialOffset()
+    assert first == {tx: {"0": 0, "1": 0}, logins: {"0": 0}}
+    last = reader.latestOffset(first, reader.getDefaultReadLimit())
+    n_tx = sum(s == "tx" for s, _ in rows)
+    assert sum(last[tx].values()) == n_tx and last[logins] == {"0": len(rows) - n_tx}
+    parts = reader.partitions(first, last)
+    assert len(parts) >= 4 and {pt.topic for pt in parts} == {tx, logins}  # type: ignore
+    got = _rows(b for part in parts for b in reader.read(part))
+    settings = Settings(kafka_bootstrap=kafka_bootstrap)
+    raw = kafka_reader(spark.read, settings, [tx, logins], starting=json.dumps(first),
+                       ending=json.dumps(last)).load()
+    stream = F.when(F.col("topic") == tx, "tx").otherwise("logins")
+    raw = raw.select(stream.alias("stream"), "value",
+                     kafka_seq(F.col("partition"), F.col("offset")).alias("seq"), *KAFKA_POSITION)
+    packs = live_packed(raw, plan, KAFKA_POSITION, 1 << 20, {"tx": tx, "logins": logins})
+    wanted = sorted(repr((r["shard"], x)) for r in packs.collect()
+                    for x in unpack([r["pack"]]).to_pylist())
+    assert got == wanted
+    assert sum(DEAD_STREAM in r and logins in r for r in got) >= 20  # bad logins, positioned
+    # Admission control over the three partitions: in proportion to what each has (Spark's
+    # `rateLimit`: int(limit * part / total), at least one).
+    limited = reader.latestOffset(first, ReadMaxRows(90))
+    total = sum(e for t in last for e in last[t].values())
+    assert limited == {t: {p: max(1, int(90 * e / total)) if e else 0 for p, e in last[t].items()}
+                       for t in last}
+    assert 87 <= sum(e for t in limited for e in limited[t].values()) <= 90

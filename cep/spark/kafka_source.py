@@ -32,9 +32,12 @@ What it keeps of Spark's Kafka source (what its users expect):
   an admin call), latest offsets below the start re-fetched and then a data-loss error
   (KAFKA-7703); a read task waits out an unreachable broker up to `POLL_TIMEOUT_S`.
 
-One stream from one topic, no table (`live_pass.slim_input`'s case, the usual live job):
-`jobs.live` refuses `live_source` "python" otherwise. Each read task's consumer is kept per
-Python worker process (`_consumer`) and reused by the next task there.
+Streams from their topics, no table: one stream from one topic (`live_pass.slim_input`'s case,
+the usual live job) hands the pass only the values and `seq`; several streams (each from its
+topic) also each record's stream and Kafka position, the columns Spark's plan gives it
+(`LiveJob._source`). A table is refused (`jobs.live`): its tombstones need the record's key
+and time. Each read task's consumer is kept per Python worker process (`_consumer`) and
+reused by the next task there.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from cep.errors import CepError
-from cep.spark.live_pass import SEQ_PARTITION_SHIFT, ValidatePack
+from cep.spark.live_pass import KAFKA_POSITION, SEQ_PARTITION_SHIFT, ValidatePack
 from cep.spark.pipeline import PACKED_SCHEMA_DDL
 
 log = logging.getLogger(__name__)
@@ -136,8 +139,10 @@ def _drop_consumer(conf: dict[str, Any]) -> None:
 # The errors of a broker that is down, restarting or moving a partition's leadership: librdkafka
 # flags none of them `retriable()` in the synchronous calls (measured: `get_watermark_offsets`
 # raised _UNKNOWN_PARTITION at once while the broker was down, NOT_LEADER_FOR_PARTITION as it
-# came back; `list_topics` _TRANSPORT at its timeout). _UNKNOWN_PARTITION is transient here
-# because the call that raises it follows a metadata answer that listed the partition.
+# came back; `list_topics` _TRANSPORT at its timeout). _UNKNOWN_PARTITION is transient on the
+# driver because the call that raises it follows a metadata answer that listed the partition,
+# and in a read task because its range was planned from such an answer (and it waits at most
+# `POLL_TIMEOUT_S`).
 TRANSIENT = frozenset((
     "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_TIMED_OUT_QUEUE", "_UNKNOWN_PARTITION",
     "_WAIT_COORD", "_RESOLVE", "LEADER_NOT_AVAILABLE", "NOT_LEADER_FOR_PARTITION",
@@ -281,26 +286,29 @@ def _left(deadline: float) -> float:
     return max(0.1, deadline - time.monotonic())
 
 
-def _split(ranges: list[tuple[int, int, int]], tasks: int, task_rows: int,
-           ) -> list[tuple[int, int, int]]:
-    """(partition, start, end) ranges cut as Spark's `KafkaOffsetRangeCalculator` cuts them:
-    each into ceil(size / task_rows) equal parts (task_rows > 0), then, when that is fewer than
-    `tasks` parts, each range into round(size / (total / tasks)) parts, at least one (the cut
-    points rounded down where Spark's may round otherwise)."""
-    ranges = [r for r in ranges if r[2] > r[1]]
+Range = tuple[str, int, int, int]  # topic, partition, start, end
 
-    def cut(r: tuple[int, int, int], parts: int) -> list[tuple[int, int, int]]:
-        p, s, e = r
+
+def _split(ranges: list[Range], tasks: int, task_rows: int) -> list[Range]:
+    """(topic, partition, start, end) ranges cut as Spark's `KafkaOffsetRangeCalculator` cuts
+    them: each into ceil(size / task_rows) equal parts (task_rows > 0), then, when that is fewer
+    than `tasks` parts, each range into round(size / (total / tasks)) parts, at least one (the
+    cut points rounded down where Spark's may round otherwise)."""
+    ranges = [r for r in ranges if r[3] > r[2]]
+
+    def cut(r: Range, parts: int) -> list[Range]:
+        t, p, s, e = r
         size = e - s
-        return [(p, s + size * i // parts, s + size * (i + 1) // parts) for i in range(parts)]
+        return [(t, p, s + size * i // parts, s + size * (i + 1) // parts)
+                for i in range(parts)]
 
     if task_rows > 0:
-        ranges = [x for r in ranges for x in cut(r, math.ceil((r[2] - r[1]) / task_rows))]
+        ranges = [x for r in ranges for x in cut(r, math.ceil((r[3] - r[2]) / task_rows))]
     if ranges and len(ranges) < tasks:
-        total = sum(e - s for _, s, e in ranges)
+        total = sum(r[3] - r[2] for r in ranges)
         ranges = [x for r in ranges
-                  for x in cut(r, max(1, math.floor((r[2] - r[1]) * tasks / total + 0.5)))]
-    return [r for r in ranges if r[2] > r[1]]
+                  for x in cut(r, max(1, math.floor((r[3] - r[2]) * tasks / total + 0.5)))]
+    return [r for r in ranges if r[3] > r[2]]
 
 
 class KafkaRange(InputPartition):
@@ -394,11 +402,20 @@ def read_range(conf: dict[str, Any], part: KafkaRange) -> Iterator[tuple[Any, An
 
 
 class PackReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """The driver's side (offsets, admission control, the split) and the read tasks (`read`)."""
+    """The driver's side (offsets, admission control, the split) and the read tasks (`read`).
+
+    Options: `topics`, the streams' topics as JSON (stream -> topic), or `topic` (one topic; the
+    pass is then slim); `bootstrap`, `kafka_conf` (JSON), `starting`, `max_offsets_per_trigger`,
+    `read_tasks`, `read_task_rows`, `fetchOffset.numRetries`, `fetchOffset.retryIntervalMs`."""
 
     def __init__(self, options: dict[str, str], pass_: ValidatePack) -> None:
         self.options = options
-        self.topic = options["topic"]
+        named = json.loads(options["topics"]) if options.get("topics") else \
+            {"": options["topic"]}
+        # topic -> stream: of two streams on one topic the later one, as Spark's plan has it
+        # (`LiveJob._source`: the last `when` is the outermost).
+        self.stream_of = {t: st for st, t in named.items()}
+        self.topics = sorted(self.stream_of)
         self.pass_ = pass_
         self.max_rows = int(options.get("max_offsets_per_trigger") or 0)
         self.tasks = int(options.get("read_tasks") or 1)
@@ -409,71 +426,85 @@ class PackReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _conf(self) -> dict[str, Any]:
         return client_conf(self.options)
 
-    def _now(self) -> dict[int, tuple[int, int]]:
-        return _watermarks(self._conf(), self.topic, self.retries)
+    def _now(self) -> dict[str, dict[int, tuple[int, int]]]:
+        conf = self._conf()
+        return {t: _watermarks(conf, t, self.retries) for t in self.topics}
+
+    def _ends(self) -> Offsets:
+        return {t: {str(p): m[1] for p, m in marks.items()} for t, marks in self._now().items()}
 
     def initialOffset(self) -> dict:  # noqa: N802 - PySpark's names
         starting = self.options.get("starting", "earliest")
-        marks = self._now()
+        now = self._now()
         if starting in ("earliest", "latest"):
             i = 0 if starting == "earliest" else 1
-            return {self.topic: {str(p): m[i] for p, m in marks.items()}}
-        given = json.loads(starting).get(self.topic, {})
-        # Spark's JSON: -2 is earliest, -1 latest; a partition not named starts at earliest.
-        return {self.topic: {str(p): (m[0] if given.get(str(p), -2) == -2 else
-                                      m[1] if given[str(p)] == -1 else int(given[str(p)]))
-                             for p, m in marks.items()}}
+            return {t: {str(p): m[i] for p, m in marks.items()} for t, marks in now.items()}
+        out = {}
+        for t, marks in now.items():
+            given = json.loads(starting).get(t, {})
+            # Spark's JSON: -2 is earliest, -1 latest; a partition not named starts at earliest.
+            out[t] = {str(p): (m[0] if given.get(str(p), -2) == -2 else
+                               m[1] if given[str(p)] == -1 else int(given[str(p)]))
+                      for p, m in marks.items()}
+        return out
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
-        self.until = {self.topic: {str(p): m[1] for p, m in self._now().items()}}
+        self.until = self._ends()
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
         return ReadMaxRows(self.max_rows) if self.max_rows > 0 else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
-        begun = start.get(self.topic, {})
-        ends = {str(p): m[1] for p, m in self._now().items()}
+        ends = self._ends()
         # An end below the start (KAFKA-7703: a leader's offsets briefly wrong after a restart, or
         # records lost with the leader) is fetched again as Spark's source does, `retries` times
         # in all; still below, records this job read are gone: failOnDataLoss.
         for _ in range(1, self.retries.attempts):
-            if not self._behind(begun, ends):
+            if not self._behind(start, ends):
                 break
-            log.warning("Kafka topic %r: latest offsets %s below the start %s; fetching again",
-                        self.topic, ends, begun)
+            log.warning("Kafka: latest offsets %s below the start %s; fetching again", ends, start)
             time.sleep(self.retries.interval_s)
-            ends = {str(p): m[1] for p, m in self._now().items()}
-        if behind := self._behind(begun, ends):
+            ends = self._ends()
+        if behind := self._behind(start, ends):
             raise KafkaSourceError(
-                f"Kafka topic {self.topic!r}: the end offsets went back below this job's position "
-                f"({', '.join(f'partition {p}: {e} < {s}' for p, (s, e) in behind.items())}): "
-                "records it read are gone from Kafka (failOnDataLoss)")
-        if self.until is not None:
-            ends = {p: min(e, self.until[self.topic].get(p, e)) for p, e in ends.items()}
-        # A partition that appeared since the start offsets: read from its beginning.
-        starts = {p: int(begun.get(p, 0)) for p in ends}
-        ends = {p: max(e, starts[p]) for p, e in ends.items()}
+                "Kafka: the end offsets went back below this job's position ("
+                + ", ".join(f"topic {t!r} partition {p}: {e} < {s}"
+                            for (t, p), (s, e) in behind.items())
+                + "): records it read are gone from Kafka (failOnDataLoss)")
+        starts: dict[tuple[str, str], int] = {}
+        tops: dict[tuple[str, str], int] = {}
+        for t, parts in ends.items():
+            begun = start.get(t, {})
+            for p, e in parts.items():
+                if self.until is not None:
+                    e = min(e, self.until.get(t, {}).get(p, e))
+                # A partition that appeared since the start offsets: read from its beginning.
+                starts[t, p] = int(begun.get(p, 0))
+                tops[t, p] = max(e, starts[t, p])
         if isinstance(limit, ReadMaxRows):
-            # Spark's rate limit: the batch's records spread over the partitions in proportion
-            # to what each has, at least one record from a partition that has some.
-            avail = {p: ends[p] - starts[p] for p in ends}
+            # Spark's rate limit: the batch's records spread over the topics' partitions in
+            # proportion to what each has, at least one record from a partition that has some.
+            avail = {k: tops[k] - starts[k] for k in tops}
             total = sum(avail.values())
             if total > limit.max_rows:
-                ends = {p: starts[p] + (min(a, max(1, int(limit.max_rows * a / total)))
-                                        if a else 0) for p, a in avail.items()}
-        return {self.topic: ends}
+                tops = {k: starts[k] + (min(a, max(1, int(limit.max_rows * a / total)))
+                                        if a else 0) for k, a in avail.items()}
+        out: Offsets = {t: {} for t in ends}
+        for (t, p), e in tops.items():
+            out[t][p] = e
+        return out
 
     @staticmethod
-    def _behind(begun: dict[str, Any], ends: dict[str, int]) -> dict[str, tuple[int, int]]:
+    def _behind(start: dict, ends: Offsets) -> dict[tuple[str, str], tuple[int, int]]:
         """The partitions whose end is below their start: (start, end)."""
-        return {p: (int(begun[p]), e) for p, e in ends.items()
-                if p in begun and e < int(begun[p])}
+        return {(t, p): (int(start[t][p]), e) for t, parts in ends.items()
+                for p, e in parts.items() if p in start.get(t, {}) and e < int(start[t][p])}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        s, e = start.get(self.topic, {}), end[self.topic]
-        ranges = [(int(p), int(s.get(p, 0)), int(x)) for p, x in e.items()]
-        return [KafkaRange(self.topic, p, a, b)
-                for p, a, b in _split(ranges, self.tasks, self.task_rows)]
+        ranges = [(t, int(p), int(start.get(t, {}).get(p, 0)), int(x))
+                  for t in self.topics for p, x in end.get(t, {}).items()]
+        return [KafkaRange(t, p, a, b) for t, p, a, b in _split(ranges, self.tasks,
+                                                                self.task_rows)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         import pyarrow as pa
@@ -482,11 +513,23 @@ class PackReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         part = partition
         assert isinstance(part, KafkaRange)
         base = part.partition << SEQ_PARTITION_SHIFT
+        slim = self.pass_.slim is not None
+        stream, topic = self.stream_of[part.topic], part.topic
 
         def batches() -> Iterator[Any]:
             for values, offsets in read_range(self._conf(), part):
                 seqs = pc.add(offsets, base) if base else offsets
-                yield pa.RecordBatch.from_arrays([values, seqs], names=["value", "seq"])
+                if slim:
+                    yield pa.RecordBatch.from_arrays([values, seqs], names=["value", "seq"])
+                    continue
+                # Spark's plan's columns (`LiveJob._source`): the stream of the record's topic
+                # and its position, for `ValidatePack` without `slim`.
+                n = len(values)
+                yield pa.RecordBatch.from_arrays(
+                    [pa.repeat(pa.scalar(stream, pa.string()), n), values, seqs,
+                     pa.repeat(pa.scalar(topic, pa.string()), n),
+                     pa.repeat(pa.scalar(part.partition, pa.int32()), n), offsets],
+                    names=["stream", "value", "seq", *KAFKA_POSITION])
 
         yield from self.pass_(batches())
 
@@ -495,7 +538,7 @@ class PackReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class PackSource(DataSource):
-    """`spark.readStream.format(SOURCE_NAME)`: the packs of one stream's topic (`pack_source`
+    """`spark.readStream.format(SOURCE_NAME)`: the packs of the streams' topics (`pack_source`
     makes the subclass that carries the job's pass)."""
 
     pass_: ValidatePack
@@ -512,10 +555,11 @@ class PackSource(DataSource):
 
 
 def pack_source(pass_: ValidatePack) -> type[PackSource]:
-    """A `PackSource` for `pass_` (a slim `ValidatePack`: one stream, one topic), to register
-    with `spark.dataSource.register`."""
-    if pass_.slim is None:
-        raise KafkaSourceError("the Python Kafka source reads one stream from one topic")
+    """A `PackSource` for `pass_` (a `ValidatePack` of streams, no table: slim for one stream
+    from one topic, else with the Kafka position), to register with `spark.dataSource.register`."""
+    if pass_.tables or (pass_.slim is None and pass_.position != KAFKA_POSITION):
+        raise KafkaSourceError("the Python Kafka source reads streams (no table) with the Kafka "
+                               "position")
     return type("LivePackSource", (PackSource,), {"pass_": pass_})
 
 
