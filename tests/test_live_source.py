@@ -1,11 +1,12 @@
 """The Python Kafka source of the live job (`live_source` "python", cep/spark/kafka_source.py),
 against a real broker: its packs over topic ranges with gaps (transaction markers, an aborted
 transaction) are the packs Spark's Kafka source + the one pass give over the same ranges, for
-both isolation levels; a start below the log start fails; the driver's offset fetches and a read
-task ride out a broker restart, and the driver fails clearly once its retries run out; `cep run`
-refuses it for rules it cannot read. `cep run` with it end to end (the alerts exactly once, the
-dead letters at their positions, records counted) is tests/test_live.py's kcat test, run with
-either source; through a broker restart, tests/chaos/test_chaos.py's, with either source."""
+both isolation levels, and over several streams and tables (tombstones as delete records); a
+start below the log start fails; the driver's offset fetches and a read task ride out a broker
+restart, and the driver fails clearly once its retries run out. `cep run` with it end to end
+(the alerts exactly once, the dead letters at their positions, records counted) is
+tests/test_live.py's kcat test, run with either source; through a broker restart,
+tests/chaos/test_chaos.py's; several streams, tests/test_windows_live.py's."""
 
 from __future__ import annotations
 
@@ -169,7 +170,7 @@ def test_cep_run_refuses_the_python_source_for_a_table() -> None:
     job.settings = Settings(live_source="python")
     job.opts = LiveOptions(rules="r", checkpoint="ck")
     job.plan = plan_for(compile_rules(SEVERAL, "several.cep"), 4)
-    with pytest.raises(LiveJobError, match="live_source 'python' reads streams, not a table"):
+    with pytest.raises(LiveJobError, match="live_source 'python' reads streams, not yet a table"):
         job._packed()
 
 
@@ -333,3 +334,67 @@ def test_two_streams_from_two_topics_are_sparks(spark: Any, kafka_bootstrap: str
     assert limited == {t: {p: max(1, int(90 * e / total)) if e else 0 for p, e in last[t].items()}
                        for t in last}
     assert 87 <= sum(e for t in limited for e in limited[t].values()) <= 90
+
+
+TABLES = """
+STREAM tx (ts INT, card STRING, user INT, amount FLOAT, country STRING) TIME BY ts LATENESS 3s;
+TABLE customers (card STRING, home STRING, t INT) KEY card TIME BY t FROM KAFKA '{topic}-cu';
+TABLE limits (user INT, cap FLOAT, t INT) KEY user TIME BY t FROM KAFKA '{topic}-li';
+RULE away FROM tx PARTITION BY card
+  PATTERN (x) DEFINE x AS country <> customers[card].home EMIT 'away';
+RULE over FROM tx PARTITION BY user
+  PATTERN (x) DEFINE x AS amount > limits[user].cap EMIT 'over';
+"""
+
+
+def test_tables_with_tombstones_are_sparks(spark: Any, kafka_bootstrap: str, topic: str) -> None:
+    """A stream and two tables (a STRING and an INT key) from their topics: each table's
+    tombstones (a key, no value) read as Spark's plan reads them (`tombstones_as_deletes`: the
+    delete record of the key and the record's timestamp), a tombstone without a key as a null
+    value (a dead letter), a bad table record a dead letter: the packs equal Spark's source +
+    `live_packed` over the same offsets, as `cep run` builds the two (`LiveJob._source`)."""
+    from cep.compile import compile_rules
+    from cep.spark.kafka_source import table_deletes
+    from cep.spark.pipeline import tombstones_as_deletes
+
+    plan = plan_for(compile_rules(TABLES.format(topic=topic), "tables.cep"), 8)
+    of = {"tx": f"{topic}-tx", "customers": f"{topic}-cu", "limits": f"{topic}-li"}
+    ensure_topics(kafka_bootstrap, list(of.values()), partitions=1)
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(60):
+        p.produce(of["tx"], json.dumps({"ts": T + i, "card": f"c{i % 5}", "user": i % 4,
+                                        "amount": 10.0 * i, "country": "NL"}).encode())
+        if i % 6 == 0:
+            p.produce(of["customers"], json.dumps({"t": T + i, "card": f"c{i % 5}",
+                                                   "home": "DE"}).encode(), f"c{i % 5}")
+            p.produce(of["limits"], json.dumps({"t": T + i, "user": i % 4, "cap": 300.0})
+                      .encode(), str(i % 4))
+        if i % 10 == 5:  # tombstones: a key and no value
+            p.produce(of["customers"], None, f"c{i % 5}é")
+            p.produce(of["limits"], None, f" {i % 4}")
+    p.produce(of["customers"], None)  # no key either: a null value, a dead letter
+    p.produce(of["limits"], b'{"t": "soon", "user": 1}')  # a bad record: a dead letter
+    p.flush(30)
+    tables = [s for s in plan.streams if s.is_table]
+    reader = PackReader(_options(kafka_bootstrap, topic, {}, topics=json.dumps(of), read_tasks=3),
+                        ValidatePack(plan, KAFKA_POSITION, 1 << 20), tables)
+    first = reader.initialOffset()
+    last = reader.latestOffset(first, reader.getDefaultReadLimit())
+    got = _rows(b for part in reader.partitions(first, last) for b in reader.read(part))
+    raw = kafka_reader(spark.read, Settings(kafka_bootstrap=kafka_bootstrap), of.values(),
+                       starting=json.dumps(first), ending=json.dumps(last)).load()
+    stream = F.lit(None).cast("string")
+    for name, t in of.items():
+        stream = F.when(F.col("topic") == t, F.lit(name)).otherwise(stream)
+    raw = raw.select(stream.alias("stream"),
+                     tombstones_as_deletes(F.col("value"), stream, plan).alias("value"),
+                     kafka_seq(F.col("partition"), F.col("offset")).alias("seq"), *KAFKA_POSITION)
+    packs = live_packed(raw, plan, KAFKA_POSITION, 1 << 20, of)
+    wanted = sorted(repr((r["shard"], x)) for r in packs.collect()
+                    for x in unpack([r["pack"]]).to_pylist())
+    assert got == wanted
+    assert sum("_deleted" in r for r in got) >= 12  # both tables' tombstones, at every shard
+    assert sum(DEAD_STREAM in r for r in got) == 2
+    # An INT key that is not a long fails the task, as Spark's ANSI cast fails the query.
+    with pytest.raises(KafkaSourceError, match="not an INT"):
+        table_deletes(tables[1])(b"x1", T)

@@ -32,12 +32,13 @@ What it keeps of Spark's Kafka source (what its users expect):
   an admin call), latest offsets below the start re-fetched and then a data-loss error
   (KAFKA-7703); a read task waits out an unreachable broker up to `POLL_TIMEOUT_S`.
 
-Streams from their topics, no table: one stream from one topic (`live_pass.slim_input`'s case,
-the usual live job) hands the pass only the values and `seq`; several streams (each from its
-topic) also each record's stream and Kafka position, the columns Spark's plan gives it
-(`LiveJob._source`). A table is refused (`jobs.live`): its tombstones need the record's key
-and time. Each read task's consumer is kept per Python worker process (`_consumer`) and
-reused by the next task there.
+Streams from their topics: one stream from one topic (`live_pass.slim_input`'s case, the usual
+live job) hands the pass only the values and `seq`; several streams (each from its topic) also
+each record's stream and Kafka position, the columns Spark's plan gives it (`LiveJob._source`).
+A table's records are read too, its tombstones as their delete records (`table_deletes`), but
+`jobs.live` refuses a table with this source for now (its `events_read` would miss the table's
+records). Each read task's consumer is kept per Python worker process (`_consumer`) and reused
+by the next task there.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -60,7 +62,7 @@ from pyspark.sql.streaming.datasource import (
 
 from cep.errors import CepError
 from cep.spark.live_pass import KAFKA_POSITION, SEQ_PARTITION_SHIFT, ValidatePack
-from cep.spark.pipeline import PACKED_SCHEMA_DDL
+from cep.spark.pipeline import PACKED_SCHEMA_DDL, Plan, StreamPlan
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -319,7 +321,11 @@ class KafkaRange(InputPartition):
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
 
 
-def read_range(conf: dict[str, Any], part: KafkaRange) -> Iterator[tuple[Any, Any]]:
+Deletes = Callable[[bytes | None, int], bytes | None]  # (key, timestamp ms) -> delete record
+
+
+def read_range(conf: dict[str, Any], part: KafkaRange,
+               deletes: Deletes | None = None) -> Iterator[tuple[Any, Any]]:
     """The records of `part` as (values, offsets) Arrow arrays, at most `BATCH_ROWS` each: exactly
     the records at offsets in [start, end), a gap (a transaction marker, a compacted record)
     skipped. A start below the partition's log start (its records deleted) is an error.
@@ -329,7 +335,10 @@ def read_range(conf: dict[str, Any], part: KafkaRange) -> Iterator[tuple[Any, An
     `consume`, measured), the transient errors of the checks made while no record comes
     (`_transient`: _UNKNOWN_PARTITION at once while the broker is down) are let pass, and only
     `POLL_TIMEOUT_S` without a record fails the task (which Spark then retries). Any other error
-    fails the task too: it never ends early with part of its range."""
+    fails the task too: it never ends early with part of its range.
+
+    `deletes` (a table's topic): a record without a value (a tombstone) is read as
+    `deletes(key, timestamp)`, its delete record (`table_deletes`)."""
     import pyarrow as pa
     from confluent_kafka import KafkaError, TopicPartition
 
@@ -365,7 +374,10 @@ def read_range(conf: dict[str, Any], part: KafkaRange) -> Iterator[tuple[Any, An
                     break
                 if off < at:  # never seen; a record delivered twice must not be read twice
                     continue
-                values.append(m.value())
+                v = m.value()
+                if v is None and deletes is not None:
+                    v = deletes(m.key(), m.timestamp()[1])
+                values.append(v)
                 offsets.append(off)
                 at = off + 1
             if len(values) >= BATCH_ROWS or (values and at >= part.end):
@@ -401,6 +413,34 @@ def read_range(conf: dict[str, Any], part: KafkaRange) -> Iterator[tuple[Any, An
         c.unassign()
 
 
+def table_deletes(table: StreamPlan) -> Deletes:
+    """`pipeline.tombstones_as_deletes` for one table's records, in Python: a tombstone (no
+    value) with a key is the delete record `{"<key>": <the Kafka key>, "<time>": <the Kafka
+    timestamp, ms>, "_deleted": true}` as Spark's `to_json` writes it (compact, UTF-8); the key a
+    string, or for an INT key a long (Spark's ANSI cast: surrounding whitespace trimmed, anything
+    else not a long fails, here the read task); without a key it stays a null value."""
+    as_long = dict(table.schema or ()).get(table.table_key or "") == "INT"
+    key_field, time_field = str(table.table_key), table.time_field
+
+    def delete(key: bytes | None, ts: int) -> bytes | None:
+        if key is None:
+            return None
+        k: str | int = key.decode("utf-8", "replace")
+        if as_long:
+            text = str(k).strip()
+            if not _LONG.fullmatch(text) or not -(1 << 63) <= int(text) < 1 << 63:
+                raise KafkaSourceError(f"table {table.name}: the tombstone's key {text!r} is not "
+                                       f"an INT ({key_field})")
+            k = int(text)
+        return json.dumps({key_field: k, time_field: ts, "_deleted": True},
+                          separators=(",", ":"), ensure_ascii=False).encode()
+
+    return delete
+
+
+_LONG = re.compile(r"[+-]?[0-9]+")
+
+
 class PackReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The driver's side (offsets, admission control, the split) and the read tasks (`read`).
 
@@ -408,8 +448,11 @@ class PackReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     pass is then slim); `bootstrap`, `kafka_conf` (JSON), `starting`, `max_offsets_per_trigger`,
     `read_tasks`, `read_task_rows`, `fetchOffset.numRetries`, `fetchOffset.retryIntervalMs`."""
 
-    def __init__(self, options: dict[str, str], pass_: ValidatePack) -> None:
+    def __init__(self, options: dict[str, str], pass_: ValidatePack,
+                 tables: Sequence[StreamPlan] = ()) -> None:
         self.options = options
+        # A table's tombstones: its delete records (`table_deletes`), by the table's name.
+        self.deletes = {t.name: table_deletes(t) for t in tables}
         named = json.loads(options["topics"]) if options.get("topics") else \
             {"": options["topic"]}
         # topic -> stream: of two streams on one topic the later one, as Spark's plan has it
@@ -517,7 +560,7 @@ class PackReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         stream, topic = self.stream_of[part.topic], part.topic
 
         def batches() -> Iterator[Any]:
-            for values, offsets in read_range(self._conf(), part):
+            for values, offsets in read_range(self._conf(), part, self.deletes.get(stream)):
                 seqs = pc.add(offsets, base) if base else offsets
                 if slim:
                     yield pa.RecordBatch.from_arrays([values, seqs], names=["value", "seq"])
@@ -542,6 +585,7 @@ class PackSource(DataSource):
     makes the subclass that carries the job's pass)."""
 
     pass_: ValidatePack
+    tables: tuple[StreamPlan, ...] = ()
 
     @classmethod
     def name(cls) -> str:
@@ -551,17 +595,17 @@ class PackSource(DataSource):
         return PACKED_SCHEMA_DDL
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802
-        return PackReader(dict(self.options), self.pass_)
+        return PackReader(dict(self.options), self.pass_, self.tables)
 
 
-def pack_source(pass_: ValidatePack) -> type[PackSource]:
-    """A `PackSource` for `pass_` (a `ValidatePack` of streams, no table: slim for one stream
-    from one topic, else with the Kafka position), to register with `spark.dataSource.register`."""
-    if pass_.tables or (pass_.slim is None and pass_.position != KAFKA_POSITION):
-        raise KafkaSourceError("the Python Kafka source reads streams (no table) with the Kafka "
-                               "position")
-    return type("LivePackSource", (PackSource,), {"pass_": pass_})
+def pack_source(pass_: ValidatePack, plan: Plan) -> type[PackSource]:
+    """A `PackSource` for `pass_` (a `ValidatePack` of `plan`: slim for one stream from one
+    topic, else with the Kafka position), to register with `spark.dataSource.register`."""
+    if pass_.slim is None and pass_.position != KAFKA_POSITION:
+        raise KafkaSourceError("the Python Kafka source gives the pass the Kafka position")
+    return type("LivePackSource", (PackSource,),
+                {"pass_": pass_, "tables": tuple(s for s in plan.streams if s.is_table)})
 
 
 __all__ = ["SOURCE_NAME", "KafkaRange", "KafkaSourceError", "PackReader", "PackSource",
-           "client_conf", "close_consumers", "pack_source", "read_range"]
+           "client_conf", "close_consumers", "pack_source", "read_range", "table_deletes"]
