@@ -1,9 +1,9 @@
 """Window rules in `cep run` with real Kafka (docs/windows.md): rules/history.cep (a 30-day OVER
 rule and tumbling, hopping and session window rules) beside rules/fraud.cep over three topics
-gives the alerts of the Python engine, each exactly once; a window is emitted once the
-watermark passes its end. The two files make a mixed rule set (the fraud rules on the native
-loop, the window rules on the Python loop, both on `transactions`: cep/runtime/mixed.py), so
-this is also the live operator's mixed store in a real job."""
+gives the alerts of the Python engine, each exactly once (with either Kafka source); a window is
+emitted once the watermark passes its end. The two files make a mixed rule set (the fraud rules
+on the native loop, the window rules on the Python loop, both on `transactions`:
+cep/runtime/mixed.py), so this is also the live operator's mixed store in a real job."""
 
 from __future__ import annotations
 
@@ -46,9 +46,13 @@ def _view(a: dict) -> tuple:
 # A batch read by one task per topic (`live_read_tasks` 1), and by many
 # (`live_read_task_rows` 100: each topic's records over several read tasks, so a key's events
 # reach the operator from several map tasks and Arrow batches of 100; the operator orders them
-# by (ts, seq) whatever task they came from).
+# by (ts, seq) whatever task they came from); and so by the Python Kafka source (`live_source`
+# "python": three streams from three topics, each record's stream and position in the pass).
 @pytest.mark.parametrize("read_split", [{"CEP_LIVE_READ_TASKS": "1"},
-                                        {"CEP_LIVE_READ_TASK_ROWS": "100"}])
+                                        {"CEP_LIVE_READ_TASK_ROWS": "100"},
+                                        {"CEP_LIVE_READ_TASK_ROWS": "100",
+                                         "CEP_LIVE_SOURCE": "python"}],
+                         ids=["one_task", "100_rows", "100_rows_python_source"])
 def test_window_rules_in_cep_run_equal_the_embedded_engine(kafka_bootstrap, redis_url,
                                                              tmp_path, topic, read_split):
     rules = tmp_path / "rules"

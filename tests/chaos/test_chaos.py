@@ -4,6 +4,7 @@ tests/test_live.py (test_kill_9_mid_stream_...), which prints the same figures."
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -101,38 +102,67 @@ def test_redis_down_for_30_seconds(kafka_bootstrap, topic, tmp_path):
         server.stop()
 
 
-def test_kafka_broker_restart_mid_stream(kafka_service, kafka_bootstrap, redis_url, topic,
-                                         tmp_path):
+# Both Kafka sources ride a broker restart out in the running query, without a job restart
+# (docs/spark-runtime.md, "A broker restart with the Python Kafka source (session 28, src28)"):
+# Spark's source retries its offset fetches (`fetchOffset.numRetries` attempts, each its admin
+# client's retries up to `default.api.timeout.ms`) and its tasks' consumers wait for the broker
+# in their poll; the Python source (`live_source` "python") does the same (`kafka_source._fetch`,
+# `read_range`). Before session 28 the Python source's driver raised at the restart when its
+# offset call fell in the broker's stopping or starting (`_UNKNOWN_PARTITION`) and the query
+# stopped; this test then passed only by restarting the job.
+@pytest.mark.parametrize("source", ["spark", "python"])
+def test_kafka_broker_restart_mid_stream(source, kafka_service, kafka_bootstrap, redis_url,
+                                         topic, tmp_path):
     env, args, log = _setup(tmp_path, topic, kafka_bootstrap, redis_url)
+    env["CEP_LIVE_SOURCE"] = source
     part1, exp1 = _shifted(fraud(n_events=1500, n_keys=15, inject=1, seed=63), "a-", 0)
     part2, exp2 = _shifted(fraud(n_events=1500, n_keys=15, inject=1, seed=64), "b-", 3 * DAY)
     kcat_produce(kafka_bootstrap, f"{topic}-in", _lines(part1))
     proc = cep_run(env, [*args, "--trigger", "0.5"], log)
-    restarts = 0
     try:
         _wait_for(lambda: len(kcat_read(kafka_bootstrap, f"{topic}.alerts")) >= len(exp1),
                   "the first part's alerts", log)
+        # The outage falls in the query's polling for offsets (`_idle`), not in a batch's
+        # delivery, where the sink's transactional producer would wait for the broker and the
+        # source not be asked (as in both sources' runs before this wait).
+        _wait_for(lambda: _idle(tmp_path / "ck", f"{topic}-in", len(_lines(part1))),
+                  "the job idle after the first part", log)
         kafka_service.stop()
         time.sleep(10)
         kafka_service.start()
         kcat_produce(kafka_bootstrap, f"{topic}-in", _lines(part2))
-        # The job either recovers by itself or fails clearly; then it resumes on restart.
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if len(kcat_read(kafka_bootstrap, f"{topic}.alerts")) >= len(exp1) + len(exp2):
-                break
-            if proc.poll() is not None:
-                assert proc.returncode != 0 and "Error" in log.read_text()
-                restarts += 1
-                proc = cep_run(env, [*args, "--trigger", "0.5"], log)
-            time.sleep(2)
+
+        def done() -> bool:
+            assert proc.poll() is None, (f"the job stopped at the broker restart (exit "
+                                         f"{proc.returncode}):\n{log.read_text()[-5000:]}")
+            return len(kcat_read(kafka_bootstrap, f"{topic}.alerts")) >= len(exp1) + len(exp2)
+
+        _wait_for(done, "the second part's alerts, in the same job", log)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
     alerts = kcat_read(kafka_bootstrap, f"{topic}.alerts")
-    dup, lost = _report("kafka broker restart", len(part1) + len(part2), exp1 + exp2, alerts,
-                        job_restarts=restarts)
+    dup, lost = _report(f"kafka broker restart, {source} source", len(part1) + len(part2),
+                        exp1 + exp2, alerts, job_restarts=0)
     assert (dup, lost) == (0, 0)
+    assert sorted(_key(a) for a in alerts) == sorted(exp1 + exp2)  # nothing extra either
+
+
+def _idle(ck: Path, topic: str, end: int) -> bool:
+    """The alerts query is idle at `end` of `topic`'s partition 0: its last batch is committed,
+    nothing is planned after it, and it was the no-data batch that follows the batch that read up
+    to `end` (Spark runs one when the watermark moved: an event-time operator's), i.e. both
+    end there. Until new records come it only asks the source for offsets."""
+    q = ck / "alerts"
+    if not (q / "commits").is_dir():
+        return False
+    done = max((int(f.name) for f in (q / "commits").glob("[0-9]*")), default=-1)
+    planned = max(int(f.name) for f in (q / "offsets").glob("[0-9]*"))
+    if done < 1 or planned != done:
+        return False
+    ends = [json.loads((q / "offsets" / str(b)).read_text().splitlines()[-1]).get(topic, {})
+            .get("0") for b in (done - 1, done)]
+    return ends == [end, end]
 
 
 def test_five_percent_malformed_and_out_of_order_and_late(kafka_bootstrap, redis_url, topic,
