@@ -73,12 +73,15 @@ class Settings:
     # tasks, whatever the cores: an odd count leaves a core idle for the last one. A job with
     # more cores than its batches need can set it (25,000 in session 15).
     live_read_task_rows: int = 0
-    # Where the live job's map stage reads Kafka: "spark" (Spark's Kafka source, then the one
-    # Python pass over its rows) or "python" (`cep.spark.kafka_source`: a Python streaming
-    # source whose read tasks consume their offset ranges with confluent-kafka and run the same
-    # pass, so the events never enter the JVM; one stream from one topic, no table). Measured in
-    # docs/spark-runtime.md, "A Python Kafka source that yields the packs (session 27, src27)".
-    live_source: str = "spark"
+    # Where the live job's map stage reads Kafka: "python" (`cep.spark.kafka_source`: a Python
+    # streaming source whose read tasks consume their offset ranges with confluent-kafka and run
+    # the one Python pass, so the events never enter the JVM; streams, not yet a table), "spark"
+    # (Spark's Kafka source, then the same pass over its rows), or "auto" (the default since
+    # session 28): "python" unless the rules read a table, then "spark"; the job logs which and
+    # why. A checkpoint can be continued with either (both keep Spark's offset JSON). Measured in
+    # docs/spark-runtime.md, "A Python Kafka source that yields the packs (session 27, src27)"
+    # and "(session 28, the lead)".
+    live_source: str = "auto"
     # Kafka topics the job uses besides per-rule alert topics.
     dead_letter_topic: str = "cep.dead-letter"
     late_topic: str = "cep.late-events"
@@ -134,7 +137,7 @@ def _coerce(key: str, raw: Any, current: Any) -> Any:
     return str(raw)
 
 
-LIVE_SOURCES = ("spark", "python")
+LIVE_SOURCES = ("auto", "spark", "python")
 
 
 _TRIGGER_KINDS = {"processingtime": "processingTime", "realtime": "realTime"}

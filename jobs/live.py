@@ -53,6 +53,18 @@ from jobs.metrics import Metrics
 log = logging.getLogger("cep.live")
 
 
+def kafka_source_for(setting: str, plan: Any) -> tuple[str, str]:
+    """The Kafka source the live job reads with (`live_source`), and why: "auto" is the Python
+    source (lower CPU per row and latency: docs/spark-runtime.md, session 27-28) unless the
+    rules read a table, which only Spark's source reads in `cep run` yet."""
+    tables = sorted(s.name for s in plan.streams if s.is_table)
+    if setting != "auto":
+        return setting, "live_source setting"
+    if tables:
+        return "spark", f"live_source auto; the rules read the table(s) {', '.join(tables)}"
+    return "python", "live_source auto"
+
+
 class LiveJobError(CepError):
     pass
 
@@ -585,7 +597,9 @@ class LiveJob:
         )
 
         topics = {s.name: self._topic(s) for s in self.plan.streams}
-        if self.settings.live_source != "python":
+        source, why = kafka_source_for(self.settings.live_source, self.plan)
+        log.info("Kafka source: %s (%s)", source, why)
+        if source != "python":
             return live_packed(self._source(), self.plan, KAFKA_POSITION, MAX_BYTES, topics)
         from cep.spark.kafka_source import SOURCE_NAME, pack_source
 

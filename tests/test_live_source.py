@@ -152,13 +152,31 @@ def test_a_start_below_the_log_start_fails(kafka_bootstrap: str, topic: str) -> 
     assert sum(len(v) for v, _ in read_range(conf, KafkaRange(topic, 0, 10, 20))) == 10
 
 
-def test_live_source_is_spark_or_python() -> None:
+def test_live_source_is_auto_spark_or_python() -> None:
     from cep.config import ConfigError, load_settings
 
-    assert load_settings(env={}).live_source == "spark"
+    assert load_settings(env={}).live_source == "auto"
     assert load_settings(env={"CEP_LIVE_SOURCE": "python"}).live_source == "python"
+    assert load_settings(env={"CEP_LIVE_SOURCE": "spark"}).live_source == "spark"
     with pytest.raises(ConfigError, match="live_source"):
         load_settings(env={"CEP_LIVE_SOURCE": "jvm"})
+
+
+def test_auto_reads_streams_with_the_python_source_and_a_table_with_sparks() -> None:
+    from cep.compile import compile_rules
+    from jobs.live import kafka_source_for
+    from tests.test_live_pass import RULES as WITH_TABLE
+
+    streams = plan_for(FRAUD, 4)
+    table = plan_for(compile_rules(WITH_TABLE, "with_table.cep"), 4)
+    assert not any(s.is_table for s in streams.streams)
+    assert any(s.is_table for s in table.streams)
+    assert kafka_source_for("auto", streams)[0] == "python"
+    source, why = kafka_source_for("auto", table)
+    assert source == "spark" and "table" in why
+    for setting in ("spark", "python"):
+        assert kafka_source_for(setting, streams)[0] == setting
+        assert kafka_source_for(setting, table)[0] == setting
 
 
 def test_cep_run_refuses_the_python_source_for_a_table() -> None:
