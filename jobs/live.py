@@ -53,11 +53,16 @@ from jobs.metrics import Metrics
 log = logging.getLogger("cep.live")
 
 
+def plan_tables(plan: Any) -> list[str]:
+    """The names of the tables the plan's rules read."""
+    return sorted(s.name for s in plan.streams if s.is_table)
+
+
 def kafka_source_for(setting: str, plan: Any) -> tuple[str, str]:
     """The Kafka source the live job reads with (`live_source`), and why: "auto" is the Python
     source (lower CPU per row and latency: docs/spark-runtime.md, session 27-28) unless the
     rules read a table, which only Spark's source reads in `cep run` yet."""
-    tables = sorted(s.name for s in plan.streams if s.is_table)
+    tables = plan_tables(plan)
     if setting != "auto":
         return setting, "live_source setting"
     if tables:
@@ -607,8 +612,7 @@ class LiveJob:
         # against Spark's plan), but the job's `events_read` comes from the operator with it,
         # whose stats count no table record: refused until they do (docs/spark-runtime.md,
         # "A broker restart with the Python Kafka source (session 28, src28)").
-        tables = sorted(s.name for s in self.plan.streams if s.is_table)
-        if tables:
+        if tables := plan_tables(self.plan):
             raise LiveJobError("live_source 'python' reads streams, not yet a table; these rules "
                                f"read {', '.join(tables)}: set live_source to 'spark'")
         # One stream from one topic: the slim pass (only value and seq); else each record's

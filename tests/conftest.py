@@ -150,19 +150,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                  -known.get(item.nodeid, median[heavy(item)])))
 
 
-_SECONDS: dict[str, float] = {}
+class _Durations:
+    """`--record-durations PATH`: each test's seconds summed over its reports (with xdist the
+    controller gets every worker's), written at the end of the session (not by the workers)."""
 
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.seconds: dict[str, float] = {}
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    # With xdist this runs in the controller too, for every worker's reports.
-    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
 
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    path = session.config.getoption("--record-durations")
-    if path and not hasattr(session.config, "workerinput"):
-        Path(path).write_text(json.dumps(
+    def pytest_sessionfinish(self) -> None:
+        self.path.write_text(json.dumps(
             {"about": "seconds per test of one `make test-durations` run (set-up + call + "
                       "tear-down); tests/conftest.py orders the suite by them",
-             "seconds": {k: round(v, 2) for k, v in sorted(_SECONDS.items())}},
+             "seconds": {k: round(v, 2) for k, v in sorted(self.seconds.items())}},
             indent=0) + "\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--record-durations")
+    if path and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_Durations(path), "cep-durations")

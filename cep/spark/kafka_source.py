@@ -482,9 +482,10 @@ class PackReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if starting in ("earliest", "latest"):
             i = 0 if starting == "earliest" else 1
             return {t: {str(p): m[i] for p, m in marks.items()} for t, marks in now.items()}
+        named = json.loads(starting)
         out = {}
         for t, marks in now.items():
-            given = json.loads(starting).get(t, {})
+            given = named.get(t, {})
             # Spark's JSON: -2 is earliest, -1 latest; a partition not named starts at earliest.
             out[t] = {str(p): (m[0] if given.get(str(p), -2) == -2 else
                                m[1] if given[str(p)] == -1 else int(given[str(p)]))
