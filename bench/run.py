@@ -392,8 +392,10 @@ def write_batch(res: dict[str, Any], path: Path) -> None:
         f"- batch replay / Flink CEP: **{n(r['over_flink'], 3)}** (target ≥ 2)",
         f"- batch replay / ceiling: **{n(r['over_ceiling'], 3)}** (target ≥ 0.7)",
         f"- batch replay's alerts equal the injected ones: {r['alerts_as_injected']}", "",
-        "Each Spark figure is the last of its runs in one session (Python workers warm); "
-        "events/s = input events / wall time of the Spark job.",
+        "The two Spark plans run alternated in one session (one run each per round, the "
+        "order reversed every round); each figure is the median wall time of its runs after "
+        "the first round (the runs column lists them all, in order); events/s = input events "
+        "/ that wall time.",
     ]
     earlier = path.read_text() if path.exists() else ""
     path.write_text("\n".join(lines) + "\n" + (f"\n{earlier}" if earlier else ""))

@@ -16,8 +16,11 @@ the stateful step differs:
   on a broker of our own (scripts/kafka.sh) — the live job's source.
 
 Two batch variants (issue 14: `cep replay` is a batch job) read the same input files with
-`spark.read` instead and are timed end to end (wall clock of the Spark job, `BATCH_RUNS` runs
-in the session, the last, warm, one reported; Python workers are reused between runs):
+`spark.read` instead and are timed end to end (wall clock of the Spark job). They run
+alternated in one session, `BATCH_ROUNDS` rounds of one run each, the order swapped every
+round; the figure of each is the median of its runs after the first round (Python workers are
+reused between runs, and the JVM's JIT warms on both plans alike; until session 29 each ran its
+runs in a row, replay first, so the ceiling ran on a JVM the replay had warmed):
 - `replay_batch`: `cep.spark.batch.match_bounded` as `cep replay` runs it (read → validate and
   fan out → shuffle by shard → sort by ts → the engine per partition), rows collected;
 - `ceiling_batch`: its ceiling — read → shard (JVM: xxhash64 of the card) → shuffle → sort
@@ -47,7 +50,7 @@ from cep.config import Settings
 VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "state_only", "ours", "ours_kafka",
             "replay_batch", "ceiling_batch")
 BATCH_VARIANTS = ("replay_batch", "ceiling_batch")
-BATCH_RUNS = 2
+BATCH_ROUNDS = 4  # the first is a warm-up round, not counted
 # `make bench` leaves out state_only (it measured the state traffic that led to the bucketed
 # store, docs/spark-runtime.md); `--spark-variants` runs it.
 DEFAULT_VARIANTS = ("jvm_only", "ceiling_tws", "ceiling_aipws", "ours", "ours_kafka",
@@ -376,7 +379,9 @@ def run_spark(rules_file: Path, input_dir: Path, work: Path, warmup: int,
                                          "max_offsets_per_trigger": kafka.per_batch}
                     _variant(spark, variant, staged, plan, factory, work, warmup, out, kafka)
             elif variant in BATCH_VARIANTS:
-                _batch_variant(spark, variant, input_dir, plan, factory, settings, out)
+                if variant == next(v for v in only if v in BATCH_VARIANTS):
+                    _batch_variants(spark, [v for v in only if v in BATCH_VARIANTS],
+                                    input_dir, plan, factory, settings, out)
             else:
                 _variant(spark, variant, staged, plan, factory, work, warmup, out, None)
     finally:
@@ -410,9 +415,34 @@ def _identity(batches: Any) -> Any:
     yield from batches
 
 
-def _batch_variant(spark: Any, variant: str, input_dir: Path, plan: Any, factory: Any,
-                   settings: Settings, out: dict[str, Any]) -> None:
-    """One batch variant, `BATCH_RUNS` times on the same files; the last run is the figure."""
+def _batch_variants(spark: Any, variants: list[str], input_dir: Path, plan: Any, factory: Any,
+                    settings: Settings, out: dict[str, Any]) -> None:
+    """The batch variants on the same files, alternated: `BATCH_ROUNDS` rounds of one run each,
+    the order reversed every round; each variant's figure is the median of its runs after the
+    first round (its events/s: events / that median wall time)."""
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    with WorkerMemory() as mem:
+        for r in range(BATCH_ROUNDS):
+            for variant in (variants if r % 2 == 0 else variants[::-1]):
+                runs[variant].append(_batch_run(spark, variant, input_dir, plan, factory,
+                                                settings))
+    for variant, done in runs.items():
+        counted = done[1:] or done
+        walls = sorted(r["wall_seconds"] for r in counted)
+        median = walls[len(walls) // 2] if len(walls) % 2 else \
+            (walls[len(walls) // 2 - 1] + walls[len(walls) // 2]) / 2
+        last = done[-1]
+        # Beside the streaming variants (whose report reads per-batch progress): out["batch"].
+        out.setdefault("batch", {})[variant] = {
+            **last, "wall_seconds": median, "events_per_s": last["events"] / median,
+            "all_runs_seconds": [r["wall_seconds"] for r in done],
+            "counted_runs": len(counted), "rounds": BATCH_ROUNDS,
+            "worker_pss_max_bytes": mem.max_pss_total, "workers_max": mem.max_workers}
+
+
+def _batch_run(spark: Any, variant: str, input_dir: Path, plan: Any, factory: Any,
+               settings: Settings) -> dict[str, Any]:
+    """One timed run of a batch variant."""
     from pyspark.sql import functions as F
 
     from cep.runtime.alerts import AlertRow, StatsRow, decode_rows
@@ -420,39 +450,29 @@ def _batch_variant(spark: Any, variant: str, input_dir: Path, plan: Any, factory
 
     files = sorted(p for p in input_dir.iterdir() if p.is_file())
     stream = plan.streams[0].name
-    runs: list[dict[str, Any]] = []
-    with WorkerMemory() as mem:
-        for _ in range(BATCH_RUNS):
-            started = time.perf_counter()
-            if variant == "replay_batch":
-                raw = read_files(spark, stream, files)
-                rows = match_bounded(raw, plan, factory, settings.shuffle_partitions).collect()
-                wall = time.perf_counter() - started
-                events, alerts, tasks = 0, [], 0
-                for r in decode_rows(x for x in rows if x.kind != "dead"):
-                    if isinstance(r, StatsRow):
-                        events += r.info["events"]
-                        tasks += 1
-                    elif isinstance(r, AlertRow):
-                        rec = r.record()
-                        alerts.append((r.rule_id, r.key, rec["first_ts"], rec["last_ts"]))
-                runs.append({"wall_seconds": wall, "events": events, "tasks": tasks,
-                             "alerts": sorted(alerts),
-                             "dead_letters": sum(1 for x in rows if x.kind == "dead")})
-            else:
-                text = spark.read.option("lineSep", "\n").text([str(p) for p in files])
-                card = F.get_json_object("value", "$.card")
-                shard = F.pmod(F.xxhash64(card), F.lit(SHARDS)).cast("int")
-                ts = F.get_json_object("value", "$.ts").cast("long")
-                (text.select(shard.alias("shard"), ts.alias("ts"), "value")
-                 .repartition(settings.shuffle_partitions, "shard").sortWithinPartitions("ts")
-                 .mapInArrow(_identity, "shard int, ts bigint, value string")
-                 .write.format("noop").mode("overwrite").save())
-                wall = time.perf_counter() - started
-                runs.append({"wall_seconds": wall, "events": text.count()})
-    last = runs[-1]
-    # Beside the streaming variants (whose report reads per-batch progress): out["batch"].
-    out.setdefault("batch", {})[variant] = {
-        **last, "events_per_s": last["events"] / last["wall_seconds"],
-        "all_runs_seconds": [r["wall_seconds"] for r in runs],
-        "worker_pss_max_bytes": mem.max_pss_total, "workers_max": mem.max_workers}
+    started = time.perf_counter()
+    if variant == "replay_batch":
+        raw = read_files(spark, stream, files)
+        rows = match_bounded(raw, plan, factory, settings.shuffle_partitions).collect()
+        wall = time.perf_counter() - started
+        events, alerts, tasks = 0, [], 0
+        for r in decode_rows(x for x in rows if x.kind != "dead"):
+            if isinstance(r, StatsRow):
+                events += r.info["events"]
+                tasks += 1
+            elif isinstance(r, AlertRow):
+                rec = r.record()
+                alerts.append((r.rule_id, r.key, rec["first_ts"], rec["last_ts"]))
+        return {"wall_seconds": wall, "events": events, "tasks": tasks,
+                "alerts": sorted(alerts),
+                "dead_letters": sum(1 for x in rows if x.kind == "dead")}
+    text = spark.read.option("lineSep", "\n").text([str(p) for p in files])
+    card = F.get_json_object("value", "$.card")
+    shard = F.pmod(F.xxhash64(card), F.lit(SHARDS)).cast("int")
+    ts = F.get_json_object("value", "$.ts").cast("long")
+    (text.select(shard.alias("shard"), ts.alias("ts"), "value")
+     .repartition(settings.shuffle_partitions, "shard").sortWithinPartitions("ts")
+     .mapInArrow(_identity, "shard int, ts bigint, value string")
+     .write.format("noop").mode("overwrite").save())
+    wall = time.perf_counter() - started
+    return {"wall_seconds": wall, "events": text.count()}
