@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from cep.config import Settings
 from cep.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -319,9 +322,15 @@ def _start(builder: Any) -> SparkSession:
     try:
         sys.stderr.flush()
         os.dup2(log_fd, 2)
-        return builder.getOrCreate()
+        session = builder.getOrCreate()
     finally:
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
         os.close(log_fd)
+    # Where to look when Spark misbehaves: the JVM's log4j output and everything its Python
+    # processes write to stderr (e.g. the Python Kafka source's retry warnings from its
+    # offset fetches and read tasks) are in this file, not on the terminal.
+    log.info("Spark's own log (the JVM and its Python workers; --verbose shows it here): %s",
+             path)
+    return session

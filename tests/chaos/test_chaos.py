@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import time
@@ -146,6 +147,15 @@ def test_kafka_broker_restart_mid_stream(source, kafka_service, kafka_bootstrap,
                         exp1 + exp2, alerts, job_restarts=0)
     assert (dup, lost) == (0, 0)
     assert sorted(_key(a) for a in alerts) == sorted(exp1 + exp2)  # nothing extra either
+    # Where a user finds what the outage looked like: the job's log names Spark's own log
+    # (the JVM's and its Python processes' output), which holds the source's retries.
+    named = re.search(r"Spark's own log \(.*?\): (\S+)", log.read_text(errors="replace"))
+    assert named, log.read_text()[-3000:]
+    spark_log = Path(named.group(1)).read_text(errors="replace")
+    assert "log4j" in spark_log
+    if source == "python":  # its offset fetches run in PySpark's source runner process
+        assert re.search(rf"Kafka topic '{re.escape(topic)}-in': fetching the offsets.*"
+                         r"(retrying|attempt)", spark_log), spark_log[-3000:]
 
 
 def _idle(ck: Path, topic: str, end: int) -> bool:
