@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import sys
 import threading
 import time
@@ -428,9 +429,7 @@ def _batch_variants(spark: Any, variants: list[str], input_dir: Path, plan: Any,
                                                 settings))
     for variant, done in runs.items():
         counted = done[1:] or done
-        walls = sorted(r["wall_seconds"] for r in counted)
-        median = walls[len(walls) // 2] if len(walls) % 2 else \
-            (walls[len(walls) // 2 - 1] + walls[len(walls) // 2]) / 2
+        median = statistics.median(r["wall_seconds"] for r in counted)
         last = done[-1]
         # Beside the streaming variants (whose report reads per-batch progress): out["batch"].
         out.setdefault("batch", {})[variant] = {
