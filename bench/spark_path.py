@@ -379,12 +379,11 @@ def run_spark(rules_file: Path, input_dir: Path, work: Path, warmup: int,
                                          "partitions": KAFKA_PARTITIONS,
                                          "max_offsets_per_trigger": kafka.per_batch}
                     _variant(spark, variant, staged, plan, factory, work, warmup, out, kafka)
-            elif variant in BATCH_VARIANTS:
-                if variant == next(v for v in only if v in BATCH_VARIANTS):
-                    _batch_variants(spark, [v for v in only if v in BATCH_VARIANTS],
-                                    input_dir, plan, factory, settings, out)
-            else:
+            elif variant not in BATCH_VARIANTS:
                 _variant(spark, variant, staged, plan, factory, work, warmup, out, None)
+        # The batch variants last, alternated with each other (`_batch_variants`).
+        if batch := [v for v in only if v in BATCH_VARIANTS]:
+            _batch_variants(spark, batch, input_dir, plan, factory, settings, out)
     finally:
         spark.stop()
     return out

@@ -62,10 +62,9 @@ def kafka_source_for(setting: str, plan: Any) -> tuple[str, str]:
     """The Kafka source the live job reads with (`live_source`), and why: "auto" is the Python
     source (lower CPU per row and latency: docs/spark-runtime.md, session 27-28) unless the
     rules read a table, which only Spark's source reads in `cep run` yet."""
-    tables = plan_tables(plan)
     if setting != "auto":
         return setting, "live_source setting"
-    if tables:
+    if tables := plan_tables(plan):
         return "spark", f"live_source auto; the rules read the table(s) {', '.join(tables)}"
     return "python", "live_source auto"
 
